@@ -1,0 +1,33 @@
+"""``dsa-train``: the Typer application; each command lives in a module of its own."""
+
+from __future__ import annotations
+
+import typer
+
+from .. import __version__
+
+app = typer.Typer(
+    name="dsa-train",
+    help="Train huge sparse embedding tables on one machine, with Adam's moments on disk.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"dsa-train {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Train huge sparse embedding tables on one machine, with Adam's moments on disk."""
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,378 @@
+"""``DiskSparseAdam``: ``torch.optim.SparseAdam`` with its moments in memory-mapped files."""
+
+from __future__ import annotations
+
+import re
+import warnings
+import weakref
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from ..errors import StateError
+from .functional import RowGradient, Workspace, sparse_adam_rows_
+from .row_file import DTYPES, dtype_name
+from .state_dir import StateDirectory
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+class DiskSparseAdam(Optimizer):
+    r"""SparseAdam whose first and second moments live on disk, not in RAM or VRAM.
+
+    A drop-in for :class:`torch.optim.SparseAdam` with the same arguments, semantics and
+    errors, plus a ``state_dir``. For every parameter with a sparse gradient touching the rows
+    :math:`R` (duplicates summed into :math:`g_r`; :math:`g \to -g` with ``maximize``), a
+    step increments the parameter's step counter :math:`t` and, for :math:`r \in R` only,
+
+    .. math::
+        m_r &\leftarrow m_r + (1 - \beta_1)\,(g_r - m_r) \\
+        v_r &\leftarrow v_r + (1 - \beta_2)\,(g_r^2 - v_r) \\
+        \theta_r &\leftarrow \theta_r - \gamma\,\frac{\sqrt{1 - \beta_2^t}}{1 - \beta_1^t}\,
+            \frac{m_r}{\sqrt{v_r} + \epsilon}
+
+    The counter advances on every ``step()`` in which the parameter has a gradient, also an
+    empty one. :math:`m` and :math:`v` start at zero and are read and written only at the
+    touched rows, from one ``<name>.rows`` file per parameter in ``state_dir`` that holds
+    each row's ``[m | v]`` record contiguously; optimizer memory grows with the batch, not
+    with the table. With CUDA parameters only the touched gradient rows travel to the host
+    and only their updates travel back; the moments never occupy GPU memory.
+
+    The directory is locked while the optimizer is open. Reopening it with the same
+    parameters (same names, shapes and dtypes) continues from the saved moments and step
+    counters. :meth:`flush` makes the state durable; :meth:`close` (or leaving a ``with``
+    block, or the interpreter exiting) flushes and releases the lock. A directory left
+    without a flush (the process was killed) refuses to open unless ``allow_unclean=True``,
+    since its moments may be ahead of its step counters.
+
+    Args:
+        params: tensors, param-group dicts, or ``named_parameters()`` pairs. Names (with
+            characters outside ``[A-Za-z0-9._-]`` replaced by ``_``) name the row files;
+            unnamed parameters get ``param0``, ``param1``, ... in order.
+        lr: learning rate (default: 1e-3)
+        betas: coefficients of the running averages of the gradient and its square
+            (default: (0.9, 0.999))
+        eps: term added to :math:`\sqrt{v}` before bias correction (default: 1e-8)
+        state_dir: directory for the moments; created if missing. Put it on a local SSD.
+        maximize: maximize the objective instead of minimizing it (default: False)
+        allow_unclean: open a directory that was not flushed before its writer stopped.
+
+    Example::
+
+        emb = torch.nn.EmbeddingBag(10_000_000, 128, sparse=True)
+        with DiskSparseAdam(emb.parameters(), lr=1e-3, state_dir="./opt_state_cache") as opt:
+            for bags, offsets in loader:
+                opt.zero_grad()
+                emb(bags, offsets).pow(2).sum().backward()
+                opt.step()
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float | Tensor = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        *,
+        state_dir: str | Path,
+        maximize: bool = False,
+        allow_unclean: bool = False,
+    ) -> None:
+        if isinstance(lr, Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if not 0.0 < lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 < eps:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        self._store: StateDirectory | None = None
+        self._keys: dict[Tensor, str] = {}
+        self._workspace = Workspace()
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "maximize": maximize}
+        super().__init__(params, defaults)
+        _check_params(self.param_groups, range(len(self.param_groups)))
+
+        store = StateDirectory(Path(state_dir), allow_unclean=allow_unclean)
+        try:
+            keys = self._assign_keys(self.param_groups)
+            unknown = [k for k in keys.values() if k not in store.known()] if store.known() else []
+            if unknown:
+                raise StateError(
+                    f"state_dir '{store.path}' holds no parameter named {', '.join(map(repr, unknown))} "
+                    f"(it holds {', '.join(map(repr, store.known()))})",
+                    hint="reopen it with the same model and parameter names, or use a fresh state_dir",
+                )
+            steps = store.open({key: _spec(p) for p, key in keys.items()})
+        except BaseException:
+            store.close()
+            raise
+        self._store = store
+        self._keys = keys
+        self._restore_steps(steps)
+        absent = [k for k in store.known() if k not in keys.values()]
+        if absent:
+            warnings.warn(
+                f"state_dir '{store.path}' also holds {', '.join(map(repr, absent))}, which this "
+                "optimizer was not given; their files are kept as they are",
+                stacklevel=2,
+            )
+        # Flush and unlock if the optimizer is dropped or the interpreter exits without close().
+        self._finalizer = weakref.finalize(self, _flush_and_close, store)
+
+    # -- parameters ---------------------------------------------------------------------
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        if self._store is None:  # still inside __init__, which opens all groups at once
+            return
+        index = len(self.param_groups) - 1
+        try:
+            _check_params(self.param_groups[index : index + 1], [index])
+            keys = self._assign_keys(self.param_groups[index : index + 1], start=len(self._keys))
+            steps = self._store.open({key: _spec(p) for p, key in keys.items()})
+        except BaseException:
+            self.param_groups.pop()
+            raise
+        self._keys.update(keys)
+        self._restore_steps(steps)
+
+    def _assign_keys(self, groups: list[dict], start: int = 0) -> dict[Tensor, str]:
+        """File-safe, unique keys: sanitised names when named, else positional ``paramK``."""
+        keys: dict[Tensor, str] = {}
+        by_key = {key: p for p, key in self._keys.items()}
+        index = start
+        for group in groups:
+            names = group.get("param_names") or [None] * len(group["params"])
+            for p, name in zip(group["params"], names):
+                key = f"param{index}" if name is None else _file_key(name)
+                index += 1
+                if key in by_key:
+                    other = dict(zip(by_key.values(), by_key.keys())).get(by_key[key], key)
+                    raise ValueError(
+                        f"parameter names {name!r} and {other!r} both map to the file name "
+                        f"'{key}.rows'; rename one of them"
+                    )
+                keys[p] = key
+                by_key[key] = p
+        return keys
+
+    def _restore_steps(self, steps: dict[str, int]) -> None:
+        for p, key in self._keys.items():
+            if steps.get(key) and "step" not in self.state[p]:
+                self.state[p]["step"] = steps[key]
+        self._store.groups = self._groups_summary()
+
+    def _groups_summary(self) -> list[dict]:
+        return [
+            {
+                "lr": float(g["lr"]),
+                "betas": [float(b) for b in g["betas"]],
+                "eps": float(g["eps"]),
+                "maximize": bool(g["maximize"]),
+                "params": [self._keys[p] for p in g["params"]],
+            }
+            for g in self.param_groups
+        ]
+
+    # -- the step -----------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Perform a single optimization step.
+
+        Args:
+            closure (Callable, optional): A closure that reevaluates the model
+                and returns the loss.
+        """
+        store = self._open_store()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+
+        work = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    _check_grad(p, self._keys[p])
+                    work.append((group, p))
+        if work and store.clean:
+            store.groups = self._groups_summary()
+            store.mark_dirty()
+        for group, p in work:
+            state = self.state[p]
+            state["step"] = state.get("step", 0) + 1
+            store.steps[self._keys[p]] = state["step"]
+            if p.grad._values().numel() == 0:
+                continue  # an empty gradient counts as a step, as in SparseAdam
+            self._update(p, store.files[self._keys[p]].moments, group, state["step"])
+        return loss
+
+    def _update(self, p: Tensor, moments: Tensor, group: dict, step: int) -> None:
+        beta1, beta2 = group["betas"]
+        hyper = dict(
+            step=step,
+            lr=float(group["lr"]),
+            beta1=beta1,
+            beta2=beta2,
+            eps=group["eps"],
+            maximize=group["maximize"],
+            workspace=self._workspace,
+        )
+        if p.device.type == "cpu":
+            grad = RowGradient.from_sparse(p.grad)
+
+            def add_to_param(begin: int, rows: Tensor, update: Tensor) -> None:
+                p.index_add_(0, rows, update.view(rows.numel(), *p.shape[1:]))
+
+            sparse_adam_rows_(moments, grad, add_to_param, **hyper)
+            return
+        # Accelerator: coalesce there, bring only the touched rows over, send the updates back.
+        coalesced = p.grad.coalesce()
+        grad = RowGradient.from_sparse(coalesced.cpu())
+        host = torch.empty_like(grad.values, pin_memory=p.device.type == "cuda")
+
+        def collect(begin: int, rows: Tensor, update: Tensor) -> None:
+            host[begin : begin + rows.numel()].copy_(update)
+
+        sparse_adam_rows_(moments, grad, collect, **hyper)
+        updates = host.to(p.device, non_blocking=True).view(-1, *p.shape[1:])
+        p.index_add_(0, coalesced._indices()[0], updates)
+
+    # -- state --------------------------------------------------------------------------
+    @property
+    def state_dir(self) -> Path:
+        return self._open_store().path
+
+    def _open_store(self) -> StateDirectory:
+        if self._store is None:
+            raise StateError(
+                "this DiskSparseAdam is closed",
+                hint="create a new DiskSparseAdam on the same state_dir to continue from it",
+            )
+        return self._store
+
+    def flush(self) -> None:
+        """Write every touched row to disk, then commit the step counters (durable on return)."""
+        store = self._open_store()
+        store.groups = self._groups_summary()
+        store.flush()
+
+    def close(self) -> None:
+        """Flush, unmap the row files and release the directory lock. Safe to call twice."""
+        if self._store is None:
+            return
+        self._finalizer.detach()
+        store, self._store = self._store, None
+        store.groups = self._groups_summary()
+        _flush_and_close(store)
+
+    @property
+    def closed(self) -> bool:
+        return self._store is None
+
+    def __enter__(self) -> DiskSparseAdam:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def state_dict(self) -> dict:
+        """The step counters and hyper-parameters, plus a reference to the state directory.
+
+        The moments stay in the directory: the dict is a few hundred bytes whatever the size
+        of the tables. Copy the directory (after :meth:`flush`) to snapshot them.
+        """
+        state = super().state_dict()
+        store = self._open_store()
+        state["disk_state"] = {"state_dir": str(store.path.resolve()), "state_id": store.state_id}
+        return state
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load hyper-parameters and step counters saved by :meth:`state_dict`.
+
+        The state dict must come from this state directory at the steps it is at now: the
+        moments on disk cannot be rolled back to another point in time.
+        """
+        store = self._open_store()
+        disk = state_dict.get("disk_state")
+        if disk is None:
+            raise StateError(
+                "this state_dict was not made by DiskSparseAdam (it has no 'disk_state' entry)",
+                hint="load a state_dict saved from DiskSparseAdam.state_dict()",
+            )
+        if disk.get("state_id") != store.state_id:
+            raise StateError(
+                f"this state_dict belongs to the state directory '{disk.get('state_dir')}' "
+                f"(id {disk.get('state_id')}), not to '{store.path}' (id {store.state_id})",
+                hint="open the optimizer on the state directory the state_dict was saved with",
+            )
+        ours = [self.state[p].get("step", 0) if p in self.state else 0 for g in self.param_groups for p in g["params"]]
+        theirs = [state_dict["state"].get(i, {}).get("step", 0) for i in range(len(ours))]
+        if ours != theirs:
+            raise StateError(
+                f"this state_dict was saved at steps {theirs}, but state_dir '{store.path}' "
+                f"holds moments at steps {ours}; the moments on disk cannot be rolled back",
+                hint="restore a copy of the state directory taken together with the state_dict "
+                "(a checkpoint), then load it",
+            )
+        rest = {k: v for k, v in state_dict.items() if k != "disk_state"}
+        super().load_state_dict(rest)
+        store.groups = self._groups_summary()
+
+
+def _spec(p: Tensor) -> tuple[tuple[int, ...], str]:
+    return tuple(p.shape), dtype_name(p.dtype)
+
+
+def _file_key(name: str) -> str:
+    key = _UNSAFE.sub("_", name)
+    return "_" + key if not key or key.startswith(".") else key
+
+
+def _check_params(groups: list[dict], indices) -> None:
+    """SparseAdam's parameter checks, in its words, plus what a row file needs."""
+    sparse, complex_, bad = [], [], []
+    for index, group in zip(indices, groups):
+        for d_index, p in enumerate(group["params"]):
+            if p.is_sparse:
+                sparse.append([index, d_index])
+            elif p.is_complex():
+                complex_.append([index, d_index])
+            elif dtype_name(p.dtype) not in DTYPES or p.dim() == 0:
+                bad.append(f"[{index}, {d_index}] ({p.dtype}, shape {list(p.shape)})")
+    if sparse:
+        raise ValueError(f"Sparse params at indices {sparse}: SparseAdam requires dense parameter tensors")
+    if complex_:
+        raise ValueError(f"Complex params at indices {complex_}: SparseAdam does not support complex parameters")
+    if bad:
+        raise ValueError(
+            f"Params at indices {', '.join(bad)}: DiskSparseAdam needs floating-point "
+            f"({', '.join(DTYPES)}) parameters with at least one dimension (the rows)"
+        )
+
+
+def _check_grad(p: Tensor, key: str) -> None:
+    grad = p.grad
+    if not grad.is_sparse:
+        raise RuntimeError(
+            "SparseAdam does not support dense gradients, please consider Adam instead "
+            f"(DiskSparseAdam parameter '{key}' got a dense gradient; build its embedding "
+            "with sparse=True)"
+        )
+    if grad.sparse_dim() != 1 or grad.shape != p.shape:
+        raise RuntimeError(
+            f"DiskSparseAdam parameter '{key}' of shape {list(p.shape)} got a sparse gradient of "
+            f"shape {list(grad.shape)} with {grad.sparse_dim()} sparse dimensions; it updates "
+            "whole rows and needs one sparse dimension (as nn.Embedding(sparse=True) produces)"
+        )
+
+
+def _flush_and_close(store: StateDirectory) -> None:
+    try:
+        store.flush()
+    finally:
+        store.close()

@@ -1,0 +1,274 @@
+"""The optimizer state directory: a manifest, one row file per parameter, and a lock.
+
+::
+
+    state_dir/
+      manifest.json   format and version, the state's id, whether it was closed cleanly, the
+                      hyper-parameters, and per parameter its shape, dtype, layout, step
+                      counter and file; replaced atomically, it is the commit point
+      <key>.rows      the parameter's moments (see :mod:`.row_file`)
+      .lock           held exclusively (``flock``) while an optimizer has the directory open
+
+Opening checks everything before writing anything, so a failed open leaves the files as they
+were. A new parameter's row file is written under a temporary name and renamed into place
+only after the manifest that lists it has been committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..errors import StateError
+from ..fsutil import DirectoryLock, atomic_write_bytes, fsync_directory, this_process
+from .row_file import LAYOUT, RowFile, RowSpec, create_row_file
+
+FORMAT = "dsa-train/disk-sparse-adam-state"
+VERSION = 1
+MANIFEST = "manifest.json"
+ROWS_SUFFIX = ".rows"
+PENDING_SUFFIX = ".rows.pending"
+
+
+class StateDirectory:
+    """An open, locked state directory with one :class:`RowFile` per parameter."""
+
+    def __init__(self, path: Path, *, allow_unclean: bool = False) -> None:
+        self.path = Path(path)
+        _prepare_directory(self.path)
+        self._lock = DirectoryLock(self.path, purpose="optimizer state directory")
+        self._lock.acquire()
+        try:
+            self._manifest = self._read_or_new_manifest(allow_unclean)
+        except BaseException:
+            self._lock.release()
+            raise
+        self.files: dict[str, RowFile] = {}
+        #: Live step counter of each open parameter and the hyper-parameters, kept current by
+        #: the optimizer and committed to the manifest by :meth:`flush`.
+        self.steps: dict[str, int] = {}
+        self.groups: list[dict] = self._manifest["groups"]
+
+    # -- opening ------------------------------------------------------------------------
+    def _read_or_new_manifest(self, allow_unclean: bool) -> dict:
+        manifest_path = self.path / MANIFEST
+        if not manifest_path.exists():
+            _refuse_foreign_files(self.path)
+            return {
+                "format": FORMAT,
+                "version": VERSION,
+                "state_id": uuid.uuid4().hex,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "clean": True,
+                "groups": [],
+                "params": {},
+            }
+        manifest = _load_manifest(manifest_path)
+        if not manifest["clean"] and not allow_unclean:
+            last = manifest.get("last_writer", {})
+            raise StateError(
+                f"state_dir '{self.path}' was not closed cleanly: the process that last wrote "
+                f"it (pid {last.get('pid', '?')}, '{last.get('command', '?')}') stopped without "
+                "flush() or close(), so its moments may be ahead of the step counters "
+                f"recorded at the last flush ({_steps_text(manifest)})",
+                hint="restore the state directory from a checkpoint, or pass "
+                "allow_unclean=True to continue with the moments as they are",
+            )
+        return manifest
+
+    @property
+    def state_id(self) -> str:
+        return self._manifest["state_id"]
+
+    @property
+    def clean(self) -> bool:
+        return self._manifest["clean"]
+
+    def known(self) -> Mapping[str, dict]:
+        """The parameters the manifest lists, by key."""
+        return self._manifest["params"]
+
+    def check(self, key: str, shape: tuple[int, ...], dtype: str) -> None:
+        """Raise if ``key`` is listed with another shape or dtype than the parameter's."""
+        entry = self._manifest["params"][key]
+        for field, ours in (("shape", list(shape)), ("dtype", dtype), ("layout", LAYOUT)):
+            if entry.get(field) != ours:
+                raise StateError(
+                    f"parameter '{key}' has {field} {ours}, but state_dir '{self.path}' holds "
+                    f"its moments with {field} {entry.get(field)}",
+                    hint="use the model the state was made for, or a fresh state_dir",
+                )
+
+    def open(self, params: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, int]:
+        """Open (or create) the row files of ``params`` (key -> (shape, dtype)).
+
+        Every check runs before anything is written. Returns each key's step counter.
+        """
+        for key, (shape, dtype) in params.items():
+            if key in self.known():
+                self.check(key, shape, dtype)
+        opened = {}
+        try:
+            for key in params:
+                if key in self.known():
+                    opened[key] = self._open_existing(key)
+            new = {k: v for k, v in params.items() if k not in self.known()}
+            if new:
+                opened.update(self._create(new))
+        except BaseException:
+            for row_file in opened.values():
+                row_file.close()
+            raise
+        self.files.update(opened)
+        steps = {key: self._manifest["params"][key]["step"] for key in params}
+        self.steps.update(steps)
+        return steps
+
+    def _open_existing(self, key: str) -> RowFile:
+        entry = self._manifest["params"][key]
+        path = self.path / entry["file"]
+        pending = path.with_name(path.name.removesuffix(ROWS_SUFFIX) + PENDING_SUFFIX)
+        if not path.exists() and pending.exists():
+            # The manifest listing this file was committed, the rename was not: finish it.
+            os.replace(pending, path)
+            fsync_directory(self.path)
+        if not path.exists():
+            raise StateError(
+                f"row file '{path}' of parameter '{key}' is missing",
+                hint="restore the state directory from a checkpoint or start a fresh one",
+            )
+        spec = RowSpec(key, tuple(entry["shape"]), entry["dtype"], self.state_id)
+        return RowFile(path, spec)
+
+    def _create(self, params: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, RowFile]:
+        specs = {key: RowSpec(key, tuple(shape), dtype, self.state_id) for key, (shape, dtype) in params.items()}
+        for key, spec in specs.items():
+            create_row_file(self.path / (key + PENDING_SUFFIX), spec)
+        for key, spec in specs.items():
+            self._manifest["params"][key] = {
+                "shape": list(spec.shape),
+                "dtype": spec.dtype,
+                "layout": LAYOUT,
+                "row_bytes": spec.row_bytes,
+                "step": 0,
+                "file": key + ROWS_SUFFIX,
+            }
+        self._write_manifest()
+        for key in specs:
+            os.replace(self.path / (key + PENDING_SUFFIX), self.path / (key + ROWS_SUFFIX))
+        fsync_directory(self.path)
+        return {key: RowFile(self.path / (key + ROWS_SUFFIX), spec) for key, spec in specs.items()}
+
+    # -- writing ------------------------------------------------------------------------
+    def _write_manifest(self) -> None:
+        self._manifest["last_writer"] = this_process()
+        data = json.dumps(self._manifest, indent=2, sort_keys=True).encode()
+        atomic_write_bytes(self.path / MANIFEST, data)
+
+    def mark_dirty(self) -> None:
+        """Record, before the first write after a flush, that the files are about to change."""
+        self._manifest["clean"] = False
+        self._manifest["groups"] = self.groups
+        self._write_manifest()
+
+    def flush(self) -> None:
+        """Make every row durable, then commit the step counters with a clean manifest."""
+        for row_file in self.files.values():
+            row_file.flush()
+        for key, step in self.steps.items():
+            self._manifest["params"][key]["step"] = step
+        self._manifest["groups"] = self.groups
+        self._manifest["clean"] = True
+        self._write_manifest()
+
+    def close(self) -> None:
+        for row_file in self.files.values():
+            row_file.close()
+        self.files.clear()
+        self._lock.release()
+
+
+def _refuse_foreign_files(path: Path) -> None:
+    """A directory without a manifest may hold only our own leftovers, never a user's files."""
+    stray = [
+        p.name
+        for p in path.iterdir()
+        if p.name != DirectoryLock.FILE_NAME and not p.name.endswith(PENDING_SUFFIX)
+    ]
+    if stray:
+        shown = ", ".join(sorted(stray)[:5]) + (" ..." if len(stray) > 5 else "")
+        raise StateError(
+            f"state_dir '{path}' has no {MANIFEST} but is not empty ({shown})",
+            hint="point state_dir at a new or empty directory; if this was a state "
+            f"directory, its {MANIFEST} is lost and it must be restored from a checkpoint",
+        )
+
+
+def _prepare_directory(path: Path) -> None:
+    if path.exists() and not path.is_dir():
+        raise StateError(
+            f"state_dir '{path}' is a file, not a directory",
+            hint="pass the path of a directory (it is created if it does not exist)",
+        )
+    if path.is_dir() and not (path / MANIFEST).exists():
+        _refuse_foreign_files(path)  # before the lock file or the probe lands in it
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        raise StateError(
+            f"state_dir '{path}' is not writable: {e.strerror}",
+            hint="pick a directory on a writable disk with room for the moments "
+            "(2 x the size of the embedding tables)",
+        ) from e
+
+
+def _load_manifest(path: Path) -> dict:
+    try:
+        manifest = json.loads(path.read_bytes())
+    except ValueError as e:
+        raise StateError(
+            f"manifest '{path}' is corrupt: {e}",
+            hint="restore the state directory from a checkpoint or start a fresh one",
+        ) from None
+    except OSError as e:
+        raise StateError(f"cannot read manifest '{path}': {e.strerror}") from e
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise StateError(
+            f"manifest '{path}' is not a DiskSparseAdam state manifest "
+            f"(format {manifest.get('format') if isinstance(manifest, dict) else None!r})",
+            hint="point state_dir at a DiskSparseAdam state directory or a new one",
+        )
+    if manifest.get("version") != VERSION:
+        raise StateError(
+            f"manifest '{path}' has format version {manifest.get('version')!r}, "
+            f"this dsa-train reads version {VERSION}",
+            hint="open it with the dsa-train version that wrote it, or start a fresh state_dir",
+        )
+    params = manifest.get("params")
+    fields_ok = isinstance(params, dict) and all(
+        isinstance(e, dict)
+        and isinstance(e.get("shape"), list)
+        and isinstance(e.get("step"), int)
+        and isinstance(e.get("file"), str)
+        and "/" not in e["file"]
+        for e in params.values()
+    )
+    if not fields_ok or not isinstance(manifest.get("clean"), bool) or not isinstance(manifest.get("state_id"), str):
+        raise StateError(
+            f"manifest '{path}' is corrupt: a field is missing or has the wrong type",
+            hint="restore the state directory from a checkpoint or start a fresh one",
+        )
+    return manifest
+
+
+def _steps_text(manifest: dict) -> str:
+    steps = {k: e["step"] for k, e in manifest["params"].items()}
+    return ", ".join(f"{k}: {s}" for k, s in steps.items()) or "no parameters"
+
