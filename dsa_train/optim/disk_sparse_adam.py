@@ -213,9 +213,10 @@ class DiskSparseAdam(Optimizer):
 
     def _update(self, p: Tensor, moments: Tensor, group: dict, step: int) -> None:
         beta1, beta2 = group["betas"]
+        lr = group["lr"]
         hyper = dict(
             step=step,
-            lr=float(group["lr"]),
+            lr=lr.squeeze() if isinstance(lr, Tensor) else lr,
             beta1=beta1,
             beta2=beta2,
             eps=group["eps"],

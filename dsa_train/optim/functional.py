@@ -56,6 +56,10 @@ class RowGradient:
     @classmethod
     def from_sparse(cls, grad: Tensor) -> RowGradient:
         """Group the lookups of a sparse COO gradient with one sparse dimension (on CPU)."""
+        if grad.dtype in (torch.float16, torch.bfloat16):
+            # coalesce rounds to half precision after every addition; index_add_ would
+            # accumulate duplicates in float32 and round once, which is not SparseAdam.
+            grad = grad.coalesce()
         values = grad._values()
         values = values.reshape(values.shape[0], -1)
         lookups = grad._indices()[0]
@@ -115,7 +119,7 @@ def sparse_adam_rows_(
     apply_update: Callable[[int, Tensor, Tensor], None],
     *,
     step: int,
-    lr: float,
+    lr: float | Tensor,
     beta1: float,
     beta2: float,
     eps: float,
@@ -127,7 +131,9 @@ def sparse_adam_rows_(
     ``apply_update(begin, rows, update)`` receives, chunk by chunk, the parameter update of
     unique rows ``begin:begin + len(rows)`` (the caller adds it to the parameter).
     """
+    # With a tensor lr this is tensor arithmetic in lr's dtype, exactly as in SparseAdam.
     step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+    neg_step_size = -step_size.cpu() if isinstance(step_size, Tensor) else -step_size
     chunk, (records, m_inc, v_inc, grad_buf) = workspace.get(moments.shape[2], moments.dtype)
     for begin in range(0, grad.num_rows, chunk):
         end = min(begin + chunk, grad.num_rows)
@@ -145,5 +151,5 @@ def sparse_adam_rows_(
         v.add_(d_v)
         moments.index_copy_(0, rows, record)
         denom = torch.sqrt(v, out=v_inc[:n]).add_(eps)
-        update = torch.div(m, denom, out=m_inc[:n]).mul_(-step_size)
+        update = torch.div(m, denom, out=m_inc[:n]).mul_(neg_step_size)
         apply_update(begin, rows, update)
