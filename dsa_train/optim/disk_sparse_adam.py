@@ -92,14 +92,16 @@ class DiskSparseAdam(Optimizer):
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
         self._store: StateDirectory | None = None
         self._keys: dict[Tensor, str] = {}
+        self._names: dict[str, str] = {}  # file key -> the parameter's own name
         self._workspace = Workspace()
         defaults = {"lr": lr, "betas": betas, "eps": eps, "maximize": maximize}
         super().__init__(params, defaults)
         _check_params(self.param_groups, range(len(self.param_groups)))
+        named = self._assign_keys(self.param_groups)
+        keys = {p: key for p, (key, _) in named.items()}
 
         store = StateDirectory(Path(state_dir), allow_unclean=allow_unclean)
         try:
-            keys = self._assign_keys(self.param_groups)
             unknown = [k for k in keys.values() if k not in store.known()] if store.known() else []
             if unknown:
                 raise StateError(
@@ -113,6 +115,7 @@ class DiskSparseAdam(Optimizer):
             raise
         self._store = store
         self._keys = keys
+        self._names = dict(named.values())
         self._restore_steps(steps)
         absent = [k for k in store.known() if k not in keys.values()]
         if absent:
@@ -132,32 +135,33 @@ class DiskSparseAdam(Optimizer):
         index = len(self.param_groups) - 1
         try:
             _check_params(self.param_groups[index : index + 1], [index])
-            keys = self._assign_keys(self.param_groups[index : index + 1], start=len(self._keys))
+            named = self._assign_keys(self.param_groups[index : index + 1], start=len(self._keys))
+            keys = {p: key for p, (key, _) in named.items()}
             steps = self._store.open({key: _spec(p) for p, key in keys.items()})
         except BaseException:
             self.param_groups.pop()
             raise
         self._keys.update(keys)
+        self._names.update(named.values())
         self._restore_steps(steps)
 
-    def _assign_keys(self, groups: list[dict], start: int = 0) -> dict[Tensor, str]:
-        """File-safe, unique keys: sanitised names when named, else positional ``paramK``."""
-        keys: dict[Tensor, str] = {}
-        by_key = {key: p for p, key in self._keys.items()}
+    def _assign_keys(self, groups: list[dict], start: int = 0) -> dict[Tensor, tuple[str, str]]:
+        """Each parameter's file-safe, unique key (its sanitised name, else ``paramK``) and name."""
+        keys: dict[Tensor, tuple[str, str]] = {}
+        named_as = dict(self._names)
         index = start
         for group in groups:
             names = group.get("param_names") or [None] * len(group["params"])
             for p, name in zip(group["params"], names):
                 key = f"param{index}" if name is None else _file_key(name)
                 index += 1
-                if key in by_key:
-                    other = dict(zip(by_key.values(), by_key.keys())).get(by_key[key], key)
+                if key in named_as:
                     raise ValueError(
-                        f"parameter names {name!r} and {other!r} both map to the file name "
-                        f"'{key}.rows'; rename one of them"
+                        f"parameter names {named_as[key]!r} and {name!r} both map to the file "
+                        f"name '{key}.rows'; rename one of them"
                     )
-                keys[p] = key
-                by_key[key] = p
+                named_as[key] = name if name is not None else key
+                keys[p] = (key, named_as[key])
         return keys
 
     def _restore_steps(self, steps: dict[str, int]) -> None:
@@ -288,6 +292,9 @@ class DiskSparseAdam(Optimizer):
         of the tables. Copy the directory (after :meth:`flush`) to snapshot them.
         """
         state = super().state_dict()
+        # torch hands out the live per-parameter dicts; ours are tiny, so copy them, and a
+        # saved state_dict keeps the step counters it was saved with.
+        state["state"] = {index: dict(entry) for index, entry in state["state"].items()}
         store = self._open_store()
         state["disk_state"] = {"state_dir": str(store.path.resolve()), "state_id": store.state_id}
         return state
