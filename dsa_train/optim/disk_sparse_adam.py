@@ -238,7 +238,7 @@ class DiskSparseAdam(Optimizer):
         # Accelerator: coalesce there, bring only the touched rows over, send the updates back.
         coalesced = p.grad.coalesce()
         grad = RowGradient.from_sparse(coalesced.cpu())
-        host = torch.empty_like(grad.values, pin_memory=p.device.type == "cuda")
+        host = torch.empty(grad.values.shape, dtype=grad.values.dtype, pin_memory=p.device.type == "cuda")
 
         def collect(begin: int, rows: Tensor, update: Tensor) -> None:
             host[begin : begin + rows.numel()].copy_(update)
