@@ -229,3 +229,11 @@ def test_step_closure_returns_loss(state_dir):
         loss = opt.step(closure)
         assert loss.item() == pytest.approx(expected, rel=1e-6)
         assert opt.state[emb.weight]["step"] == 1
+
+
+def test_accelerator_path_on_cpu(state_dir, monkeypatch):
+    """The coalesce / host round trip that CUDA parameters take, exercised without a GPU."""
+    from dsa_train.optim import disk_sparse_adam
+
+    monkeypatch.setattr(disk_sparse_adam, "_step_in_place", disk_sparse_adam._step_through_host)
+    twin_run(TwoTables(), two_table_loss, state_dir, lr=0.02, steps=100)

@@ -228,24 +228,9 @@ class DiskSparseAdam(Optimizer):
             workspace=self._workspace,
         )
         if p.device.type == "cpu":
-            grad = RowGradient.from_sparse(p.grad)
-
-            def add_to_param(begin: int, rows: Tensor, update: Tensor) -> None:
-                p.index_add_(0, rows, update.view(rows.numel(), *p.shape[1:]))
-
-            sparse_adam_rows_(moments, grad, add_to_param, **hyper)
-            return
-        # Accelerator: coalesce there, bring only the touched rows over, send the updates back.
-        coalesced = p.grad.coalesce()
-        grad = RowGradient.from_sparse(coalesced.cpu())
-        host = torch.empty(grad.values.shape, dtype=grad.values.dtype, pin_memory=p.device.type == "cuda")
-
-        def collect(begin: int, rows: Tensor, update: Tensor) -> None:
-            host[begin : begin + rows.numel()].copy_(update)
-
-        sparse_adam_rows_(moments, grad, collect, **hyper)
-        updates = host.to(p.device, non_blocking=True).view(-1, *p.shape[1:])
-        p.index_add_(0, coalesced._indices()[0], updates)
+            _step_in_place(p, moments, hyper)
+        else:
+            _step_through_host(p, moments, hyper)
 
     # -- state --------------------------------------------------------------------------
     @property
@@ -330,6 +315,30 @@ class DiskSparseAdam(Optimizer):
         rest = {k: v for k, v in state_dict.items() if k != "disk_state"}
         super().load_state_dict(rest)
         store.groups = self._groups_summary()
+
+
+def _step_in_place(p: Tensor, moments: Tensor, hyper: dict) -> None:
+    """A CPU parameter: group the gradient's lookups and add each chunk's update directly."""
+
+    def add_to_param(begin: int, rows: Tensor, update: Tensor) -> None:
+        p.index_add_(0, rows, update.view(rows.numel(), *p.shape[1:]))
+
+    sparse_adam_rows_(moments, RowGradient.from_sparse(p.grad), add_to_param, **hyper)
+
+
+def _step_through_host(p: Tensor, moments: Tensor, hyper: dict) -> None:
+    """An accelerator parameter: coalesce there, bring only the touched rows to the host,
+    send only their updates back, and add them where the parameter lives."""
+    coalesced = p.grad.coalesce()
+    grad = RowGradient.from_sparse(coalesced.cpu())
+    host = torch.empty(grad.values.shape, dtype=grad.values.dtype, pin_memory=p.device.type == "cuda")
+
+    def collect(begin: int, rows: Tensor, update: Tensor) -> None:
+        host[begin : begin + rows.numel()].copy_(update)
+
+    sparse_adam_rows_(moments, grad, collect, **hyper)
+    updates = host.to(p.device, non_blocking=True).view(-1, *p.shape[1:])
+    p.index_add_(0, coalesced._indices()[0], updates)
 
 
 def _spec(p: Tensor) -> tuple[tuple[int, ...], str]:
