@@ -19,6 +19,11 @@ from .helpers import assert_same_params
 STEPS = 200
 
 
+@pytest.fixture(autouse=True)
+def _both_row_paths(row_path):
+    """Every parity test runs with the compiled kernel and with the pure-torch update."""
+
+
 def twin_run(model, forward, state_dir, *, groups=None, steps=STEPS, scheduler=None, reopen_at=None, **kwargs):
     """Train ``model`` and a copy with SparseAdam and DiskSparseAdam; compare after each step.
 

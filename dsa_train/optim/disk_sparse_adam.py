@@ -12,7 +12,8 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from ..errors import StateError
-from .functional import RowGradient, Workspace, sparse_adam_rows_
+from . import native
+from .functional import RowGroups, Workspace, coalesce_rows, fused_sparse_adam_rows_, sparse_adam_rows_
 from .row_file import DTYPES, dtype_name
 from .state_dir import StateDirectory
 
@@ -258,6 +259,7 @@ class DiskSparseAdam(Optimizer):
         self._finalizer.detach()
         store, self._store = self._store, None
         store.groups = self._groups_summary()
+        self._workspace.close_pool()
         _flush_and_close(store)
 
     @property
@@ -318,27 +320,56 @@ class DiskSparseAdam(Optimizer):
 
 
 def _step_in_place(p: Tensor, moments: Tensor, hyper: dict) -> None:
-    """A CPU parameter: group the gradient's lookups and add each chunk's update directly."""
-
-    def add_to_param(begin: int, rows: Tensor, update: Tensor) -> None:
-        p.index_add_(0, rows, update.view(rows.numel(), *p.shape[1:]))
-
-    sparse_adam_rows_(moments, RowGradient.from_sparse(p.grad), add_to_param, **hyper)
+    """A CPU parameter: its rows are updated where they are."""
+    _update_rows(moments, p.grad, hyper, param=p)
 
 
 def _step_through_host(p: Tensor, moments: Tensor, hyper: dict) -> None:
     """An accelerator parameter: coalesce there, bring only the touched rows to the host,
     send only their updates back, and add them where the parameter lives."""
     coalesced = p.grad.coalesce()
-    grad = RowGradient.from_sparse(coalesced.cpu())
-    host = torch.empty(grad.values.shape, dtype=grad.values.dtype, pin_memory=p.device.type == "cuda")
+    host_grad = coalesced.cpu()
+    updates = torch.empty(
+        (host_grad._nnz(), moments.shape[2]), dtype=moments.dtype, pin_memory=p.device.type == "cuda"
+    )
+    _update_rows(moments, host_grad, hyper, out=updates)
+    p.index_add_(0, coalesced._indices()[0], updates.to(p.device, non_blocking=True).view(-1, *p.shape[1:]))
 
-    def collect(begin: int, rows: Tensor, update: Tensor) -> None:
-        host[begin : begin + rows.numel()].copy_(update)
 
-    sparse_adam_rows_(moments, grad, collect, **hyper)
-    updates = host.to(p.device, non_blocking=True).view(-1, *p.shape[1:])
-    p.index_add_(0, coalesced._indices()[0], updates)
+def _update_rows(moments: Tensor, grad: Tensor, hyper: dict, *, param: Tensor | None = None, out: Tensor | None = None) -> None:
+    """Update ``moments`` at the rows of the CPU gradient ``grad``; add the update to ``param``
+    or write it, row after row, into the ``(U, W)`` buffer ``out``.
+
+    The compiled kernel does it when it is available for the dtype and layout, else torch."""
+    fusable = moments.dtype in native.RowKernel.dtypes and (param is None or _rows_contiguous(param))
+    kernel = native.load() if fusable else None
+    if kernel is not None:
+        fused_sparse_adam_rows_(kernel, moments, RowGroups.from_sparse(grad), param=param, out=out, **hyper)
+        return
+    rows, summed = coalesce_rows(grad)
+    if param is not None:
+
+        def apply(begin: int, chunk_rows: Tensor, update: Tensor) -> None:
+            # rows are unique: gather, add, put back (cheaper on CPU than index_add_)
+            update = update.view(chunk_rows.numel(), *param.shape[1:])
+            param.index_put_((chunk_rows,), param.index_select(0, chunk_rows).add_(update))
+
+    else:
+
+        def apply(begin: int, chunk_rows: Tensor, update: Tensor) -> None:
+            out[begin : begin + chunk_rows.numel()].copy_(update)
+
+    sparse_adam_rows_(moments, rows, summed, apply, **hyper)
+
+
+def _rows_contiguous(t: Tensor) -> bool:
+    """Whether each row ``t[r]`` is one contiguous block (what the kernel addresses)."""
+    expected = 1
+    for size, stride in reversed(list(zip(t.shape[1:], t.stride()[1:]))):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _spec(p: Tensor) -> tuple[tuple[int, ...], str]:
