@@ -65,6 +65,7 @@ def make_gradients(num_rows, dim, lookups, count, distribution, zipf, seed):
             sample_rows(num_rows, lookups, distribution, g, zipf)[None],
             torch.randn(lookups, dim, generator=g),
             (num_rows, dim),
+            check_invariants=False,
         )
         for _ in range(count)
     ]
@@ -75,7 +76,7 @@ def warm_up_epoch(num_rows, dim, lookups, seed):
     perm = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed))
     for start in range(0, num_rows, lookups):
         rows = perm[start : start + lookups]
-        yield torch.sparse_coo_tensor(rows[None], torch.randn(len(rows), dim) * 1e-3, (num_rows, dim))
+        yield torch.sparse_coo_tensor(rows[None], torch.randn(len(rows), dim) * 1e-3, (num_rows, dim), check_invariants=False)
 
 
 def bench_speed(args, distribution) -> dict:
