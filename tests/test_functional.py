@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dsa_train.optim.functional import Workspace, coalesce_rows, sparse_adam_rows_
+from dsa_train.optim.functional import AdamStep, Workspace, coalesce_rows, sparse_adam_rows_
 
 
 def run_update(moments, grad, params, **hyper):
@@ -15,7 +15,7 @@ def run_update(moments, grad, params, **hyper):
         params.index_add_(0, rows, update)
 
     defaults = dict(step=1, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8, maximize=False)
-    sparse_adam_rows_(moments, *coalesce_rows(grad), add, workspace=Workspace(), **{**defaults, **hyper})
+    sparse_adam_rows_(moments, *coalesce_rows(grad), add, AdamStep(**{**defaults, **hyper}), Workspace())
 
 
 def test_first_step_by_hand():

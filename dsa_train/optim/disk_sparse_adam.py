@@ -13,7 +13,14 @@ from torch.optim import Optimizer
 
 from ..errors import StateError
 from . import native
-from .functional import RowGroups, Workspace, coalesce_rows, fused_sparse_adam_rows_, sparse_adam_rows_
+from .functional import (
+    AdamStep,
+    RowGroups,
+    Workspace,
+    coalesce_rows,
+    fused_sparse_adam_rows_,
+    sparse_adam_rows_,
+)
 from .row_file import DTYPES, dtype_name
 from .state_dir import StateDirectory
 
@@ -217,21 +224,19 @@ class DiskSparseAdam(Optimizer):
         return loss
 
     def _update(self, p: Tensor, moments: Tensor, group: dict, step: int) -> None:
-        beta1, beta2 = group["betas"]
         lr = group["lr"]
-        hyper = dict(
+        adam = AdamStep(
             step=step,
             lr=lr.squeeze() if isinstance(lr, Tensor) else lr,
-            beta1=beta1,
-            beta2=beta2,
+            beta1=group["betas"][0],
+            beta2=group["betas"][1],
             eps=group["eps"],
             maximize=group["maximize"],
-            workspace=self._workspace,
         )
         if p.device.type == "cpu":
-            _step_in_place(p, moments, hyper)
+            _step_in_place(p, moments, adam, self._workspace)
         else:
-            _step_through_host(p, moments, hyper)
+            _step_through_host(p, moments, adam, self._workspace)
 
     # -- state --------------------------------------------------------------------------
     @property
@@ -319,12 +324,12 @@ class DiskSparseAdam(Optimizer):
         store.groups = self._groups_summary()
 
 
-def _step_in_place(p: Tensor, moments: Tensor, hyper: dict) -> None:
+def _step_in_place(p: Tensor, moments: Tensor, adam: AdamStep, workspace: Workspace) -> None:
     """A CPU parameter: its rows are updated where they are."""
-    _update_rows(moments, p.grad, hyper, param=p)
+    _update_rows(moments, p.grad, adam, workspace, param=p)
 
 
-def _step_through_host(p: Tensor, moments: Tensor, hyper: dict) -> None:
+def _step_through_host(p: Tensor, moments: Tensor, adam: AdamStep, workspace: Workspace) -> None:
     """An accelerator parameter: coalesce there, bring only the touched rows to the host,
     send only their updates back, and add them where the parameter lives."""
     coalesced = p.grad.coalesce()
@@ -332,11 +337,19 @@ def _step_through_host(p: Tensor, moments: Tensor, hyper: dict) -> None:
     updates = torch.empty(
         (host_grad._nnz(), moments.shape[2]), dtype=moments.dtype, pin_memory=p.device.type == "cuda"
     )
-    _update_rows(moments, host_grad, hyper, out=updates)
+    _update_rows(moments, host_grad, adam, workspace, out=updates)
     p.index_add_(0, coalesced._indices()[0], updates.to(p.device, non_blocking=True).view(-1, *p.shape[1:]))
 
 
-def _update_rows(moments: Tensor, grad: Tensor, hyper: dict, *, param: Tensor | None = None, out: Tensor | None = None) -> None:
+def _update_rows(
+    moments: Tensor,
+    grad: Tensor,
+    adam: AdamStep,
+    workspace: Workspace,
+    *,
+    param: Tensor | None = None,
+    out: Tensor | None = None,
+) -> None:
     """Update ``moments`` at the rows of the CPU gradient ``grad``; add the update to ``param``
     or write it, row after row, into the ``(U, W)`` buffer ``out``.
 
@@ -344,7 +357,7 @@ def _update_rows(moments: Tensor, grad: Tensor, hyper: dict, *, param: Tensor | 
     fusable = moments.dtype in native.RowKernel.dtypes and (param is None or _rows_contiguous(param))
     kernel = native.load() if fusable else None
     if kernel is not None:
-        fused_sparse_adam_rows_(kernel, moments, RowGroups.from_sparse(grad), param=param, out=out, **hyper)
+        fused_sparse_adam_rows_(kernel, moments, RowGroups.from_sparse(grad), adam, workspace, param=param, out=out)
         return
     rows, summed = coalesce_rows(grad)
     if param is not None:
@@ -359,7 +372,7 @@ def _update_rows(moments: Tensor, grad: Tensor, hyper: dict, *, param: Tensor | 
         def apply(begin: int, chunk_rows: Tensor, update: Tensor) -> None:
             out[begin : begin + chunk_rows.numel()].copy_(update)
 
-    sparse_adam_rows_(moments, rows, summed, apply, **hyper)
+    sparse_adam_rows_(moments, rows, summed, apply, adam, workspace)
 
 
 def _rows_contiguous(t: Tensor) -> bool:

@@ -149,25 +149,32 @@ class Workspace:
             self._pool, self._pool_size = None, 0
 
 
-def step_size_of(step: int, lr: float | Tensor, beta1: float, beta2: float) -> float | Tensor:
-    """``lr * sqrt(1 - beta2^t) / (1 - beta1^t)``; tensor arithmetic for a tensor lr, as in torch."""
-    return lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+@dataclass(frozen=True)
+class AdamStep:
+    """The hyper-parameters of one parameter's step ``step`` (its counter after the increment)."""
+
+    step: int
+    lr: float | Tensor
+    beta1: float
+    beta2: float
+    eps: float
+    maximize: bool
+
+    @property
+    def step_size(self) -> float | Tensor:
+        """``lr * sqrt(1 - beta2^t) / (1 - beta1^t)``; tensor arithmetic for a tensor lr, as in torch."""
+        return self.lr * math.sqrt(1 - self.beta2**self.step) / (1 - self.beta1**self.step)
 
 
 def fused_sparse_adam_rows_(
     kernel,
     moments: Tensor,
     groups: RowGroups,
+    adam: AdamStep,
+    workspace: Workspace,
     *,
     param: Tensor | None,
     out: Tensor | None,
-    step: int,
-    lr: float | Tensor,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    maximize: bool,
-    workspace: Workspace,
 ) -> None:
     """The update with the compiled kernel: moments in place, then ``param`` or ``out``.
 
@@ -176,7 +183,7 @@ def fused_sparse_adam_rows_(
     """
     dtype, width = moments.dtype, moments.shape[2]
     num_rows = groups.rows.numel()
-    neg_step_size = -float(step_size_of(step, lr, beta1, beta2))
+    neg_step_size = -float(adam.step_size)
     parts = max(1, min(torch.get_num_threads(), num_rows // MIN_ROWS_PER_THREAD))
     bounds = groups.split(parts)
     chunk = max(1, FUSED_CHUNK_ELEMENTS // max(1, width))
@@ -191,13 +198,13 @@ def fused_sparse_adam_rows_(
             end = min(begin + chunk, bounds[part + 1])
             kernel.moments(
                 dtype, moments.data_ptr(), rows, starts, order, values, begin, end, width,
-                1 - beta1, 1 - beta2, int(maximize), new_m.data_ptr(), new_v.data_ptr(),
+                1 - adam.beta1, 1 - adam.beta2, int(adam.maximize), new_m.data_ptr(), new_v.data_ptr(),
             )  # fmt: skip
             sqrt_v = new_v[: (end - begin) * width]
             torch.sqrt(sqrt_v, out=sqrt_v)
             kernel.apply(
                 dtype, target, target_stride, out_ptr, rows, begin, end, width,
-                new_m.data_ptr(), new_v.data_ptr(), eps, neg_step_size,
+                new_m.data_ptr(), new_v.data_ptr(), adam.eps, neg_step_size,
             )  # fmt: skip
 
     workspace.run(run, parts)
@@ -208,13 +215,7 @@ def sparse_adam_rows_(
     rows: Tensor,
     grad: Tensor,
     apply_update: Callable[[int, Tensor, Tensor], None],
-    *,
-    step: int,
-    lr: float | Tensor,
-    beta1: float,
-    beta2: float,
-    eps: float,
-    maximize: bool,
+    adam: AdamStep,
     workspace: Workspace,
 ) -> None:
     """The update with torch operations, on chunks of rows that fit in the CPU cache.
@@ -224,7 +225,7 @@ def sparse_adam_rows_(
     ``apply_update(begin, rows, update)`` receives, chunk by chunk, the parameter update of
     ``rows[begin:begin + len(update)]`` (the caller adds it to the parameter).
     """
-    step_size = step_size_of(step, lr, beta1, beta2)
+    step_size = adam.step_size
     neg_step_size = -step_size.cpu() if isinstance(step_size, Tensor) else -step_size
     width = moments.shape[2]
     chunk = max(16, CHUNK_BYTES // max(1, 2 * width * moments.dtype.itemsize))
@@ -236,16 +237,16 @@ def sparse_adam_rows_(
         g = grad[begin:end]
         record = torch.index_select(moments, 0, chunk_rows, out=records[:n])
         m, v = record[:, 0], record[:, 1]
-        if maximize:  # (-g) - m == -(g + m) exactly
+        if adam.maximize:  # (-g) - m == -(g + m) exactly
             d_m = torch.add(g, m, out=m_inc[:n]).neg_()
         else:
             d_m = torch.sub(g, m, out=m_inc[:n])
-        m.add_(d_m.mul_(1 - beta1))
-        d_v = torch.mul(g, g, out=v_inc[:n]).sub_(v).mul_(1 - beta2)
+        m.add_(d_m.mul_(1 - adam.beta1))
+        d_v = torch.mul(g, g, out=v_inc[:n]).sub_(v).mul_(1 - adam.beta2)
         new_v = torch.add(v, d_v, out=v_inc[:n])  # contiguous: sqrt is 2x faster on it
         v.copy_(new_v)
         moments.index_put_((chunk_rows,), record)
-        denom = new_v.sqrt_().add_(eps)
+        denom = new_v.sqrt_().add_(adam.eps)
         update = torch.div(m, denom, out=m_inc[:n]).mul_(neg_step_size)
         apply_update(begin, chunk_rows, update)
 
@@ -260,17 +261,15 @@ def self_test(kernel) -> str:
             grad = torch.sparse_coo_tensor(lookups[None], values, (50, 3, 5), check_invariants=False)
             moments = torch.rand(50, 2, 15, generator=generator, dtype=dtype)
             param = torch.randn(50, 3, 5, generator=generator, dtype=dtype)
-            hyper = dict(step=3, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, maximize=maximize)
+            adam = AdamStep(step=3, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, maximize=maximize)
             expected_moments, expected_param = moments.clone(), param.clone()
 
             def add(begin, rows, update, target=expected_param):
                 target.index_put_((rows,), target.index_select(0, rows).add_(update.view(-1, 3, 5)))
 
             workspace = Workspace()
-            sparse_adam_rows_(expected_moments, *coalesce_rows(grad), add, workspace=workspace, **hyper)
-            fused_sparse_adam_rows_(
-                kernel, moments, RowGroups.from_sparse(grad), param=param, out=None, workspace=workspace, **hyper
-            )
+            sparse_adam_rows_(expected_moments, *coalesce_rows(grad), add, adam, workspace)
+            fused_sparse_adam_rows_(kernel, moments, RowGroups.from_sparse(grad), adam, workspace, param=param, out=None)
             workspace.close_pool()
             if not (torch.equal(moments, expected_moments) and torch.equal(param, expected_param)):
                 return f"{dtype}, maximize={maximize}"
