@@ -95,3 +95,24 @@ def test_colliding_sanitised_names_are_rejected(state_dir):
     with pytest.raises(ValueError, match=r"'a b' and 'a/b' both map to the file name 'a_b.rows'"):
         DiskSparseAdam([("a b", a), ("a/b", b)], state_dir=state_dir)
     assert not state_dir.exists()
+
+
+def test_gradient_rows_out_of_range_are_refused_before_any_write(state_dir):
+    a, b = nn.Parameter(torch.randn(6, 3)), nn.Parameter(torch.randn(6, 3))
+    with DiskSparseAdam([a, b], state_dir=state_dir) as opt:
+        a.grad = torch.sparse_coo_tensor([[1]], torch.ones(1, 3), (6, 3))
+        b.grad = torch.sparse_coo_tensor([[2, 6]], torch.ones(2, 3), (6, 3), check_invariants=False)
+        before = a.detach().clone()
+        with pytest.raises(IndexError, match=r"'param1' has 6 rows, but its sparse gradient touches rows 2 to 6"):
+            opt.step()
+        assert torch.equal(a, before) and "step" not in opt.state[a]
+
+
+def test_pickling_and_copying_are_refused_clearly(state_dir):
+    import copy
+    import pickle
+
+    with DiskSparseAdam([nn.Parameter(torch.randn(6, 3))], state_dir=state_dir) as opt:
+        for attempt in (pickle.dumps, copy.deepcopy):
+            with pytest.raises(TypeError, match="cannot be pickled or copied.*state_dict"):
+                attempt(opt)

@@ -271,6 +271,12 @@ class DiskSparseAdam(Optimizer):
     def closed(self) -> bool:
         return self._store is None
 
+    def __getstate__(self):
+        raise TypeError(
+            "DiskSparseAdam cannot be pickled or copied: its moments live in state_dir. Save "
+            "state_dict() and open a new DiskSparseAdam on the directory (or a copy of it) instead."
+        )
+
     def __enter__(self) -> DiskSparseAdam:
         return self
 
@@ -429,6 +435,14 @@ def _check_grad(p: Tensor, key: str) -> None:
             f"DiskSparseAdam parameter '{key}' of shape {list(p.shape)} got a sparse gradient of "
             f"shape {list(grad.shape)} with {grad.sparse_dim()} sparse dimensions; it updates "
             "whole rows and needs one sparse dimension (as nn.Embedding(sparse=True) produces)"
+        )
+    rows = grad._indices()
+    if rows.numel() and (rows.min() < 0 or rows.max() >= p.shape[0]):
+        # torch does not check a hand-made sparse tensor's indices; the row files must not
+        # be written out of bounds.
+        raise IndexError(
+            f"DiskSparseAdam parameter '{key}' has {p.shape[0]} rows, but its sparse gradient "
+            f"touches rows {rows.min().item()} to {rows.max().item()}"
         )
 
 
