@@ -251,6 +251,25 @@ def test_add_param_group_creates_and_reopens_files(state_dir):
         assert opt.state[b.weight]["step"] == 2
 
 
+def test_forked_child_exiting_does_not_touch_the_state(state_dir):
+    emb = nn.Embedding(10, 2, sparse=True)
+    with DiskSparseAdam(emb.parameters(), state_dir=state_dir) as opt:
+        train(emb, opt, 2)  # the manifest now says "not clean" until the next flush
+        before = snapshot(state_dir)
+        lock = (state_dir / ".lock").read_text()
+        pid = os.fork()
+        if pid == 0:  # a DataLoader worker, say, running the optimizer's exit handler
+            try:
+                opt._finalizer()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert snapshot(state_dir) == before
+        assert (state_dir / ".lock").read_text() == lock
+        with pytest.raises(StateError, match="locked by"):
+            DiskSparseAdam(emb.parameters(), state_dir=state_dir)
+
+
 # -- locking ------------------------------------------------------------------------------
 def test_second_optimizer_in_this_process_is_refused(state_dir):
     emb = nn.Embedding(5, 2, sparse=True)

@@ -40,6 +40,7 @@ class StateDirectory:
     def __init__(self, path: Path, *, allow_unclean: bool = False) -> None:
         self.path = Path(path)
         _prepare_directory(self.path)
+        self._owner = os.getpid()  # a forked child (a DataLoader worker) must not write here
         self._lock = DirectoryLock(self.path, purpose="optimizer state directory")
         self._lock.acquire()
         try:
@@ -177,6 +178,8 @@ class StateDirectory:
 
     def flush(self) -> None:
         """Make every row durable, then commit the step counters with a clean manifest."""
+        if os.getpid() != self._owner:
+            return
         for row_file in self.files.values():
             row_file.flush()
         for key, step in self.steps.items():
@@ -189,7 +192,8 @@ class StateDirectory:
         for row_file in self.files.values():
             row_file.close()
         self.files.clear()
-        self._lock.release()
+        if os.getpid() == self._owner:  # the lock (shared with a forked child) stays the owner's
+            self._lock.release()
 
 
 def _refuse_foreign_files(path: Path) -> None:
