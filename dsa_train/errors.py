@@ -24,3 +24,17 @@ class DsaError(Exception):
 
 class StateError(DsaError):
     """An optimizer state directory is missing, locked, corrupt or does not match the model."""
+
+
+class ConfigError(DsaError):
+    """A recipe or override is invalid. ``problems`` lists every one, each with its dotted path."""
+
+    def __init__(self, problems: list[str], *, source: str = "recipe", hint: str | None = None) -> None:
+        self.problems = problems
+        count = f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
+        message = f"{source} has {count}:\n" + "\n".join(f"  {p}" for p in problems)
+        super().__init__(message, hint=hint or "fix these and run again; `--set key=value` overrides a key")
+
+
+class DatasetError(DsaError):
+    """A dataset is missing, incomplete or malformed."""

@@ -1,0 +1,76 @@
+"""FB15k-237 and WN18RR through PyTorch Geometric's dataset classes.
+
+PyG downloads the raw files into ``<root>/<folder>/raw`` and processes them into
+``<root>/<folder>/processed``. Before PyG reads them, the raw files are checked line by line
+(PyG's readers split on whitespace or tabs without looking, so a CRLF or a stray column would
+silently become a different entity). Offline, a missing file is a ``DatasetError`` that says
+which files to place where.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import DatasetError
+from .kg import SPLITS, KnowledgeGraph
+from .tsv import read_triples
+
+# kind -> (folder under the data root, PyG class name)
+DATASETS = {"fb15k237": ("FB15k-237", "FB15k_237"), "wn18rr": ("WN18RR", "WordNet18RR")}
+
+
+def load_pyg_knowledge_graph(kind: str, root: Path) -> KnowledgeGraph:
+    import torch_geometric.datasets as pyg_datasets
+
+    folder_name, class_name = DATASETS[kind]
+    dataset_class = getattr(pyg_datasets, class_name)
+    folder = root / folder_name
+    raw = folder / "raw"
+    files = [f"{split}.txt" for split in SPLITS]
+    if any(not (raw / f).is_file() for f in files):
+        _download(folder, raw, files, dataset_class.url)
+    entities: dict[str, int] = {}
+    relations: dict[str, int] = {}
+    for f in files:  # the check only: PyG assigns the ids
+        read_triples(raw / f, entities, relations, final_newline=True)
+    try:
+        if kind == "fb15k237":
+            parts = [dataset_class(str(folder), split=split)[0] for split in ("train", "val", "test")]
+            splits = [_triples(d.edge_index, d.edge_type) for d in parts]
+            num_entities = int(parts[0].num_nodes)
+        else:
+            data = dataset_class(str(folder))[0]
+            splits = [
+                _triples(data.edge_index[:, mask], data.edge_type[mask])
+                for mask in (data.train_mask, data.val_mask, data.test_mask)
+            ]
+            num_entities = int(data.num_nodes)
+    except OSError as e:
+        raise DatasetError(
+            f"PyG could not process '{folder}': {e}",
+            hint=f"PyG writes '{folder / 'processed'}': the data root must be writable (set DSA_DATA_ROOT)",
+        ) from e
+    num_relations = int(max(int(s[:, 1].max()) for s in splits if len(s)) + 1)
+    return KnowledgeGraph(folder_name, num_entities, num_relations, *splits)
+
+
+def _triples(edge_index: torch.Tensor, edge_type: torch.Tensor) -> torch.Tensor:
+    return torch.stack([edge_index[0], edge_type, edge_index[1]], dim=1).long()
+
+
+def _download(folder: Path, raw: Path, files: list[str], url: str) -> None:
+    from torch_geometric.data import download_url
+
+    try:
+        for f in files:
+            if not (raw / f).is_file():
+                download_url(f"{url}/{f}", str(raw), log=False)
+    except Exception as e:  # no network, a proxy, an HTTP error: all mean the same to the user
+        raise DatasetError(
+            f"dataset files {', '.join(str(raw / f) for f in files if not (raw / f).is_file())} are "
+            f"missing and could not be downloaded ({type(e).__name__}: {e})",
+            hint=f"place {', '.join(files)} in '{raw}' (from {url}/), or set DSA_DATA_ROOT to a "
+            f"folder that has {folder.name}/raw/",
+        ) from None

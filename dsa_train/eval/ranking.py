@@ -1,0 +1,181 @@
+r"""Filtered link-prediction ranking: MR, MRR and Hits@1/3/10 for heads and tails.
+
+Each test triple :math:`(h, r, t)` asks two queries, :math:`(h, r, ?)` answered by :math:`t`
+and :math:`(?, r, t)` answered by :math:`h`. A query's candidates are all entities (or, for
+tables too big to score, the answer plus a seeded sample of entities, as OGB does) minus
+every *other* entity that makes a known true triple in any split (the "filtered" setting).
+With :math:`s` the answer's score,
+
+.. math::
+    \mathrm{rank} = 1 + \frac{\#\{e : f(e) > s\} + \#\{e : f(e) \ge s\}}{2}
+
+over the remaining candidates: the mean of the optimistic and the pessimistic rank, so ties
+neither help nor hurt ("realistic" ranks). MR is the mean rank, MRR the mean of
+:math:`1/\mathrm{rank}`, Hits@k the fraction of ranks :math:`\le k`.
+
+Scores are computed in chunks of queries and of entities, so memory stays at
+``batch_size x entity_chunk`` scores whatever the number of entities. The answer's score is
+read from the same score matrix as its competitors' (a second pass when the entities span
+several chunks), so rounding can never split a tie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor
+
+HITS = (1, 3, 10)
+
+
+class TripleIndex:
+    """All known true triples, as sorted int64 keys for looking up a query's other answers."""
+
+    def __init__(self, triples: Tensor, num_entities: int, num_relations: int) -> None:
+        h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
+        self.num_entities, self.num_relations = num_entities, num_relations
+        self._keys = {
+            "tail": torch.sort((h * num_relations + r) * num_entities + t).values,
+            "head": torch.sort((t * num_relations + r) * num_entities + h).values,
+        }
+
+    def known(self, anchor: Tensor, relation: Tensor, side: str) -> tuple[Tensor, Tensor]:
+        """All (query number, entity) pairs where the entity answers query ``i`` truly."""
+        keys = self._keys[side]
+        base = (anchor * self.num_relations + relation) * self.num_entities
+        lo = torch.searchsorted(keys, base)
+        hi = torch.searchsorted(keys, base + self.num_entities)
+        counts = hi - lo
+        query = torch.repeat_interleave(torch.arange(len(anchor)), counts)
+        offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+        entity = keys[lo[query] + offsets] - base[query]
+        return query, entity
+
+
+@dataclass
+class RankingMetrics:
+    mr: float
+    mrr: float
+    hits_at_1: float
+    hits_at_3: float
+    hits_at_10: float
+    queries: int
+
+    @classmethod
+    def of(cls, ranks: Tensor) -> RankingMetrics:
+        ranks = ranks.double()
+        hits = [(ranks <= k).double().mean().item() if len(ranks) else float("nan") for k in HITS]
+        mean = lambda t: t.mean().item() if len(t) else float("nan")  # noqa: E731
+        return cls(mean(ranks), mean(1.0 / ranks), *hits, len(ranks))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# score_fn(anchor ids (B,), relation ids (B,), candidate ids (K,), side) -> (B, K) scores
+ScoreFn = Callable[[Tensor, Tensor, Tensor, str], Tensor]
+
+
+@torch.no_grad()
+def query_ranks(
+    score_fn: ScoreFn,
+    anchor: Tensor,
+    relation: Tensor,
+    answer: Tensor,
+    side: str,
+    index: TripleIndex,
+    *,
+    num_entities: int,
+    entity_chunk: int,
+    sampled: Tensor | None = None,
+) -> Tensor:
+    """Realistic filtered ranks of one batch of queries (see the module docstring).
+
+    ``sampled``: rank against these entities only (plus each query's own answer).
+    """
+    known_query, known_entity = index.known(anchor, relation, side)
+    rows = torch.arange(len(anchor))
+    if sampled is None:
+        chunks = [torch.arange(s, min(s + entity_chunk, num_entities)) for s in range(0, num_entities, entity_chunk)]
+        in_sample = [None] * len(chunks)
+    else:  # one candidate set: the sample and the answers, each answer visible to its own query only
+        sampled = torch.unique(sampled)
+        chunks = [torch.unique(torch.cat([sampled, answer]))]
+        in_sample = [torch.isin(chunks[0], sampled)]
+    single = len(chunks) == 1
+    true = None
+    for chunk in chunks:  # the answer's score, from the matrix its competitors come from
+        scores = _scores(score_fn, anchor, relation, chunk, side)
+        if true is None:
+            true = torch.full((len(anchor),), float("-inf"), dtype=scores.dtype)
+        found, position = _locate(chunk, answer)
+        true[found] = scores[rows[found], position[found]]
+    true = torch.where(true == float("inf"), float("-inf"), true)  # a NaN answer (made +inf) ranks last
+    greater = torch.zeros(len(anchor))
+    at_least = torch.zeros(len(anchor))
+    for chunk, sample_mask in zip(chunks, in_sample):
+        if not single:
+            scores = _scores(score_fn, anchor, relation, chunk, side)
+        # Excluded columns become NaN, which compares false with everything (real NaN scores
+        # were made +inf by _scores).
+        found, position = _locate(chunk, answer)
+        scores[rows[found], position[found]] = float("nan")  # the answer is not its own rival
+        if sample_mask is not None:
+            scores[:, ~sample_mask] = float("nan")  # other queries' answers were not sampled
+        found, position = _locate(chunk, known_entity)
+        scores[known_query[found], position[found]] = float("nan")  # filtered: other true answers
+        greater += (scores > true[:, None]).sum(1)
+        at_least += (scores >= true[:, None]).sum(1)
+    return 1 + (greater + at_least) / 2
+
+
+def _scores(score_fn: ScoreFn, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
+    scores = score_fn(anchor, relation, candidates, side).cpu()
+    return torch.nan_to_num(scores, nan=float("inf"))  # a NaN rival beats the answer
+
+
+def _locate(sorted_candidates: Tensor, entities: Tensor) -> tuple[Tensor, Tensor]:
+    """Which ``entities`` are among the candidates, and at which column."""
+    position = torch.searchsorted(sorted_candidates, entities.contiguous()).clamp_(max=len(sorted_candidates) - 1)
+    return sorted_candidates[position] == entities, position
+
+
+def evaluate_link_prediction(
+    score_fn: ScoreFn,
+    triples: Tensor,
+    index: TripleIndex,
+    *,
+    num_entities: int,
+    batch_size: int = 256,
+    entity_chunk: int = 65_536,
+    sampled_negatives: int | None = None,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, RankingMetrics]:
+    """Filtered ranking metrics of ``triples`` for tail queries, head queries and both.
+
+    ``progress(n)`` is called after every batch with the number of queries it ranked.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    ranks = {}
+    for side in ("tail", "head"):
+        anchor, answer = (triples[:, 0], triples[:, 2]) if side == "tail" else (triples[:, 2], triples[:, 0])
+        found = []
+        for start in range(0, len(triples), batch_size):
+            window = slice(start, start + batch_size)
+            sampled = None
+            if sampled_negatives is not None:
+                sampled = torch.randint(0, num_entities, (sampled_negatives,), generator=generator)
+            found.append(
+                query_ranks(
+                    score_fn, anchor[window], triples[window, 1], answer[window], side, index,
+                    num_entities=num_entities, entity_chunk=entity_chunk, sampled=sampled,
+                )  # fmt: skip
+            )
+            if progress is not None:
+                progress(len(found[-1]))
+        ranks[side] = torch.cat(found) if found else torch.empty(0)
+    ranks["both"] = torch.cat([ranks["tail"], ranks["head"]])
+    return {side: RankingMetrics.of(r) for side, r in ranks.items()}

@@ -1,0 +1,414 @@
+"""Recipes: YAML files parsed into typed, validated configuration.
+
+A recipe has the sections ``dataset``, ``model``, ``train``, ``optimizer``, ``eval`` and
+``output`` (all optional but ``dataset`` and ``model``); each maps onto a dataclass below,
+whose fields carry their help text and checks. :func:`load_recipe` reports every problem at
+once in one :class:`~dsa_train.errors.ConfigError`, each with its dotted path, the YAML line
+and, for a misspelt key, the closest valid one. ``key=value`` overrides (``--set``) are
+applied before validation, so they are checked the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import ConfigError
+
+
+def _help(text: str, check=None, **kwargs):
+    """A dataclass field with help text and an optional check (value -> problem or None)."""
+    return field(metadata={"help": text, "check": check}, **kwargs)
+
+
+def _positive(v):
+    return None if v > 0 else "must be > 0"
+
+
+def _non_negative(v):
+    return None if v >= 0 else "must be >= 0"
+
+
+def _fraction(v):
+    return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
+def _betas(v):
+    return None if all(0 <= b < 1 for b in v) else "each beta must be in [0, 1)"
+
+
+@dataclass
+class SyntheticConfig:
+    """A generated knowledge graph: power-law entity degrees and a latent cluster structure
+    that relations map between (so models have something to learn)."""
+
+    entities: int = _help("number of entities", _positive, default=10_000)
+    relations: int = _help("number of relations", _positive, default=20)
+    triples: int = _help("number of triples, before the valid and test ones are held out", _positive, default=100_000)
+    valid: int = _help("triples held out for validation", _non_negative, default=1_000)
+    test: int = _help("triples held out for testing", _non_negative, default=1_000)
+    clusters: int = _help("latent entity clusters that relations map between", _positive, default=64)
+    noise: float = _help("fraction of triples whose tail is uniformly random", _fraction, default=0.1)
+    zipf: float = _help("power-law exponent of entity popularity (0: uniform)", _non_negative, default=1.0)
+    seed: int = _help("random seed of the generator", default=0)
+
+    def problems(self) -> list[tuple[str, str]]:
+        found = []
+        if self.valid + self.test >= self.triples:
+            found.append(("triples", f"must exceed valid + test ({self.valid + self.test})"))
+        if 2 * self.relations * self.entities**2 >= 2**63:  # triple keys are int64
+            found.append(("relations", f"times entities squared must stay below 2^62 (at most {2**62 // self.entities**2})"))
+        return found
+
+
+@dataclass
+class DatasetConfig:
+    """Where the triples come from."""
+
+    kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic"] = _help(
+        "tsv: a folder of train/valid/test.txt; fb15k237, wn18rr: PyG's datasets; synthetic: generated"
+    )
+    path: str | None = _help("tsv: the folder, relative to the data root or absolute", default=None)
+    root: str | None = _help("data root (default: $DSA_DATA_ROOT, else ./datasets)", default=None)
+    synthetic: SyntheticConfig = _help("synthetic: the generator's settings", default_factory=SyntheticConfig)
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.kind == "tsv" and not self.path:
+            return [("path", "is required for kind 'tsv' (the folder holding train.txt, valid.txt, test.txt)")]
+        return []
+
+
+@dataclass
+class ModelConfig:
+    """The embedding model."""
+
+    kind: Literal["transe", "distmult"] = _help("transe: -||h + r - t||_p; distmult: <h, r, t>")
+    dim: int = _help("embedding dimension", _positive, default=128)
+    p_norm: Literal[1, 2] = _help("transe: the norm of the distance", default=2)
+    reciprocal: bool = _help("learn an inverse relation per relation and predict heads as tails", default=True)
+    init_std: float = _help("standard deviation of the normal initialisation", _positive, default=1e-3)
+    dropout: float = _help("dropout on the embeddings during training", _fraction, default=0.0)
+
+
+@dataclass
+class TrainConfig:
+    """The training loop."""
+
+    epochs: int = _help("passes over the training triples", _non_negative, default=10)
+    max_steps: int | None = _help("stop after this many steps (default: run all epochs)", _positive, default=None)
+    batch_size: int = _help("positive triples per step (each gives a head and a tail query)", _positive, default=1024)
+    negatives: int = _help("negative entities per step, shared by all queries of the step", _positive, default=1024)
+    loss: Literal["cross_entropy", "softplus", "margin"] = _help(
+        "cross_entropy: softmax over the positive and the negatives; softplus: logistic; "
+        "margin: max(0, margin - f(pos) + f(neg))",
+        default="cross_entropy",
+    )
+    margin: float = _help("margin of the margin loss", _positive, default=1.0)
+    regularization: float = _help("weight of the N3 penalty on the step's embeddings", _non_negative, default=0.0)
+    seed: int = _help("seed of initialisation, data order, negatives and dropout", default=0)
+    device: Literal["auto", "cpu", "cuda"] = _help("where the model computes (the optimizer state stays on disk)", default="auto")
+    log_every: int = _help("log the loss to metrics.jsonl every this many steps", _positive, default=50)
+    checkpoint_every: int = _help("checkpoint every this many steps (0: at the end only)", _non_negative, default=0)
+    keep_checkpoints: int = _help("complete checkpoints to keep (the newest)", _positive, default=2)
+
+
+@dataclass
+class OptimizerConfig:
+    """The optimizer of the embedding tables."""
+
+    kind: Literal["dsa", "sparse_adam"] = _help(
+        "dsa: DiskSparseAdam (moments on disk); sparse_adam: torch.optim.SparseAdam, for comparison", default="dsa"
+    )
+    lr: float = _help("learning rate", _positive, default=1e-3)
+    betas: tuple[float, float] = _help("Adam's betas", _betas, default=(0.9, 0.999))
+    eps: float = _help("Adam's epsilon", _positive, default=1e-8)
+    state_dir: str | None = _help("dsa: state directory (default: <run>/optimizer_state); put it on a local SSD", default=None)
+
+
+@dataclass
+class EvalConfig:
+    """Filtered link-prediction evaluation (MR, MRR, Hits@1/3/10 for heads and tails)."""
+
+    every_epochs: int = _help("evaluate on `split` every this many epochs (0: never during training)", _non_negative, default=0)
+    split: Literal["valid", "test"] = _help("the split evaluated during training", default="valid")
+    final_splits: list[Literal["valid", "test"]] = _help("splits evaluated when training ends", default_factory=lambda: ["valid", "test"])
+    batch_size: int = _help("queries scored at once", _positive, default=256)
+    entity_chunk: int = _help("entities scored at once (bounds memory for huge tables)", _positive, default=65_536)
+    sampled_negatives: int | None = _help(
+        "rank against this many sampled entities instead of all (OGB-style), for huge tables", _positive, default=None
+    )
+    max_queries: int | None = _help("evaluate at most this many triples of a split (a seeded sample)", _positive, default=None)
+
+
+@dataclass
+class OutputConfig:
+    """Where runs go."""
+
+    dir: str = _help("parent folder of run folders", default="runs")
+    run_name: str | None = _help("run folder name (default: <recipe name>-<timestamp>)", default=None)
+
+
+@dataclass
+class Recipe:
+    """One experiment: dataset, model, training, optimizer, evaluation, output."""
+
+    dataset: DatasetConfig = _help("the knowledge graph")
+    model: ModelConfig = _help("the embedding model")
+    name: str = _help("the recipe's name (default: its file name)", default="recipe")
+    description: str = _help("one line saying what the recipe is for", default="")
+    train: TrainConfig = _help("the training loop", default_factory=TrainConfig)
+    optimizer: OptimizerConfig = _help("the optimizer", default_factory=OptimizerConfig)
+    eval: EvalConfig = _help("evaluation", default_factory=EvalConfig)
+    output: OutputConfig = _help("outputs", default_factory=OutputConfig)
+
+
+_MISSING = object()
+
+
+# -- loading -------------------------------------------------------------------------------
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
+    """Read, override and validate a recipe file; a :class:`ConfigError` lists every problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError([f"cannot read '{path}': {e.strerror}"], source=f"recipe '{path}'", hint="check the path") from None
+    return parse_recipe(text, source=f"recipe '{path}'", overrides=overrides, default_name=path.stem)
+
+
+def parse_recipe(
+    text: str, *, source: str = "recipe", overrides: list[str] | tuple[str, ...] = (), default_name: str = "recipe"
+) -> Recipe:
+    """Parse YAML text into a :class:`Recipe` (see :func:`load_recipe`)."""
+    data, lines = _parse_yaml(text, source)
+    problems: list[str] = []
+    for override in overrides:
+        _apply_override(data, lines, override, problems)
+    data.setdefault("name", default_name)
+    recipe = _build(Recipe, data, (), lines, problems)
+    if problems:
+        raise ConfigError(problems, source=source)
+    return recipe
+
+
+def recipe_to_yaml(recipe: Recipe) -> str:
+    """The resolved recipe as YAML (what a run folder's config.yaml holds)."""
+    data = _plain(dataclasses.asdict(recipe))
+    ordered = {"name": data.pop("name"), "description": data.pop("description"), **data}
+    return yaml.safe_dump(ordered, sort_keys=False)
+
+
+def _plain(value):
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _parse_yaml(text: str, source: str) -> tuple[dict, dict[tuple, int]]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise ConfigError([f"not valid YAML{where}: {getattr(e, 'problem', None) or e}"], source=source) from None
+    if data is None:
+        data, node = {}, None
+    if not isinstance(data, dict):
+        raise ConfigError([f"the top level must be a mapping of sections, got {_kind(data)}"], source=source)
+    lines: dict[tuple, int] = {}
+    _collect_lines(node, (), lines)
+    return data, lines
+
+
+def _collect_lines(node, path: tuple, lines: dict[tuple, int]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = (*path, key_node.value)
+            lines[key] = key_node.start_mark.line + 1
+            _collect_lines(value_node, key, lines)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[(*path, i)] = item.start_mark.line + 1
+            _collect_lines(item, (*path, i), lines)
+
+
+def _apply_override(data: dict, lines: dict, override: str, problems: list[str]) -> None:
+    key, sep, raw = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        problems.append(f"--set {override!r}: expected key=value, for example train.epochs=5")
+        return
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = key.split(".")
+    target = data
+    for i, part in enumerate(parts[:-1]):
+        existing = target.get(part)
+        if existing is None:
+            existing = target[part] = {}
+        if not isinstance(existing, dict):
+            problems.append(f"--set {key}: '{'.'.join(parts[: i + 1])}' is not a section")
+            return
+        target = existing
+    target[parts[-1]] = value
+    lines[tuple(parts)] = "--set"
+
+
+# -- validation ------------------------------------------------------------------------------
+def _where(path: tuple, lines: dict) -> str:
+    dotted = ".".join(str(p) for p in path) or "(top level)"
+    line = lines.get(path)
+    if line == "--set":
+        return f"{dotted} (from --set)"
+    if line:
+        return f"{dotted} (line {line})"
+    for depth in range(len(path) - 1, 0, -1):  # a missing key: point at its section
+        if isinstance(lines.get(path[:depth]), int):
+            return f"{dotted} (in the section at line {lines[path[:depth]]})"
+    return dotted
+
+
+def _build(cls, data, path: tuple, lines: dict, problems: list[str]):
+    """Instantiate dataclass ``cls`` from ``data``, appending every problem found."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        problems.append(f"{_where(path, lines)}: expected a section (key: value lines), got {_kind(data)}")
+        data = {}
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(fields)}"
+            problems.append(f"{_where((*path, key), lines)}: unknown key{hint}")
+    kwargs = {}
+    complete = True  # cross-field checks only make sense when every field is valid
+    for name, f in fields.items():
+        here, tp = (*path, name), hints[name]
+        if name in data:
+            value = _convert(tp, data[name], here, lines, problems)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            choices = f" (required; one of {_show(_choices(tp))})" if _choices(tp) else " (required)"
+            problems.append(f"{_where(here, lines)}: missing{choices}")
+            value = _MISSING
+        else:
+            continue
+        if value is _MISSING:
+            complete = False
+            kwargs[name] = _placeholder(tp)
+            continue
+        check = f.metadata.get("check")
+        message = check(value) if check is not None and value is not None else None
+        if message:
+            problems.append(f"{_where(here, lines)}: {message}, got {data[name]!r}")
+            complete = False
+        kwargs[name] = value
+    obj = cls(**kwargs)
+    if complete and hasattr(obj, "problems"):
+        for name, message in obj.problems():
+            problems.append(f"{_where((*path, name), lines)}: {message}")
+    return obj
+
+
+def _placeholder(tp):
+    """A stand-in for an invalid or missing value, so validation can go on to the next one."""
+    if not dataclasses.is_dataclass(tp):
+        return None
+    required = [f for f in dataclasses.fields(tp) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    hints = typing.get_type_hints(tp)
+    return tp(**{f.name: _placeholder(hints[f.name]) for f in required})
+
+
+def _choices(tp) -> tuple:
+    return typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
+
+
+def _show(choices) -> str:
+    return ", ".join(repr(c) for c in choices)
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return f"a boolean ({value})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"text ({value!r})"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a section"
+    return type(value).__name__
+
+
+def _convert(tp, value, path: tuple, lines: dict, problems: list[str]) -> Any:
+    """``value`` as type ``tp``, or ``_MISSING`` after recording why it cannot be."""
+    where = _where(path, lines)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, value, path, lines, problems)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path, lines, problems)
+    if origin is Literal:
+        if value in args and type(value) is type(args[args.index(value)]):
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        problems.append(f"{where}: must be one of {_show(args)}, got {value!r}{hint}")
+        return _MISSING
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        problems.append(f"{where}: expected true or false, got {_kind(value)}")
+        return _MISSING
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        problems.append(f"{where}: expected a whole number, got {_kind(value)}")
+        return _MISSING
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as text
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        problems.append(f"{where}: expected a number, got {_kind(value)}")
+        return _MISSING
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        problems.append(f"{where}: expected text, got {_kind(value)}")
+        return _MISSING
+    if origin is list:
+        if not isinstance(value, list):
+            problems.append(f"{where}: expected a list, got {_kind(value)}")
+            return _MISSING
+        items = [_convert(args[0], item, (*path, i), lines, problems) for i, item in enumerate(value)]
+        return _MISSING if any(item is _MISSING for item in items) else items
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            problems.append(f"{where}: expected a list of {len(args)} numbers, got {_kind(value)}")
+            return _MISSING
+        items = [_convert(a, item, (*path, i), lines, problems) for i, (a, item) in enumerate(zip(args, value))]
+        return _MISSING if any(item is _MISSING for item in items) else tuple(items)
+    raise TypeError(f"recipe field type {tp} is not supported")  # a bug in this file, not user input
