@@ -9,16 +9,25 @@ from __future__ import annotations
 import threading
 
 
-def rss_anon_bytes() -> int:
-    """Current ``RssAnon`` of this process in bytes (0 where /proc is unavailable)."""
+def _status_bytes(field: str) -> int:
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("RssAnon:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
+
+
+def rss_anon_bytes() -> int:
+    """Current ``RssAnon`` of this process in bytes (0 where /proc is unavailable)."""
+    return _status_bytes("RssAnon:")
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process (``VmHWM``: anonymous and file pages)."""
+    return _status_bytes("VmHWM:")
 
 
 class PeakRssAnon:

@@ -179,7 +179,11 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     try:
         text = path.read_text()
     except OSError as e:
-        raise ConfigError([f"cannot read '{path}': {e.strerror}"], source=f"recipe '{path}'", hint="check the path") from None
+        raise ConfigError(
+            [f"cannot read '{path}': {e.strerror}"],
+            source=f"recipe '{path}'",
+            hint="check the path; the shipped recipes are in recipes/, for example recipes/quickstart.yaml",
+        ) from None
     return parse_recipe(text, source=f"recipe '{path}'", overrides=overrides, default_name=path.stem)
 
 
@@ -203,6 +207,22 @@ def recipe_to_yaml(recipe: Recipe) -> str:
     data = _plain(dataclasses.asdict(recipe))
     ordered = {"name": data.pop("name"), "description": data.pop("description"), **data}
     return yaml.safe_dump(ordered, sort_keys=False)
+
+
+def recipe_differences(a: Recipe, b: Recipe) -> list[tuple[str, Any, Any]]:
+    """(dotted key, value in a, value in b) for every key where two recipes differ."""
+    flat_a, flat_b = _flatten(dataclasses.asdict(a)), _flatten(dataclasses.asdict(b))
+    return [(key, flat_a[key], flat_b[key]) for key in flat_a if flat_a[key] != flat_b[key]]
+
+
+def _flatten(data: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
 
 
 def _plain(value):

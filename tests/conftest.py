@@ -30,3 +30,25 @@ def row_path(request, monkeypatch):
             pytest.skip(f"the fused kernel cannot be built here: {e}")
         pytest.fail("the fused kernel builds but failed its self-test against the torch path")
     return request.param
+
+
+@pytest.fixture
+def test_data():
+    """The folder of real datasets (``DSA_TEST_DATA``), or a skip saying how to get it."""
+    import os
+    from pathlib import Path
+
+    root = os.environ.get("DSA_TEST_DATA")
+    if not root or not Path(root).is_dir():
+        pytest.skip("set DSA_TEST_DATA to a folder with FB15k-237/, WN18RR/, umls/, nations/ (../shared/datasets in CI)")
+    return Path(root)
+
+
+def copy_dataset(test_data, name, target):
+    """Copy a read-only dataset folder where PyG may write its processed files."""
+    import shutil
+
+    shutil.copytree(test_data / name, target / name)
+    for path in (target / name).rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return target

@@ -5,13 +5,18 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
+from .eval import eval_
+from .run import run
 
 app = typer.Typer(
     name="dsa-train",
     help="Train huge sparse embedding tables on one machine, with Adam's moments on disk.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
+app.command("run")(run)
+app.command("eval")(eval_)
 
 
 def _print_version(value: bool) -> None:

@@ -3,10 +3,11 @@ r"""A seeded synthetic knowledge graph that scales to 10^8 entities.
 Entity popularity follows a power law: the entity of popularity rank :math:`k` is drawn with
 probability :math:`\propto (k + 1)^{-s}` (``zipf`` = :math:`s`), and ranks are scattered over
 the ids by the bijection :math:`k \mapsto (a k + c) \bmod N`, so hot entities are not
-neighbours. Entity :math:`e` belongs to cluster :math:`e \bmod C`; each relation maps the
-head's cluster to a tail cluster through its own random permutation of the clusters, and the
-tail is a popular entity of that cluster (or, with probability ``noise``, any entity). Models
-can learn the maps, so link prediction is far better than chance.
+neighbours. Entity :math:`e` belongs to cluster :math:`e \bmod C`. Each relation links a
+random source cluster to a random target cluster: its heads are popular entities of the
+source cluster and its tails popular entities of the target cluster (with probability
+``noise``, any entity). Like the typed relations of real knowledge graphs, this is
+something TransE and DistMult can learn, so link prediction is far better than chance.
 
 Triples are generated in chunks and kept only as index tensors: 10^7 entities with 3 x 10^7
 triples take about 1 GB at peak.
@@ -44,15 +45,14 @@ def power_law_ids(num_ids: int, count: int, generator: torch.Generator, zipf: fl
 def generate_knowledge_graph(config: SyntheticConfig) -> KnowledgeGraph:
     generator = torch.Generator().manual_seed(config.seed)
     n, clusters = config.entities, min(config.clusters, config.entities)
-    cluster_maps = torch.stack([torch.randperm(clusters, generator=generator) for _ in range(config.relations)])
+    source = torch.randint(0, clusters, (config.relations,), generator=generator)
+    target = torch.randint(0, clusters, (config.relations,), generator=generator)
     keys = []
     for start in range(0, config.triples, CHUNK):
         count = min(CHUNK, config.triples - start)
         relation = torch.randint(0, config.relations, (count,), generator=generator)
-        head = power_law_ids(n, count, generator, config.zipf)
-        tail = power_law_ids(n, count, generator, config.zipf)
-        tail = tail - tail % clusters + cluster_maps[relation, head % clusters]
-        tail = torch.where(tail >= n, tail - clusters, tail)
+        head = _into_cluster(power_law_ids(n, count, generator, config.zipf), source[relation], clusters, n)
+        tail = _into_cluster(power_law_ids(n, count, generator, config.zipf), target[relation], clusters, n)
         noisy = torch.rand(count, generator=generator) < config.noise
         tail[noisy] = torch.randint(0, n, (int(noisy.sum()),), generator=generator)
         keys.append((head * config.relations + relation) * n + tail)
@@ -63,3 +63,9 @@ def generate_knowledge_graph(config: SyntheticConfig) -> KnowledgeGraph:
     held_out = config.valid + config.test
     train, valid, test = triples[held_out:], triples[: config.valid], triples[config.valid : held_out]
     return KnowledgeGraph(f"synthetic-{n}", n, config.relations, train, valid, test)
+
+
+def _into_cluster(ids: torch.Tensor, cluster: torch.Tensor, clusters: int, n: int) -> torch.Tensor:
+    """Move each id to the given cluster (id mod clusters), keeping it near its popularity."""
+    moved = ids - ids % clusters + cluster
+    return torch.where(moved >= n, moved - clusters, moved)

@@ -1,0 +1,82 @@
+"""``dsa-train run``: train a model from a recipe."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from ..recipe import Recipe, load_recipe, recipe_differences
+from ..train.kge import KGETraining
+from ..train.run_folder import RunFolder
+from ._errors import handle_errors
+from ._output import ProgressReporter, metrics_table, stdout
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+@handle_errors
+def run(
+    recipe: Path = typer.Argument(..., help="The recipe, a YAML file (see recipes/).", show_default=False),
+    set_: list[str] = typer.Option(
+        [], "--set", help="Override a recipe key, e.g. --set train.epochs=5 (repeatable).", show_default=False
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="The run folder. Default: <output.dir>/<recipe name>-<timestamp>.", show_default=False
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run in --output (default: this recipe's newest run) from its newest checkpoint."
+    ),
+    device: Device | None = typer.Option(None, "--device", help="Where the model computes. Default: the recipe's train.device."),
+) -> None:
+    """Train a model from a recipe; writes a run folder with metrics and checkpoints.
+
+    Examples:
+
+      dsa-train run recipes/quickstart.yaml
+
+      dsa-train run recipes/fb15k237-distmult.yaml --set train.epochs=5 --device cpu
+
+      dsa-train run recipes/fb15k237-distmult.yaml --resume
+    """
+    overrides = list(set_) + ([f"train.device={device.value}"] if device else [])
+    config = load_recipe(recipe, overrides)
+    if resume:
+        folder = RunFolder.find(output) if output else RunFolder.newest(config)
+        saved = folder.read_config(overrides)
+        _warn_differences(config, saved)
+        config = saved
+        folder.write_config(config)
+    else:
+        folder = RunFolder.create(config, output)
+    reporter = ProgressReporter()
+    reporter.note(f"run folder: {folder.path}")
+    training = KGETraining(config, folder, reporter=reporter)
+    try:
+        training.setup(resume=resume)
+        summary = training.train()
+    finally:
+        training.close()
+    for split, metrics in training.final_metrics.items():
+        stdout.print(metrics_table(f"{config.name}: filtered {split} ranking", metrics))
+    stdout.print(
+        f"{summary['step']:,} steps, {summary['epochs']} epochs in {summary['seconds']:,.0f} s; peak RSS "
+        f"{summary['peak_rss_mib']:,.0f} MiB, optimizer RAM {summary['optimizer_ram_mib']:,.1f} MiB, "
+        f"optimizer state on disk {summary['optimizer_state_on_disk_mib']:,.1f} MiB\nrun folder: {folder.path}",
+        highlight=False,
+    )
+
+
+def _warn_differences(recipe: Recipe, saved: Recipe) -> None:
+    changed = recipe_differences(saved, recipe)
+    if changed:
+        ProgressReporter().note(
+            "the recipe differs from the run's config.yaml in "
+            + "; ".join(f"{key} ({ours!r} in the run, {theirs!r} in the recipe)" for key, ours, theirs in changed)
+            + ". The run's values win; --set overrides them."
+        )

@@ -1,0 +1,1 @@
+"""Training: run folders, checkpoints, and the training loops."""

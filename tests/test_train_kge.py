@@ -1,0 +1,163 @@
+"""The training loop and the CLI around it: run folders, checkpoints, exact resume, eval."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dsa_train.cli.app import app
+from dsa_train.train import kge
+from dsa_train.train.run_folder import MetricsLog
+
+TINY = """\
+name: tiny
+description: a few seconds of training for the tests
+dataset:
+  kind: synthetic
+  synthetic: {entities: 300, relations: 6, triples: 4000, valid: 100, test: 100, clusters: 10, seed: 1}
+model: {kind: %(model)s, dim: 16, init_std: 0.05, dropout: 0.1}
+train: {epochs: 3, batch_size: 256, negatives: 64, log_every: 4, checkpoint_every: 5, keep_checkpoints: 3, regularization: 0.001}
+optimizer: {kind: %(optimizer)s, lr: 0.01}
+eval: {every_epochs: 2, final_splits: [valid, test]}
+"""
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    def write(model="transe", optimizer="dsa"):
+        path = tmp_path / f"tiny-{model}-{optimizer}.yaml"
+        path.write_text(TINY % {"model": model, "optimizer": optimizer})
+        return path
+
+    return write
+
+
+def invoke(*args, env=None):
+    return CliRunner(env=env).invoke(app, [str(a) for a in args])
+
+
+def records(run, kind):
+    return [r for r in MetricsLog.read(run / "metrics.jsonl") if r["kind"] == kind]
+
+
+def test_run_writes_a_complete_run_folder(recipe, tmp_path):
+    out = tmp_path / "run"
+    result = invoke("run", recipe(), "--output", out)
+    assert result.exit_code == 0, result.stderr
+    assert "filtered test ranking" in result.stdout and "run folder" in result.stdout
+    assert "epoch 3: loss" in result.stderr  # progress goes to stderr
+    assert (out / "config.yaml").read_text().startswith("name: tiny\n")
+    summary = records(out, "summary")[0]
+    total = summary["step"]
+    assert total == 30  # 3 epochs of 10 batches of 256 (the generator dedups to ~2,500 train triples)
+    steps = [int(p.name) for p in sorted((out / "checkpoints").iterdir())]
+    assert steps == [20, 25, 30]  # every 5 steps, the newest 3 kept
+    assert (out / "checkpoints" / "0000000030" / "optimizer_state" / "manifest.json").exists()
+    assert [r["epoch"] for r in records(out, "epoch")] == [1, 2, 3]
+    assert [r["step"] for r in records(out, "train")] == list(range(4, 31, 4))
+    assert [(r["split"], r["epoch"]) for r in records(out, "eval")] == [("valid", 2), ("valid", 3), ("test", 3)]
+    assert summary["final"]["test"]["both"]["mrr"] > 0.05  # far above chance (~0.02)
+    manifest = json.loads((out / "optimizer_state" / "manifest.json").read_text())
+    assert manifest["clean"] and manifest["params"]["node_emb.weight"]["step"] == 30
+
+
+@pytest.mark.parametrize("optimizer", ["dsa", "sparse_adam"])
+def test_resume_after_a_crash_matches_an_uninterrupted_run(recipe, tmp_path, monkeypatch, optimizer):
+    path = recipe("distmult", optimizer)
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    assert invoke("run", path, "--output", whole).exit_code == 0
+
+    real_step = kge.KGETraining.step
+
+    def crash_at_12(self, triples):
+        if self.step_count == 12:  # after the checkpoint of step 10; steps 11-12 are lost
+            raise RuntimeError("power cut")
+        return real_step(self, triples)
+
+    monkeypatch.setattr(kge.KGETraining, "step", crash_at_12)
+    crashed = invoke("run", path, "--output", broken)
+    assert crashed.exit_code == 1 and "power cut" in crashed.stderr
+    monkeypatch.setattr(kge.KGETraining, "step", real_step)
+    resumed = invoke("run", path, "--output", broken, "--resume")
+    assert resumed.exit_code == 0, resumed.stderr
+    assert "resuming from" in resumed.stderr and "step 10" in resumed.stderr
+
+    for kind in ("train", "epoch", "eval", "summary"):
+        ours, theirs = records(broken, kind), records(whole, kind)
+        for record in ours + theirs:
+            for timing in ("seconds", "triples_per_s", "peak_rss_mib", "optimizer_ram_mib"):
+                record.pop(timing, None)
+        assert ours == theirs, kind
+    final = "checkpoints/0000000030"
+    a = torch.load(whole / final / "model.pt")
+    b = torch.load(broken / final / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    if optimizer == "dsa":
+        for rows in ("node_emb.weight.rows", "rel_emb.weight.rows"):
+            x = np.fromfile(whole / "optimizer_state" / rows, dtype=np.float32, offset=4096)  # past the header,
+            y = np.fromfile(broken / "optimizer_state" / rows, dtype=np.float32, offset=4096)  # which names the run
+            assert np.array_equal(x, y), rows
+
+
+def test_eval_command(recipe, tmp_path):
+    out = tmp_path / "run"
+    assert invoke("run", recipe(), "--output", out).exit_code == 0
+    result = invoke("eval", out, "--json")
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["checkpoint"] == 30 and document["split"] == "test"
+    assert document["metrics"] == records(out, "summary")[0]["final"]["test"]
+    older = invoke("eval", out, "--split", "valid", "--checkpoint", "25")
+    assert older.exit_code == 0 and "checkpoint 25: filtered valid ranking" in older.stdout
+    missing = invoke("eval", out, "--checkpoint", "999")
+    assert missing.exit_code == 1
+    assert "Error: no checkpoint of step 999" in missing.stderr and "available steps: 20, 25, 30" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["run", "{bad}"], "Error: recipe '.*' has 2 problems"),
+        (["run", "{good}", "--set", "train.epochz=2"], "train.epochz \\(from --set\\): unknown key; did you mean 'epochs'"),
+        (["run", "{good}", "--resume"], "Error: no run of recipe 'tiny' to resume"),
+        (["eval", "{tmp}"], "is not a run folder"),
+    ],
+)
+def test_cli_errors_are_one_line_without_traceback(recipe, tmp_path, monkeypatch, args, expected):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("dataset: {kind: tsvv}\nmodel: {kind: transe, dim: -1}\n")
+    monkeypatch.chdir(tmp_path)
+    args = [a.format(bad=bad, good=recipe(), tmp=tmp_path) for a in args]
+    result = invoke(*args)
+    assert result.exit_code == 1
+    assert "Traceback" not in result.stderr + result.stdout
+    import re
+
+    assert re.search(expected, result.stderr), result.stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("dataset: {kind: tsvv}\n")
+    result = invoke("run", bad, env={"DSA_DEBUG": "1"})
+    assert result.exit_code == 1 and type(result.exception).__name__ == "ConfigError"
+
+
+def test_existing_run_folder_is_not_overwritten(recipe, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("precious")
+    result = invoke("run", recipe(), "--output", out)
+    assert result.exit_code == 1 and "already exists" in result.stderr and "--resume" in result.stderr
+    assert (out / "notes.txt").read_text() == "precious"
+
+
+def test_usage_errors_exit_2_and_help_shows_examples():
+    assert invoke("run", "--bogus").exit_code == 2
+    for command in ("run", "eval"):
+        result = invoke(command, "--help")
+        assert result.exit_code == 0 and "Example" in result.stdout
