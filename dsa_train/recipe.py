@@ -104,7 +104,8 @@ class TrainConfig:
     epochs: int = _help("passes over the training triples", _non_negative, default=10)
     max_steps: int | None = _help("stop after this many steps (default: run all epochs)", _positive, default=None)
     batch_size: int = _help("positive triples per step (each gives a head and a tail query)", _positive, default=1024)
-    negatives: int = _help("negative entities per step, shared by all queries of the step", _positive, default=1024)
+    negatives: int = _help("uniformly sampled negative entities per step, shared by all its queries", _positive, default=1024)
+    batch_negatives: bool = _help("also use the step's other answers as negatives (popular entities, harder)", default=True)
     loss: Literal["cross_entropy", "softplus", "margin"] = _help(
         "cross_entropy: softmax over the positive and the negatives; softplus: logistic; "
         "margin: max(0, margin - f(pos) + f(neg))",

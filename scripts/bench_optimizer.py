@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -31,30 +30,17 @@ import time
 import torch
 
 from dsa_train import DiskSparseAdam
+from dsa_train.data.synthetic import power_law_ids
 from dsa_train.memory import PeakRssAnon, rss_anon_bytes
 
 MiB = 1 << 20
 
 
 def sample_rows(num_rows: int, count: int, distribution: str, generator: torch.Generator, zipf: float) -> torch.Tensor:
-    """Row indices, uniform or power-law (rank r drawn with P(r) ~ 1 / (r + 1)^zipf).
-
-    Power-law ranks are scattered over the table by the bijection r -> (a r + c) mod N, so
-    hot rows are not neighbours on disk, as in a real table.
-    """
+    """Row indices, uniform or power-law (hot rows scattered over the table, as in real ones)."""
     if distribution == "uniform":
         return torch.randint(0, num_rows, (count,), generator=generator)
-    u = torch.rand(count, generator=generator, dtype=torch.float64)
-    if abs(zipf - 1.0) < 1e-9:
-        ranks = torch.exp(u * math.log(num_rows + 1)).floor_() - 1
-    else:  # inverse CDF of the continuous power law on [1, N + 1)
-        top = (num_rows + 1) ** (1 - zipf)
-        ranks = ((top - 1) * u + 1).pow(1 / (1 - zipf)).floor_() - 1
-    ranks = ranks.long().clamp_(0, num_rows - 1)
-    a = 2654435761
-    while math.gcd(a, num_rows) != 1:
-        a += 2
-    return (ranks * a + 12345) % num_rows
+    return power_law_ids(num_rows, count, generator, zipf)
 
 
 def make_gradients(num_rows, dim, lookups, count, distribution, zipf, seed):

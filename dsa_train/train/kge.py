@@ -203,11 +203,13 @@ class KGETraining:
         n = len(triples)
         embedded = model.embed(torch.cat([anchors, answers, negatives]))
         anchor_emb, answer_emb, negative_emb = embedded[: 2 * n], embedded[2 * n : 4 * n], embedded[4 * n :]
+        if cfg.batch_negatives:  # the other queries' answers: negatives drawn by popularity
+            negatives, negative_emb = torch.cat([answers, negatives]), torch.cat([answer_emb, negative_emb])
         positive, negative = [], []
         for side, rows in (("tail", slice(0, n)), ("head", slice(n, 2 * n))):
             positive.append(model.score_answers(anchor_emb[rows], relations[rows], answer_emb[rows], side))
             negative.append(model.score_candidates(anchor_emb[rows], relations[rows], negative_emb, side))
-        masked = answers[:, None] == negatives[None, :]  # a sampled negative that is the answer
+        masked = answers[:, None] == negatives[None, :]  # a negative that is the query's own answer
         loss = ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin)
         if cfg.regularization:  # N3 (Lacroix et al., 2018) on the step's embeddings
             rel_rows = torch.cat([model.relation_for(relations[:n], "tail")[0], model.relation_for(relations[n:], "head")[0]])
