@@ -145,7 +145,9 @@ class EvalConfig:
     sampled_negatives: int | None = _help(
         "rank against this many sampled entities instead of all (OGB-style), for huge tables", _positive, default=None
     )
-    max_queries: int | None = _help("evaluate at most this many triples of a split (a seeded sample)", _positive, default=None)
+    max_queries: int | None = _help(
+        "during training, rank at most this many triples (a seeded sample); final evaluations rank all", _positive, default=None
+    )
 
 
 @dataclass

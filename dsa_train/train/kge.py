@@ -168,11 +168,11 @@ class KGETraining:
             self.epoch, self.batch, self.epoch_loss = self.epoch + 1, 0, [0.0, 0]
             every = self.recipe.eval.every_epochs
             if every and self.epoch % every == 0 and self.epoch < cfg.epochs:
-                self.evaluate(self.recipe.eval.split)
+                self.evaluate(self.recipe.eval.split, final=False)
         last = complete_checkpoints(self.run.checkpoints)
         if not last or int(last[-1].name) != self.step_count:
             self.save_checkpoint()
-        self.final_metrics = final = {split: self.evaluate(split) for split in self.recipe.eval.final_splits}
+        self.final_metrics = final = {split: self.evaluate(split, final=True) for split in self.recipe.eval.final_splits}
         summary = {
             "kind": "summary",
             "step": self.step_count,
@@ -233,11 +233,13 @@ class KGETraining:
             self.window = [0.0, 0]
 
     # -- evaluation -------------------------------------------------------------------------
-    def evaluate(self, split: str) -> dict[str, RankingMetrics]:
+    def evaluate(self, split: str, *, final: bool) -> dict[str, RankingMetrics]:
+        """Rank a split; during training (``final=False``) at most ``eval.max_queries`` triples."""
         if self.index is None:
             self.index = known_triples(self.kg)
         started = time.perf_counter()
-        metrics = rank_split(self.model, self.kg, split, self.recipe, self.index, self.reporter)
+        limit = None if final else self.recipe.eval.max_queries
+        metrics = rank_split(self.model, self.kg, split, self.recipe, self.index, self.reporter, max_queries=limit)
         record = {
             "kind": "eval",
             "split": split,
@@ -283,14 +285,21 @@ def known_triples(kg: KnowledgeGraph) -> TripleIndex:
 
 
 def rank_split(
-    model: KGEModel, kg: KnowledgeGraph, split: str, recipe: Recipe, index: TripleIndex, reporter: Reporter
+    model: KGEModel,
+    kg: KnowledgeGraph,
+    split: str,
+    recipe: Recipe,
+    index: TripleIndex,
+    reporter: Reporter,
+    *,
+    max_queries: int | None = None,
 ) -> dict[str, RankingMetrics]:
-    """Filtered ranking metrics of one split, as the recipe's ``eval`` section says."""
+    """Filtered ranking metrics of one split (or of a seeded sample of ``max_queries`` triples)."""
     cfg = recipe.eval
     triples = kg.split(split)
-    if cfg.max_queries is not None and len(triples) > cfg.max_queries:
+    if max_queries is not None and len(triples) > max_queries:
         pick = torch.randperm(len(triples), generator=torch.Generator().manual_seed(recipe.train.seed))
-        triples = triples[pick[: cfg.max_queries]]
+        triples = triples[pick[:max_queries]]
     reporter.eval_start(split, 2 * len(triples))
     model.eval()
     metrics = evaluate_link_prediction(
