@@ -10,8 +10,9 @@ from rich.table import Table
 
 from ..eval import RankingMetrics
 
-stderr = Console(stderr=True)
-stdout = Console()
+# Piped or redirected output gets wide lines instead of the 80 columns rich assumes.
+stderr = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+stdout = Console(width=None if sys.stdout.isatty() else 120)
 
 
 class ProgressReporter:

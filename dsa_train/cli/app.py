@@ -5,7 +5,10 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
+from .clean import clean
 from .eval import eval_
+from .inspect_state import inspect_state
+from .recipes import recipes, validate
 from .run import run
 
 app = typer.Typer(
@@ -17,6 +20,10 @@ app = typer.Typer(
 )
 app.command("run")(run)
 app.command("eval")(eval_)
+app.command("inspect-state")(inspect_state)
+app.command("clean")(clean)
+app.command("recipes")(recipes)
+app.command("validate")(validate)
 
 
 def _print_version(value: bool) -> None:

@@ -68,7 +68,7 @@ class StateDirectory:
                 "groups": [],
                 "params": {},
             }
-        manifest = _load_manifest(manifest_path)
+        manifest = load_manifest(manifest_path)
         if not manifest["clean"] and not allow_unclean:
             last = manifest.get("last_writer", {})
             raise StateError(
@@ -233,7 +233,7 @@ def _prepare_directory(path: Path) -> None:
         ) from e
 
 
-def _load_manifest(path: Path) -> dict:
+def load_manifest(path: Path) -> dict:
     try:
         manifest = json.loads(path.read_bytes())
     except ValueError as e:
