@@ -1,7 +1,16 @@
 """dsa-train: train huge sparse embedding tables on one machine."""
 
-from .errors import DsaError, StateError
-from .optim import DiskSparseAdam
+from .errors import ConfigError, DatasetError, DsaError, StateError
 
 __version__ = "0.1.0"
-__all__ = ["DiskSparseAdam", "DsaError", "StateError", "__version__"]
+__all__ = ["ConfigError", "DatasetError", "DiskSparseAdam", "DsaError", "StateError", "__version__"]
+
+
+def __getattr__(name: str):
+    # Imported on first use: torch takes seconds to import, and the CLI's light commands
+    # (inspect-state, clean, recipes, validate, --help) never need it.
+    if name == "DiskSparseAdam":
+        from .optim.disk_sparse_adam import DiskSparseAdam
+
+        return DiskSparseAdam
+    raise AttributeError(f"module 'dsa_train' has no attribute {name!r}")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from ..eval import RankingMetrics
+if TYPE_CHECKING:
+    from ..eval import RankingMetrics
 
 # Piped or redirected output gets wide lines instead of the 80 columns rich assumes.
 stderr = Console(stderr=True, width=None if sys.stderr.isatty() else 120)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import typer
 
-from ..train.kge import evaluate_run
 from ..train.run_folder import RunFolder
 from ._errors import handle_errors
 from ._output import ProgressReporter, metrics_table, stdout
@@ -36,6 +35,8 @@ def eval_(
 
       dsa-train eval runs/quickstart-20261202-141500 --split valid --checkpoint 400 --json
     """
+    from ..train.kge import evaluate_run  # torch and PyG: imported only when evaluating
+
     run = RunFolder.find(run_dir)
     reporter = ProgressReporter() if not as_json else None
     path, metrics = evaluate_run(run, split.value, checkpoint=checkpoint, device=device.value if device else None, reporter=reporter)

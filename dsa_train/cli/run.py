@@ -8,7 +8,6 @@ from pathlib import Path
 import typer
 
 from ..recipe import Recipe, load_recipe, recipe_differences
-from ..train.kge import KGETraining
 from ..train.run_folder import RunFolder
 from ._errors import handle_errors
 from ._output import ProgressReporter, metrics_table, stdout
@@ -44,6 +43,8 @@ def run(
 
       dsa-train run recipes/fb15k237-distmult.yaml --resume
     """
+    from ..train.kge import KGETraining  # torch and PyG: imported only when training
+
     overrides = list(set_) + ([f"train.device={device.value}"] if device else [])
     config = load_recipe(recipe, overrides)
     if resume:

@@ -25,13 +25,19 @@ from pathlib import Path
 
 from ..errors import StateError
 from ..fsutil import DirectoryLock, atomic_write_bytes, fsync_directory, this_process
-from .row_file import LAYOUT, RowFile, RowSpec, create_row_file
+from .format import (
+    LAYOUT,
+    MANIFEST,
+    PENDING_SUFFIX,
+    ROWS_SUFFIX,
+    STATE_FORMAT,
+    STATE_VERSION,
+    RowSpec,
+    create_row_file,
+    load_manifest,
+)
+from .row_file import RowFile
 
-FORMAT = "dsa-train/disk-sparse-adam-state"
-VERSION = 1
-MANIFEST = "manifest.json"
-ROWS_SUFFIX = ".rows"
-PENDING_SUFFIX = ".rows.pending"
 
 
 class StateDirectory:
@@ -60,8 +66,8 @@ class StateDirectory:
         if not manifest_path.exists():
             _refuse_foreign_files(self.path)
             return {
-                "format": FORMAT,
-                "version": VERSION,
+                "format": STATE_FORMAT,
+                "version": STATE_VERSION,
                 "state_id": uuid.uuid4().hex,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "clean": True,
@@ -231,45 +237,6 @@ def _prepare_directory(path: Path) -> None:
             hint="pick a directory on a writable disk with room for the moments "
             "(2 x the size of the embedding tables)",
         ) from e
-
-
-def load_manifest(path: Path) -> dict:
-    try:
-        manifest = json.loads(path.read_bytes())
-    except ValueError as e:
-        raise StateError(
-            f"manifest '{path}' is corrupt: {e}",
-            hint="restore the state directory from a checkpoint or start a fresh one",
-        ) from None
-    except OSError as e:
-        raise StateError(f"cannot read manifest '{path}': {e.strerror}") from e
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise StateError(
-            f"manifest '{path}' is not a DiskSparseAdam state manifest "
-            f"(format {manifest.get('format') if isinstance(manifest, dict) else None!r})",
-            hint="point state_dir at a DiskSparseAdam state directory or a new one",
-        )
-    if manifest.get("version") != VERSION:
-        raise StateError(
-            f"manifest '{path}' has format version {manifest.get('version')!r}, "
-            f"this dsa-train reads version {VERSION}",
-            hint="open it with the dsa-train version that wrote it, or start a fresh state_dir",
-        )
-    params = manifest.get("params")
-    fields_ok = isinstance(params, dict) and all(
-        isinstance(e, dict)
-        and isinstance(e.get("shape"), list)
-        and isinstance(e.get("step"), int)
-        and isinstance(e.get("file"), str)
-        and "/" not in e["file"]
-        for e in params.values()
-    )
-    if not fields_ok or not isinstance(manifest.get("clean"), bool) or not isinstance(manifest.get("state_id"), str):
-        raise StateError(
-            f"manifest '{path}' is corrupt: a field is missing or has the wrong type",
-            hint="restore the state directory from a checkpoint or start a fresh one",
-        )
-    return manifest
 
 
 def _steps_text(manifest: dict) -> str:

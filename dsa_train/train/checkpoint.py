@@ -18,12 +18,11 @@ import torch
 from ..errors import StateError
 from ..fsutil import fsync_directory
 from .optimizers import snapshot_optimizer
+from .run_folder import PARTIAL, TRAINER, complete_checkpoints
 
 FORMAT = "dsa-train/checkpoint"
 VERSION = 1
-TRAINER = "trainer.json"
 MODEL = "model.pt"
-PARTIAL = ".partial-"
 
 
 def save_checkpoint(
@@ -51,13 +50,6 @@ def save_checkpoint(
     for old in complete_checkpoints(checkpoints)[:-keep]:
         shutil.rmtree(old)
     return final
-
-
-def complete_checkpoints(checkpoints: Path) -> list[Path]:
-    """Committed checkpoints, oldest first."""
-    if not checkpoints.is_dir():
-        return []
-    return sorted(p for p in checkpoints.iterdir() if p.name.isdigit() and (p / TRAINER).is_file())
 
 
 def checkpoint_at(checkpoints: Path, step: int | None) -> Path:

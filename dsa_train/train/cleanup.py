@@ -25,9 +25,8 @@ from pathlib import Path
 
 from ..errors import DsaError
 from ..optim.inspect import live_holder
-from ..optim.state_dir import FORMAT, MANIFEST
-from .checkpoint import PARTIAL, TRAINER, complete_checkpoints
-from .run_folder import RunFolder
+from ..optim.format import MANIFEST, STATE_FORMAT
+from .run_folder import PARTIAL, TRAINER, RunFolder, complete_checkpoints
 
 SEARCH_DEPTH = 3  # how deep below a given folder runs and state directories are looked for
 
@@ -60,7 +59,7 @@ def parse_age(text: str) -> float:
 
 def is_state_dir(path: Path) -> bool:
     try:
-        return json.loads((path / MANIFEST).read_text()).get("format") == FORMAT
+        return json.loads((path / MANIFEST).read_text()).get("format") == STATE_FORMAT
     except (OSError, ValueError, AttributeError):
         return False
 

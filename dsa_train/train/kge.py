@@ -28,9 +28,9 @@ from ..memory import peak_rss_bytes, rss_anon_bytes
 from ..models import KGEModel, build_kge_model
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
-from .checkpoint import checkpoint_at, complete_checkpoints, load_model_state, read_trainer_state, save_checkpoint
+from .checkpoint import checkpoint_at, load_model_state, read_trainer_state, save_checkpoint
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, restore_state_dir
-from .run_folder import MetricsLog, RunFolder
+from .run_folder import MetricsLog, RunFolder, complete_checkpoints
 
 MiB = 1 << 20
 

@@ -13,7 +13,7 @@ import torch
 
 from ..fsutil import copy_sparse
 from ..optim import DiskSparseAdam
-from ..optim.state_dir import MANIFEST, ROWS_SUFFIX
+from ..optim.format import MANIFEST, ROWS_SUFFIX
 from ..recipe import OptimizerConfig
 
 STATE_COPY = "optimizer_state"

@@ -20,6 +20,17 @@ from ..fsutil import atomic_write_bytes
 from ..recipe import Recipe, load_recipe, recipe_to_yaml
 
 
+TRAINER = "trainer.json"  # a checkpoint folder is complete when this is in it (checkpoint.py)
+PARTIAL = ".partial-"  # prefix of a checkpoint folder being written
+
+
+def complete_checkpoints(checkpoints: Path) -> list[Path]:
+    """Committed checkpoints, oldest first."""
+    if not checkpoints.is_dir():
+        return []
+    return sorted(p for p in checkpoints.iterdir() if p.name.isdigit() and (p / TRAINER).is_file())
+
+
 class RunFolder:
     CONFIG = "config.yaml"
     METRICS = "metrics.jsonl"
