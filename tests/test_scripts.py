@@ -1,0 +1,34 @@
+"""The shell scripts for Colab and GPU boxes: help, refusals, and a check on this machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def bash(*args, **env):
+    environment = {**os.environ, "PYTHON": sys.executable, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env}
+    return subprocess.run(["bash", *map(str, args)], capture_output=True, text=True, env=environment, timeout=300)
+
+
+@pytest.mark.parametrize("script", ["setup_box.sh", "run_benchmarks.sh"])
+def test_help_and_unknown_options(script):
+    text = (SCRIPTS / script).read_text()
+    assert "set -euo pipefail" in text
+    shown = bash(SCRIPTS / script, "--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("Usage: scripts/")
+    wrong = bash(SCRIPTS / script, "--bogus")
+    assert wrong.returncode == 2 and "unknown option --bogus" in wrong.stderr
+
+
+def test_setup_box_checks_this_machine(tmp_path):
+    result = bash(SCRIPTS / "setup_box.sh", "--no-install", "--check-only", "--state-dir", tmp_path / "state")
+    assert result.returncode == 0, result.stderr
+    for line in ("python ", "torch ", "cuda ", "fast path ", f"state disk  {tmp_path / 'state'}"):
+        assert line in result.stdout
