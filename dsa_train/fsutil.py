@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -121,6 +122,45 @@ def _read_holder(fd: int) -> str:
     return who
 
 
+def data_extents(fd: int, size: int):
+    """``(start, end)`` byte ranges of a file that hold data; holes are skipped."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError:  # ENXIO: only a hole is left
+            return
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        yield start, end
+        offset = end
+
+
+DIGEST_BLOCK = 1 << 16
+
+
+def file_digest(path: Path) -> str:
+    """BLAKE2b of a file's size and of its non-zero 64 KiB blocks (with their numbers).
+
+    Holes are never read, and a block of zeros counts the same whether it is a hole or
+    written data, so equal contents give equal digests whatever the file system's extents;
+    a torn, truncated or bit-flipped copy gives another.
+    """
+    digest = hashlib.blake2b(digest_size=20)
+    zeros = bytes(DIGEST_BLOCK)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        digest.update(size.to_bytes(8, "little"))
+        done = -1  # the last block hashed: extents can share a block
+        for start, end in data_extents(f.fileno(), size):
+            for block in range(max(start // DIGEST_BLOCK, done + 1), (end - 1) // DIGEST_BLOCK + 1):
+                data = os.pread(f.fileno(), DIGEST_BLOCK, block * DIGEST_BLOCK)
+                if data != zeros[: len(data)]:
+                    digest.update(block.to_bytes(8, "little"))
+                    digest.update(data)
+                done = block
+    return digest.hexdigest()
+
+
 def copy_sparse(source: Path, target: Path) -> None:
     """Copy a file, skipping its holes (``SEEK_DATA``/``SEEK_HOLE``), then fsync the copy.
 
@@ -130,15 +170,8 @@ def copy_sparse(source: Path, target: Path) -> None:
     with open(source, "rb") as src, open(target, "wb") as dst:
         size = os.fstat(src.fileno()).st_size
         dst.truncate(size)
-        offset = 0
-        while offset < size:
-            try:
-                start = os.lseek(src.fileno(), offset, os.SEEK_DATA)
-            except OSError:  # ENXIO: only a hole is left
-                break
-            end = os.lseek(src.fileno(), start, os.SEEK_HOLE)
+        for start, end in data_extents(src.fileno(), size):
             _copy_range(src.fileno(), dst.fileno(), start, end)
-            offset = end
         dst.flush()
         os.fsync(dst.fileno())
 

@@ -49,20 +49,25 @@ def run(
     config = load_recipe(recipe, overrides)
     if resume:
         folder = RunFolder.find(output) if output else RunFolder.newest(config)
-        saved = folder.read_config(overrides)
-        _warn_differences(config, saved)
-        config = saved
-        folder.write_config(config)
     else:
         folder = RunFolder.create(config, output)
-    reporter = ProgressReporter()
-    reporter.note(f"run folder: {folder.path}")
-    training = KGETraining(config, folder, reporter=reporter)
+    lock = folder.lock()  # a second process on this run folder stops here, told who holds it
     try:
-        training.setup(resume=resume)
-        summary = training.train()
+        if resume:
+            saved = folder.read_config(overrides)
+            _warn_differences(config, saved)
+            config = saved
+            folder.write_config(config)
+        reporter = ProgressReporter()
+        reporter.note(f"run folder: {folder.path}")
+        training = KGETraining(config, folder, reporter=reporter)
+        try:
+            training.setup(resume=resume)
+            summary = training.train()
+        finally:
+            training.close()
     finally:
-        training.close()
+        lock.release()
     for split, metrics in training.final_metrics.items():
         stdout.print(metrics_table(f"{config.name}: filtered {split} ranking", metrics))
     stdout.print(

@@ -1,13 +1,18 @@
-"""Checkpoints that are complete or absent, never half-written.
+"""Checkpoints that are complete or absent, never half-written, and checked when read.
 
 A checkpoint is built in ``checkpoints/.partial-<step>/`` (model weights, optimizer state,
 ``trainer.json``), every file fsynced, then renamed to ``checkpoints/<step>/`` and the parent
-fsynced: the rename is the commit. ``--resume`` takes the newest ``<step>`` folder that has a
-``trainer.json`` of a known format version; partial folders are removed on the next save.
+fsynced: the rename is the commit. ``trainer.json`` carries the format version and a digest
+of every other file (see :func:`~dsa_train.fsutil.file_digest`); a checkpoint whose files do
+not match them (torn, truncated, bit-flipped) is reported and passed over for the previous
+intact one. Old checkpoints are renamed to ``.deleting-<step>`` before they are removed, so a
+kill mid-removal never leaves a "complete" checkpoint with files missing. A full disk during
+a save removes the partial folder and raises a ``StateError``; earlier checkpoints stay.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -16,9 +21,9 @@ from pathlib import Path
 import torch
 
 from ..errors import StateError
-from ..fsutil import fsync_directory
+from ..fsutil import file_digest, fsync_directory
 from .optimizers import snapshot_optimizer
-from .run_folder import PARTIAL, TRAINER, complete_checkpoints
+from .run_folder import DOOMED, PARTIAL, TRAINER, complete_checkpoints, scratch_folders
 
 FORMAT = "dsa-train/checkpoint"
 VERSION = 1
@@ -29,46 +34,47 @@ def save_checkpoint(
     checkpoints: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict, *, keep: int
 ) -> Path:
     checkpoints.mkdir(parents=True, exist_ok=True)
-    for stale in checkpoints.glob(PARTIAL + "*"):  # left by a process killed mid-save
+    for stale in scratch_folders(checkpoints):  # left by a process killed mid-save or mid-prune
         shutil.rmtree(stale)
     final = checkpoints / f"{step:010d}"
     partial = checkpoints / f"{PARTIAL}{step:010d}"
-    partial.mkdir()
-    torch.save(model.state_dict(), partial / MODEL)
-    snapshot_optimizer(optimizer, partial)
-    (partial / TRAINER).write_text(json.dumps({"format": FORMAT, "version": VERSION, **trainer}, indent=2))
-    for path in partial.rglob("*"):
-        if path.is_file():
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-    for directory in [p for p in partial.rglob("*") if p.is_dir()] + [partial]:
-        fsync_directory(directory)
+    try:
+        _write(partial, model, optimizer, trainer)
+    except OSError as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StateError(
+                f"the disk is full: checkpoint of step {step} could not be written in '{checkpoints}'",
+                hint="free some space and run again with --resume; the previous checkpoints are intact",
+            ) from None
+        raise
     if final.exists():  # the same step saved again (a resumed run reaching it): replace it
         shutil.rmtree(final)
     os.rename(partial, final)
     fsync_directory(checkpoints)
     for old in complete_checkpoints(checkpoints)[:-keep]:
-        shutil.rmtree(old)
+        doomed = old.with_name(DOOMED + old.name)
+        os.rename(old, doomed)  # no longer complete the moment removal starts
+        shutil.rmtree(doomed)
     return final
 
 
-def checkpoint_at(checkpoints: Path, step: int | None) -> Path:
-    """The checkpoint of ``step``, or the newest one."""
-    found = complete_checkpoints(checkpoints)
-    if not found:
-        raise StateError(
-            f"'{checkpoints}' holds no complete checkpoint",
-            hint="train with train.checkpoint_every > 0, or let a run finish (it checkpoints at the end)",
-        )
-    if step is None:
-        return found[-1]
-    for path in found:
-        if int(path.name) == step:
-            return path
-    raise StateError(
-        f"no checkpoint of step {step} in '{checkpoints}'",
-        hint=f"available steps: {', '.join(str(int(p.name)) for p in found)}",
-    )
+def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict) -> None:
+    partial.mkdir()
+    torch.save(model.state_dict(), partial / MODEL)
+    snapshot_optimizer(optimizer, partial)
+    files = sorted(p for p in partial.rglob("*") if p.is_file())
+    for path in files:
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+    digests = {str(p.relative_to(partial)): file_digest(p) for p in files}
+    state = {"format": FORMAT, "version": VERSION, **trainer, "files": digests}
+    with open(partial / TRAINER, "w") as f:
+        f.write(json.dumps(state, indent=2))
+        f.flush()
+        os.fsync(f.fileno())
+    for directory in [p for p in partial.rglob("*") if p.is_dir()] + [partial]:
+        fsync_directory(directory)
 
 
 def read_trainer_state(checkpoint: Path) -> dict:
@@ -76,13 +82,61 @@ def read_trainer_state(checkpoint: Path) -> dict:
         state = json.loads((checkpoint / TRAINER).read_text())
     except (OSError, ValueError) as e:
         raise StateError(f"checkpoint '{checkpoint}' is unreadable: {e}", hint="resume from an older checkpoint") from None
-    if state.get("format") != FORMAT or state.get("version") != VERSION:
+    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") != VERSION:
+        found = (state.get("format"), state.get("version")) if isinstance(state, dict) else (None, None)
         raise StateError(
-            f"checkpoint '{checkpoint}' has format {state.get('format')!r} version {state.get('version')!r}, "
+            f"checkpoint '{checkpoint}' has format {found[0]!r} version {found[1]!r}, "
             f"this dsa-train reads {FORMAT!r} version {VERSION}",
             hint="resume it with the dsa-train version that wrote it",
         )
     return state
+
+
+def verify_checkpoint(checkpoint: Path) -> dict:
+    """The trainer state of an intact checkpoint; a ``StateError`` names what is damaged."""
+    state = read_trainer_state(checkpoint)
+    files = state.get("files")
+    if not isinstance(files, dict) or not files:
+        raise StateError(f"checkpoint '{checkpoint}' lists no file digests", hint="resume from an older checkpoint")
+    for name, expected in files.items():
+        path = checkpoint / name
+        if not path.is_file():
+            raise StateError(f"checkpoint '{checkpoint}' lacks {name}", hint="resume from an older checkpoint")
+        if file_digest(path) != expected:
+            raise StateError(
+                f"checkpoint '{checkpoint}' is damaged: {name} does not match its digest (torn, truncated or changed)",
+                hint="resume from an older checkpoint",
+            )
+    return state
+
+
+def find_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[Path, dict, list[str]]:
+    """The checkpoint of ``step`` (else the newest intact one), its trainer state, and a warning
+    for each newer checkpoint passed over as damaged."""
+    found = complete_checkpoints(checkpoints)
+    if not found:
+        raise StateError(
+            f"'{checkpoints}' holds no complete checkpoint",
+            hint="train with train.checkpoint_every > 0, or let a run finish (it checkpoints at the end)",
+        )
+    if step is not None:
+        for path in found:
+            if int(path.name) == step:
+                return path, verify_checkpoint(path), []
+        raise StateError(
+            f"no checkpoint of step {step} in '{checkpoints}'",
+            hint=f"available steps: {', '.join(str(int(p.name)) for p in found)}",
+        )
+    warnings = []
+    for path in reversed(found):
+        try:
+            return path, verify_checkpoint(path), warnings
+        except StateError as e:
+            warnings.append(f"{e.message}; using an older checkpoint")
+    raise StateError(
+        f"every checkpoint in '{checkpoints}' is damaged:\n  " + "\n  ".join(warnings),
+        hint="start the run again without --resume",
+    )
 
 
 def load_model_state(checkpoint: Path, model: torch.nn.Module) -> None:

@@ -4,7 +4,8 @@ Only things recognised by their own markers are ever candidates:
 
 * a run folder's older checkpoints (``checkpoints/<step>/`` with a ``trainer.json``), all but
   the newest ``keep_last`` (the newest is kept unless ``keep_last`` is 0), and checkpoints
-  left half-written by a killed save (``checkpoints/.partial-*``);
+  left half-written or half-removed by a killed process (``checkpoints/.partial-*``,
+  ``checkpoints/.deleting-*``);
 * the live ``optimizer_state/`` of a finished run (its final checkpoint holds a copy);
 * a standalone DiskSparseAdam state directory (its ``manifest.json`` names the format).
 
@@ -26,7 +27,7 @@ from pathlib import Path
 from ..errors import DsaError
 from ..optim.inspect import live_holder
 from ..optim.format import MANIFEST, STATE_FORMAT
-from .run_folder import PARTIAL, TRAINER, RunFolder, complete_checkpoints
+from .run_folder import TRAINER, RunFolder, complete_checkpoints, scratch_folders
 
 SEARCH_DEPTH = 3  # how deep below a given folder runs and state directories are looked for
 
@@ -127,12 +128,12 @@ def _plan_state_dir(path: Path, plan: CleanPlan, keep_last: int) -> None:
 def _plan_run(path: Path, plan: CleanPlan, keep_last: int) -> None:
     run = RunFolder(path)
     state_dirs = [d for d in (path / "optimizer_state",) if d.is_dir()]
-    holder = next((h for h in map(live_holder, state_dirs) if h), None)
+    holder = next((h for h in map(live_holder, [path, *state_dirs]) if h), None)
     if holder:
         plan.kept.append((path, f"run in progress, {holder}"))
         return
-    for partial in sorted(run.checkpoints.glob(PARTIAL + "*")) if run.checkpoints.is_dir() else []:
-        plan.candidates.append(Candidate("unfinished checkpoint", partial, allocated_bytes(partial), partial.stat().st_mtime))
+    for scratch in scratch_folders(run.checkpoints):
+        plan.candidates.append(Candidate("unfinished checkpoint", scratch, allocated_bytes(scratch), scratch.stat().st_mtime))
     complete = complete_checkpoints(run.checkpoints)
     keep = complete[len(complete) - keep_last :] if keep_last else []
     for checkpoint in complete:

@@ -28,7 +28,7 @@ from ..memory import peak_rss_bytes, rss_anon_bytes
 from ..models import KGEModel, build_kge_model
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
-from .checkpoint import checkpoint_at, load_model_state, read_trainer_state, save_checkpoint
+from .checkpoint import find_checkpoint, load_model_state, save_checkpoint
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, restore_state_dir
 from .run_folder import MetricsLog, RunFolder, complete_checkpoints
 
@@ -108,8 +108,9 @@ class KGETraining:
         state_dir = self.run.state_dir(recipe)
         checkpoint = None
         if resume and complete_checkpoints(self.run.checkpoints):
-            checkpoint = checkpoint_at(self.run.checkpoints, None)
-            trainer = read_trainer_state(checkpoint)
+            checkpoint, trainer, damaged = find_checkpoint(self.run.checkpoints)
+            for warning in damaged:
+                self.reporter.note(f"warning: {warning}")
             load_model_state(checkpoint, self.model)
             restore_state_dir(checkpoint, state_dir)
             self.step_count, self.epoch, self.batch = trainer["step"], trainer["epoch"], trainer["batch"]
@@ -118,6 +119,7 @@ class KGETraining:
             MetricsLog.truncate(self.run.metrics_path, trainer["metrics_records"])
             self.reporter.note(f"resuming from {checkpoint} (step {self.step_count}, epoch {self.epoch + 1})")
         elif resume:
+            restore_state_dir(None, state_dir)
             MetricsLog.truncate(self.run.metrics_path, 0)
             self.reporter.note(f"{self.run.path} has no checkpoint yet: starting it from the beginning")
         if not resume and state_dir.exists() and any(state_dir.iterdir()):
@@ -323,7 +325,9 @@ def evaluate_run(
     """Rank ``split`` with the model of a run's checkpoint (the newest by default)."""
     reporter = reporter or SilentReporter()
     recipe = run.read_config([f"train.device={device}"] if device else [])
-    path = checkpoint_at(run.checkpoints, checkpoint)
+    path, _, damaged = find_checkpoint(run.checkpoints, checkpoint)
+    for warning in damaged:
+        reporter.note(f"warning: {warning}")
     kg = load_knowledge_graph(recipe.dataset)
     model = build_kge_model(recipe.model, kg.num_entities, kg.num_relations)
     load_model_state(path, model)

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import torch
 
+from ..errors import StateError
 from ..fsutil import copy_sparse
 from ..optim import DiskSparseAdam
-from ..optim.format import MANIFEST, ROWS_SUFFIX
+from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX
+from ..optim.inspect import live_holder
 from ..recipe import OptimizerConfig
 
 STATE_COPY = "optimizer_state"
@@ -38,14 +40,21 @@ def snapshot_optimizer(optimizer: torch.optim.Optimizer, target: Path) -> None:
     torch.save(optimizer.state_dict(), target / STATE_DICT)
 
 
-def restore_state_dir(checkpoint: Path, state_dir: Path) -> None:
-    """Make the live state directory the checkpoint's copy again (before the optimizer opens it)."""
-    copy = checkpoint / STATE_COPY
-    if not copy.is_dir():
-        return
+def restore_state_dir(checkpoint: Path | None, state_dir: Path) -> None:
+    """Make the live state directory the checkpoint's copy again (before the optimizer opens
+    it), or empty it when there is no checkpoint: what is there came after the checkpoint."""
+    holder = live_holder(state_dir) if state_dir.exists() else None
+    if holder:
+        raise StateError(
+            f"optimizer state directory '{state_dir}' is in use by {holder}",
+            hint="another training uses it: stop that one, or give this run its own optimizer.state_dir",
+        )
     if state_dir.exists():
         for stale in _state_files(state_dir):
             stale.unlink()
+    copy = checkpoint / STATE_COPY if checkpoint is not None else None
+    if copy is None or not copy.is_dir():
+        return
     state_dir.mkdir(parents=True, exist_ok=True)
     for source in _state_files(copy):
         copy_sparse(source, state_dir / source.name)
@@ -61,5 +70,5 @@ def close_optimizer(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _state_files(directory: Path) -> list[Path]:
-    return [p for p in Path(directory).iterdir() if p.name == MANIFEST or p.name.endswith(ROWS_SUFFIX)]
+    return [p for p in Path(directory).iterdir() if p.name == MANIFEST or p.name.endswith((ROWS_SUFFIX, PENDING_SUFFIX))]
 

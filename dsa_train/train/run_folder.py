@@ -16,12 +16,20 @@ import time
 from pathlib import Path
 
 from ..errors import ConfigError, StateError
-from ..fsutil import atomic_write_bytes
+from ..fsutil import DirectoryLock, atomic_write_bytes
 from ..recipe import Recipe, load_recipe, recipe_to_yaml
 
 
 TRAINER = "trainer.json"  # a checkpoint folder is complete when this is in it (checkpoint.py)
 PARTIAL = ".partial-"  # prefix of a checkpoint folder being written
+DOOMED = ".deleting-"  # prefix of an old checkpoint folder being removed
+
+
+def scratch_folders(checkpoints: Path) -> list[Path]:
+    """Checkpoint folders a killed save or prune left behind (never complete checkpoints)."""
+    if not checkpoints.is_dir():
+        return []
+    return sorted(p for p in checkpoints.iterdir() if p.name.startswith((PARTIAL, DOOMED)) and p.is_dir())
 
 
 def complete_checkpoints(checkpoints: Path) -> list[Path]:
@@ -95,6 +103,12 @@ class RunFolder:
                 hint="start it without --resume, or pass the run folder with --output",
             )
         return cls(candidates[-1])
+
+    def lock(self) -> DirectoryLock:
+        """Hold the run folder for one training process (released by the kernel if it dies)."""
+        lock = DirectoryLock(self.path, purpose="run folder")
+        lock.acquire()
+        return lock
 
     def write_config(self, recipe: Recipe) -> None:
         atomic_write_bytes(self.config_path, recipe_to_yaml(recipe).encode())
