@@ -1,9 +1,9 @@
 """dsa-train: train huge sparse embedding tables on one machine."""
 
-from .errors import ConfigError, DatasetError, DsaError, StateError
+from .errors import ConfigError, DatasetError, DsaError, StateError, TrainingError
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "DatasetError", "DiskSparseAdam", "DsaError", "StateError", "__version__"]
+__all__ = ["ConfigError", "DatasetError", "DiskSparseAdam", "DsaError", "StateError", "TrainingError", "__version__"]
 
 
 def __getattr__(name: str):

@@ -38,3 +38,7 @@ class ConfigError(DsaError):
 
 class DatasetError(DsaError):
     """A dataset is missing, incomplete or malformed."""
+
+
+class TrainingError(DsaError):
+    """Training cannot go on safely (for example a non-finite gradient)."""

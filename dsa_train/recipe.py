@@ -131,6 +131,15 @@ class OptimizerConfig:
     betas: tuple[float, float] = _help("Adam's betas", _betas, default=(0.9, 0.999))
     eps: float = _help("Adam's epsilon", _positive, default=1e-8)
     state_dir: str | None = _help("dsa: state directory (default: <run>/optimizer_state); put it on a local SSD", default=None)
+    nonfinite: Literal["error", "skip"] = _help(
+        "dsa: a NaN or Inf gradient stops the run (error) or skips its step (skip); found before anything is written",
+        default="error",
+    )
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.nonfinite == "skip" and self.kind != "dsa":
+            return [("nonfinite", "'skip' needs kind 'dsa' (torch's SparseAdam has no such check)")]
+        return []
 
 
 @dataclass
@@ -156,6 +165,12 @@ class OutputConfig:
 
     dir: str = _help("parent folder of run folders", default="runs")
     run_name: str | None = _help("run folder name (default: <recipe name>-<timestamp>)", default=None)
+
+    def problems(self) -> list[tuple[str, str]]:
+        name = self.run_name
+        if name is not None and (not name or "/" in name or "\\" in name or name.startswith(".")):
+            return [("run_name", f"must be a plain folder name (no '/', not starting with '.'), got {name!r}")]
+        return []
 
 
 @dataclass
@@ -290,8 +305,13 @@ def _apply_override(data: dict, lines: dict, override: str, problems: list[str])
 
 
 # -- validation ------------------------------------------------------------------------------
+def _part(part) -> str:
+    """A path part as written in a message: plain names bare, anything else quoted."""
+    return part if isinstance(part, str) and part.isidentifier() else repr(part)
+
+
 def _where(path: tuple, lines: dict) -> str:
-    dotted = ".".join(str(p) for p in path) or "(top level)"
+    dotted = ".".join(_part(p) if not isinstance(p, int) or isinstance(p, bool) else str(p) for p in path) or "(top level)"
     line = lines.get(path)
     if line == "--set":
         return f"{dotted} (from --set)"

@@ -312,10 +312,13 @@ def test_other_process_holding_the_lock_is_named(state_dir):
 
 
 # -- bad state: each case is refused with a clear error and leaves every file untouched -----
-def _edit_json(path, **changes):
+def _edit_json(path, resign=False, **changes):
+    """Change manifest fields; ``resign`` recomputes the checksum (to reach later checks)."""
+    from dsa_train.optim.format import manifest_bytes
+
     data = json.loads(path.read_text())
     data.update(changes)
-    path.write_text(json.dumps(data))
+    path.write_bytes(manifest_bytes(data) if resign else json.dumps(data).encode())
 
 
 def _rewrite_header(path, **changes):
@@ -336,7 +339,8 @@ CORRUPTIONS = [
     ),
     ("manifest other version", lambda d: _edit_json(d / "manifest.json", version=2), r"format version 2, this dsa-train reads version 1"),
     ("manifest other format", lambda d: _edit_json(d / "manifest.json", format="x"), "not a DiskSparseAdam state manifest"),
-    ("manifest bad field", lambda d: _edit_json(d / "manifest.json", params={"weight": {"shape": 3}}), "field is missing"),
+    ("manifest bad field", lambda d: _edit_json(d / "manifest.json", True, params={"weight": {"shape": 3}}), "field is missing"),
+    ("manifest edited", lambda d: _edit_json(d / "manifest.json", clean=True, state_id="f" * 32), "checksum does not match"),
     (
         "manifest lost",
         lambda d: (d / "manifest.json").unlink(),

@@ -32,6 +32,7 @@ def run(
         False, "--resume", help="Continue the run in --output (default: this recipe's newest run) from its newest checkpoint."
     ),
     device: Device | None = typer.Option(None, "--device", help="Where the model computes. Default: the recipe's train.device."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check the recipe and show what would run; train nothing."),
 ) -> None:
     """Train a model from a recipe; writes a run folder with metrics and checkpoints.
 
@@ -47,6 +48,15 @@ def run(
 
     overrides = list(set_) + ([f"train.device={device.value}"] if device else [])
     config = load_recipe(recipe, overrides)
+    if dry_run:
+        where = output or (Path(config.output.dir) / f"{config.output.run_name or config.name + '-<timestamp>'}")
+        stdout.print(
+            f"would {'resume' if resume else 'train'} {config.model.kind} (dim {config.model.dim}) on {config.dataset.kind} "
+            f"for {config.train.epochs} epochs{f' or {config.train.max_steps} steps' if config.train.max_steps else ''} "
+            f"with {config.optimizer.kind} (lr {config.optimizer.lr}) on device {config.train.device}, into {where}",
+            highlight=False,
+        )
+        return
     if resume:
         folder = RunFolder.find(output) if output else RunFolder.newest(config)
     else:

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from ..errors import StateError
+from ..errors import StateError, TrainingError
 from . import native
 from .functional import (
     AdamStep,
@@ -66,6 +66,11 @@ class DiskSparseAdam(Optimizer):
         state_dir: directory for the moments; created if missing. Put it on a local SSD.
         maximize: maximize the objective instead of minimizing it (default: False)
         allow_unclean: open a directory that was not flushed before its writer stopped.
+        nonfinite: what a NaN or Inf in a gradient does: ``"error"`` (default) raises a
+            :class:`~dsa_train.errors.TrainingError` naming the parameter and the step,
+            ``"skip"`` skips the whole step (counted in ``skipped_steps``). Either way it is
+            found before anything is written, so the state on disk is never poisoned.
+            (SparseAdam has no such check: it would write the NaN.)
 
     Example::
 
@@ -87,6 +92,7 @@ class DiskSparseAdam(Optimizer):
         state_dir: str | Path,
         maximize: bool = False,
         allow_unclean: bool = False,
+        nonfinite: str = "error",
     ) -> None:
         if isinstance(lr, Tensor) and lr.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
@@ -98,6 +104,10 @@ class DiskSparseAdam(Optimizer):
             raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
         if not 0.0 <= betas[1] < 1.0:
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if nonfinite not in ("error", "skip"):
+            raise ValueError(f"Invalid nonfinite policy: {nonfinite!r} (use 'error' or 'skip')")
+        self.nonfinite = nonfinite
+        self.skipped_steps = 0  # steps skipped for a non-finite gradient (nonfinite="skip")
         self._store: StateDirectory | None = None
         self._keys: dict[Tensor, str] = {}
         self._names: dict[str, str] = {}  # file key -> the parameter's own name
@@ -211,6 +221,20 @@ class DiskSparseAdam(Optimizer):
                 if p.grad is not None:
                     _check_grad(p, self._keys[p])
                     work.append((group, p))
+        # Everything that can refuse the step does so before the first byte is written.
+        for _, p in work:
+            if not bool(torch.isfinite(p.grad._values()).all()):
+                if self.nonfinite == "skip":
+                    self.skipped_steps += 1
+                    return loss
+                key = self._keys[p]
+                raise TrainingError(
+                    f"parameter '{key}' has a non-finite gradient (NaN or Inf) at its step "
+                    f"{self.state[p].get('step', 0) + 1}; the step was refused and nothing was written",
+                    hint="lower the learning rate or check the loss for overflow; nonfinite='skip' skips such steps",
+                )
+        for _, p in work:
+            store.files[self._keys[p]].reserve(p.grad._indices()[0])
         if work and store.clean:
             store.groups = self._groups_summary()
             store.mark_dirty()

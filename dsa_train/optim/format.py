@@ -15,6 +15,7 @@ no disk space.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -126,6 +127,17 @@ def read_row_header(path: Path) -> dict:
     return meta
 
 
+def manifest_checksum(manifest: dict) -> str:
+    """BLAKE2b of the manifest's canonical JSON without its own ``checksum`` field."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.blake2b(json.dumps(body, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    """The manifest as written: JSON with its checksum, so a flipped bit is caught on load."""
+    return json.dumps({**manifest, "checksum": manifest_checksum(manifest)}, indent=2, sort_keys=True).encode()
+
+
 def load_manifest(path: Path) -> dict:
     try:
         manifest = json.loads(path.read_bytes())
@@ -147,6 +159,11 @@ def load_manifest(path: Path) -> dict:
             f"manifest '{path}' has format version {manifest.get('version')!r}, "
             f"this dsa-train reads version {STATE_VERSION}",
             hint="open it with the dsa-train version that wrote it, or start a fresh state_dir",
+        )
+    if manifest.get("checksum") != manifest_checksum(manifest):
+        raise StateError(
+            f"manifest '{path}' is corrupt: its checksum does not match its content (edited or damaged)",
+            hint="restore the state directory from a checkpoint or start a fresh one",
         )
     params = manifest.get("params")
     fields_ok = isinstance(params, dict) and all(

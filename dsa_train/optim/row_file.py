@@ -71,6 +71,33 @@ class RowFile:
                 hint="restore the state directory from a checkpoint or start a fresh one",
             )
 
+    def reserve(self, lookups: torch.Tensor) -> None:
+        """Make sure the disk can take this step's writes to these rows before any is made.
+
+        A write into a hole of a memory-mapped file on a full disk kills the process with
+        SIGBUS, with no chance to report it. So, when free space is short of the worst case
+        (every row landing in a new page, plus a spare), the rows' pages are allocated here
+        with ``posix_fallocate``, which fails cleanly with ENOSPC. With room to spare this
+        costs one ``statvfs``.
+        """
+        page = mmap.PAGESIZE
+        worst = lookups.numel() * max(self.spec.row_bytes, page) + SPARE_BYTES
+        disk = os.statvfs(self.path)
+        if disk.f_bavail * disk.f_frsize >= worst:
+            return
+        rows = torch.unique(lookups.cpu())
+        first = (HEADER_BYTES + rows * self.spec.row_bytes) // page
+        last = (HEADER_BYTES + (rows + 1) * self.spec.row_bytes - 1) // page
+        try:
+            for start, stop in _page_runs(first.tolist(), last.tolist()):
+                os.posix_fallocate(self._fd, start * page, (stop - start) * page)
+        except OSError as e:
+            raise StateError(
+                f"the disk is full: no room for the rows this step writes to '{self.path}' "
+                f"({disk.f_bavail * disk.f_frsize / 2**20:.0f} MiB free); nothing was written",
+                hint="free some space (or move state_dir to a bigger disk) and continue; the state is intact",
+            ) from e
+
     def flush(self) -> None:
         """Write the dirty pages back to disk and wait for them (``msync(MS_SYNC)``)."""
         if self._map is not None:
@@ -86,3 +113,21 @@ class RowFile:
             self._map = None
         os.close(self._fd)
         self._fd = -1
+
+
+SPARE_BYTES = 64 << 20  # room kept free for manifests, metadata and the file system's own needs
+
+
+def _page_runs(first: list[int], last: list[int]):
+    """Merge the page ranges [first[i], last[i]] (sorted by first) into disjoint runs."""
+    start, stop = None, None
+    for a, b in zip(first, last):
+        if start is None:
+            start, stop = a, b + 1
+        elif a <= stop:
+            stop = max(stop, b + 1)
+        else:
+            yield start, stop
+            start, stop = a, b + 1
+    if start is not None:
+        yield start, stop

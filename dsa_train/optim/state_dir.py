@@ -16,7 +16,6 @@ only after the manifest that lists it has been committed.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -35,6 +34,7 @@ from .format import (
     RowSpec,
     create_row_file,
     load_manifest,
+    manifest_bytes,
 )
 from .row_file import RowFile
 
@@ -173,8 +173,8 @@ class StateDirectory:
     # -- writing ------------------------------------------------------------------------
     def _write_manifest(self) -> None:
         self._manifest["last_writer"] = this_process()
-        data = json.dumps(self._manifest, indent=2, sort_keys=True).encode()
-        atomic_write_bytes(self.path / MANIFEST, data)
+        self._manifest.pop("checksum", None)
+        atomic_write_bytes(self.path / MANIFEST, manifest_bytes(self._manifest))
 
     def mark_dirty(self) -> None:
         """Record, before the first write after a flush, that the files are about to change."""

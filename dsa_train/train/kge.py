@@ -116,6 +116,7 @@ class KGETraining:
             self.step_count, self.epoch, self.batch = trainer["step"], trainer["epoch"], trainer["batch"]
             self.window, self.epoch_loss = trainer["window"], trainer["epoch_loss"]
             self.optimizer_ram = trainer["optimizer_ram"]
+            skipped = trainer["skipped_steps"]
             MetricsLog.truncate(self.run.metrics_path, trainer["metrics_records"])
             self.reporter.note(f"resuming from {checkpoint} (step {self.step_count}, epoch {self.epoch + 1})")
         elif resume:
@@ -130,6 +131,8 @@ class KGETraining:
         self.optimizer = build_optimizer(recipe.optimizer, self.model, state_dir)
         if checkpoint is not None:
             load_optimizer_state(self.optimizer, checkpoint)
+            if hasattr(self.optimizer, "skipped_steps"):
+                self.optimizer.skipped_steps = skipped
         self.metrics = MetricsLog(self.run.metrics_path)
         self.index: TripleIndex | None = None
 
@@ -183,6 +186,7 @@ class KGETraining:
             "peak_rss_mib": round(peak_rss_bytes() / MiB, 1),
             "optimizer_ram_mib": round(self.optimizer_ram / MiB, 1),
             "optimizer_state_on_disk_mib": round(self._state_bytes_on_disk() / MiB, 1),
+            "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
             "final": {split: {side: m.as_dict() for side, m in metrics.items()} for split, metrics in final.items()},
         }
         self.metrics.log(summary)
@@ -263,6 +267,7 @@ class KGETraining:
             "epoch_loss": self.epoch_loss,
             "optimizer_ram": self.optimizer_ram,
             "metrics_records": self.metrics.records,
+            "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
         }
         return save_checkpoint(
             self.run.checkpoints, self.step_count, self.model, self.optimizer, trainer, keep=self.recipe.train.keep_checkpoints

@@ -25,7 +25,7 @@ STATE_DICT = "optimizer.pt"
 def build_optimizer(config: OptimizerConfig, model: torch.nn.Module, state_dir: Path) -> torch.optim.Optimizer:
     kwargs = dict(lr=config.lr, betas=config.betas, eps=config.eps)
     if config.kind == "dsa":
-        return DiskSparseAdam(model.named_parameters(), state_dir=state_dir, **kwargs)
+        return DiskSparseAdam(model.named_parameters(), state_dir=state_dir, nonfinite=config.nonfinite, **kwargs)
     return torch.optim.SparseAdam(list(model.parameters()), **kwargs)
 
 
