@@ -1,0 +1,160 @@
+#!/usr/bin/env python
+"""Kill a training run with SIGKILL again and again, resume it each time, and compare.
+
+A small recipe is trained once without interruption (the reference). Then the same recipe
+is started, killed with SIGKILL at a chosen moment, resumed with --resume, killed again, and
+so on; the moments cycle through "step" (somewhere inside training steps), "checkpoint"
+(while a checkpoint is being written) and "evaluation" (while a split is being ranked).
+Finally the run is resumed to the end, and its final weights, optimizer moments and whole
+metrics history (losses and metrics; timings aside) must equal the reference's bit for bit.
+
+    python scripts/torture_kill.py --kills 21
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+RECIPE = """\
+name: torture
+description: a small run to kill again and again
+dataset:
+  kind: synthetic
+  synthetic: {entities: 600, relations: 8, triples: 6000, valid: 300, test: 300, clusters: 12, seed: 3}
+model: {kind: distmult, dim: 32, init_std: 0.05, dropout: 0.1}
+train: {epochs: 4, batch_size: 128, negatives: 128, log_every: 2, checkpoint_every: 6, keep_checkpoints: 2}
+optimizer: {kind: dsa, lr: 0.01}
+eval: {every_epochs: 1, final_splits: [valid, test]}
+"""
+MOMENTS = ("step", "checkpoint", "evaluation")
+TIMINGS = ("seconds", "triples_per_s", "peak_rss_mib", "optimizer_ram_mib")
+
+
+def dsa_train() -> list[str]:
+    found = shutil.which("dsa-train", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    return [found] if found else [sys.executable, "-m", "dsa_train.cli"]
+
+
+def records(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line cut by the kill
+            break
+    return out
+
+
+def moment_reached(moment: str, run: Path, seen: int) -> bool:
+    if moment == "checkpoint":
+        return any(p.name.startswith(".partial-") for p in (run / "checkpoints").glob(".*")) if (run / "checkpoints").is_dir() else False
+    logged = records(run)
+    if moment == "evaluation":  # the epoch record is written; its evaluation runs now
+        return len(logged) > seen and logged[-1].get("kind") == "epoch"
+    return len(logged) > seen and logged[-1].get("kind") == "train"
+
+
+def kill_at(moment: str, recipe: Path, run: Path, resume: bool, rng: random.Random, timeout: float) -> str:
+    """Start (or resume) the run, SIGKILL it at the moment; how it went, in words."""
+    seen = len(records(run))
+    command = [*dsa_train(), "run", str(recipe), "--output", str(run)] + (["--resume"] if resume else [])
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = time.monotonic()
+    while process.poll() is None and time.monotonic() - started < timeout:
+        if moment_reached(moment, run, seen):
+            if moment == "step":
+                time.sleep(rng.uniform(0, 0.05))
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+            step = max((r.get("step", 0) for r in records(run)), default=0)
+            return f"killed during {moment:10s} (about step {step})"
+        time.sleep(0.001)
+    if process.poll() is None:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        return f"killed after {timeout:.0f} s waiting for a {moment}"
+    return f"finished before a {moment} came (exit {process.returncode})"
+
+
+def comparable(run: Path) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records(run)]
+
+
+def same_run(a: Path, b: Path) -> dict[str, bool]:
+    final_a = sorted((a / "checkpoints").iterdir())[-1]
+    final_b = sorted((b / "checkpoints").iterdir())[-1]
+    weights_a, weights_b = torch.load(final_a / "model.pt"), torch.load(final_b / "model.pt")
+    moments = all(
+        np.array_equal(
+            np.fromfile(a / "optimizer_state" / name, dtype=np.float32, offset=4096),
+            np.fromfile(b / "optimizer_state" / name, dtype=np.float32, offset=4096),
+        )
+        for name in ("node_emb.weight.rows", "rel_emb.weight.rows")
+    )
+    return {
+        "same final step": final_a.name == final_b.name,
+        "weights equal": all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a),
+        "moments equal": moments,
+        "history equal": comparable(a) == comparable(b),
+    }
+
+
+def torture(kills: int, workdir: Path, seed: int = 0, timeout: float = 120.0, log=print) -> dict:
+    rng = random.Random(seed)
+    recipe = workdir / "torture.yaml"
+    recipe.write_text(RECIPE)
+    reference, victim = workdir / "reference", workdir / "victim"
+    done = subprocess.run([*dsa_train(), "run", str(recipe), "--output", str(reference)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the reference run failed:\n{done.stderr}")
+    counts = dict.fromkeys(MOMENTS, 0)
+    for i in range(kills):
+        moment = MOMENTS[i % len(MOMENTS)]
+        outcome = kill_at(moment, recipe, victim, resume=victim.exists(), rng=rng, timeout=timeout)
+        counts[moment] += outcome.startswith("killed during")
+        log(f"kill {i + 1:3d}: {outcome}")
+    final = subprocess.run([*dsa_train(), "run", str(recipe), "--output", str(victim), "--resume"], capture_output=True, text=True)
+    if final.returncode != 0:
+        raise SystemExit(f"the final resume failed:\n{final.stderr}")
+    return {"kills": counts, **same_run(reference, victim)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=21, help="how many times to SIGKILL the run")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the kill timing")
+    parser.add_argument("--workdir", type=Path, default=None, help="where the runs go (default: a temporary folder)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        result = torture(args.kills, workdir, args.seed)
+    counts = result.pop("kills")
+    print(
+        f"{sum(counts.values())} kills landed ({counts['step']} during a step, {counts['checkpoint']} during a "
+        f"checkpoint, {counts['evaluation']} during an evaluation), then a final --resume:"
+    )
+    for check, ok in result.items():
+        print(f"  {check}: {'yes' if ok else 'NO'}")
+    sys.exit(0 if all(result.values()) else 1)
+
+
+if __name__ == "__main__":
+    main()
