@@ -161,3 +161,32 @@ def test_usage_errors_exit_2_and_help_shows_examples():
     for command in ("run", "eval"):
         result = invoke(command, "--help")
         assert result.exit_code == 0 and "Example" in result.stdout
+
+
+def test_second_process_on_a_run_folder_is_refused_and_a_dead_holder_is_not(recipe, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "run"
+    assert invoke("run", recipe(), "--output", out).exit_code == 0
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys
+            from dsa_train.train.run_folder import RunFolder
+            lock = RunFolder({str(out)!r}).lock()
+            print("ready", flush=True)
+            sys.stdin.read()
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        second = invoke("run", recipe(), "--output", out, "--resume")
+        assert second.exit_code == 1 and f"run folder '{out}' is locked by pid {holder.pid}" in second.stderr
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    again = invoke("run", recipe(), "--output", out, "--resume")  # the kernel freed the dead holder's lock
+    assert again.exit_code == 0, again.stderr
