@@ -35,7 +35,7 @@ dataset:
   kind: synthetic
   synthetic: {entities: 600, relations: 8, triples: 6000, valid: 300, test: 300, clusters: 12, seed: 3}
 model: {kind: distmult, dim: 32, init_std: 0.05, dropout: 0.1}
-train: {epochs: 4, batch_size: 128, negatives: 128, log_every: 2, checkpoint_every: 6, keep_checkpoints: 2}
+train: {epochs: %(epochs)d, batch_size: 128, negatives: 128, log_every: 2, checkpoint_every: 6, keep_checkpoints: 2}
 optimizer: {kind: dsa, lr: 0.01}
 eval: {every_epochs: 1, final_splits: [valid, test]}
 """
@@ -89,8 +89,8 @@ def kill_at(moment: str, recipe: Path, run: Path, resume: bool, rng: random.Rand
     if process.poll() is None:
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
-        return f"killed after {timeout:.0f} s waiting for a {moment}"
-    return f"finished before a {moment} came (exit {process.returncode})"
+        return f"killed after {timeout:.0f} s waiting for the {moment}"
+    return f"finished before the {moment} came (exit {process.returncode})"
 
 
 def comparable(run: Path) -> list[dict]:
@@ -119,7 +119,7 @@ def same_run(a: Path, b: Path) -> dict[str, bool]:
 def torture(kills: int, workdir: Path, seed: int = 0, timeout: float = 120.0, log=print) -> dict:
     rng = random.Random(seed)
     recipe = workdir / "torture.yaml"
-    recipe.write_text(RECIPE)
+    recipe.write_text(RECIPE % {"epochs": kills // len(MOMENTS) + 2})  # a cycle of moments takes about an epoch
     reference, victim = workdir / "reference", workdir / "victim"
     done = subprocess.run([*dsa_train(), "run", str(recipe), "--output", str(reference)], capture_output=True, text=True)
     if done.returncode != 0:
