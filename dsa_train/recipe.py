@@ -69,32 +69,100 @@ class SyntheticConfig:
 
 
 @dataclass
-class DatasetConfig:
-    """Where the triples come from."""
+class GraphSyntheticConfig:
+    """A generated graph: a degree-corrected stochastic block model with power-law degrees."""
 
-    kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic"] = _help(
-        "tsv: a folder of train/valid/test.txt; fb15k237, wn18rr: PyG's datasets; synthetic: generated"
+    nodes: int = _help("number of nodes", _positive, default=100_000)
+    communities: int = _help("number of communities (the node labels)", _positive, default=10)
+    average_degree: int = _help("edges per node, on average (each edge counts for both ends)", _positive, default=10)
+    homophily: float = _help("probability that an edge stays inside its community", _fraction, default=0.8)
+    zipf: float = _help("power-law exponent of node popularity (0: uniform)", _non_negative, default=1.0)
+    seed: int = _help("random seed of the generator and of the edge split", default=0)
+
+
+KG_DATASETS = ("tsv", "fb15k237", "wn18rr", "synthetic")
+GRAPH_DATASETS = ("planetoid", "karate", "synthetic_graph")
+
+
+def _split(v):
+    return None if all(0 <= f < 1 for f in v) and sum(v) < 1 else "fractions must be in [0, 1) and sum below 1"
+
+
+@dataclass
+class DatasetConfig:
+    """Where the triples (knowledge graphs) or the graph (node embeddings) come from."""
+
+    kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic", "planetoid", "karate", "synthetic_graph"] = _help(
+        "knowledge graphs: tsv (a folder of train/valid/test.txt), fb15k237, wn18rr (PyG), synthetic; "
+        "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph"
     )
     path: str | None = _help("tsv: the folder, relative to the data root or absolute", default=None)
+    name: str | None = _help("planetoid: Cora, CiteSeer or PubMed", default=None)
     root: str | None = _help("data root (default: $DSA_DATA_ROOT, else ./datasets)", default=None)
-    synthetic: SyntheticConfig = _help("synthetic: the generator's settings", default_factory=SyntheticConfig)
+    synthetic: SyntheticConfig = _help("synthetic: the knowledge-graph generator's settings", default_factory=SyntheticConfig)
+    graph: GraphSyntheticConfig = _help("synthetic_graph: the graph generator's settings", default_factory=GraphSyntheticConfig)
+    link_split: tuple[float, float] = _help(
+        "graphs: fractions of the edges held out for link prediction (valid, test)", _split, default=(0.0, 0.0)
+    )
 
     def problems(self) -> list[tuple[str, str]]:
         if self.kind == "tsv" and not self.path:
             return [("path", "is required for kind 'tsv' (the folder holding train.txt, valid.txt, test.txt)")]
+        if self.kind == "planetoid" and self.name not in ("Cora", "CiteSeer", "PubMed"):
+            return [("name", f"must be Cora, CiteSeer or PubMed for kind 'planetoid', got {self.name!r}")]
         return []
+
+
+@dataclass
+class Node2VecConfig:
+    """node2vec: second-order random walks and skip-gram with negative sampling."""
+
+    walk_length: int = _help("steps per walk", _positive, default=20)
+    context_size: int = _help("window of the skip-gram (nodes per positive window)", _positive, default=10)
+    walks_per_node: int = _help("walks started from each node per epoch", _positive, default=10)
+    p: float = _help("return parameter: 1/p weighs going back to the previous node", _positive, default=1.0)
+    q: float = _help("in-out parameter: 1/q weighs moving away from the previous node", _positive, default=1.0)
+    negatives: int = _help("negative windows per positive window", _positive, default=1)
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.context_size > self.walk_length + 1:
+            return [("context_size", f"must be at most walk_length + 1 ({self.walk_length + 1})")]
+        return []
+
+
+@dataclass
+class SageConfig:
+    """GraphSAGE over the learnable node embeddings, trained on sampled neighbourhoods."""
+
+    task: Literal["link", "node"] = _help("link: predict held-out edges; node: classify the labelled nodes", default="link")
+    layers: int = _help("SAGE layers", _positive, default=2)
+    hidden: int = _help("width of the SAGE layers and of the output", _positive, default=128)
+    fanout: list[int] = _help("neighbours sampled per node at each layer, outermost last", default_factory=lambda: [10, 10])
+    dropout: float = _help("dropout between layers", _fraction, default=0.0)
+
+    def problems(self) -> list[tuple[str, str]]:
+        if len(self.fanout) != self.layers or any(f <= 0 for f in self.fanout):
+            return [("fanout", f"must list {self.layers} positive numbers (one per layer), got {self.fanout}")]
+        return []
+
+
+KG_MODELS = ("transe", "distmult")
 
 
 @dataclass
 class ModelConfig:
     """The embedding model."""
 
-    kind: Literal["transe", "distmult"] = _help("transe: -||h + r - t||_p; distmult: <h, r, t>")
+    kind: Literal["transe", "distmult", "node2vec", "sage"] = _help(
+        "knowledge graphs: transe (-||h + r - t||_p), distmult (<h, r, t>); graphs: node2vec, sage"
+    )
     dim: int = _help("embedding dimension", _positive, default=128)
     p_norm: Literal[1, 2] = _help("transe: the norm of the distance", default=2)
     reciprocal: bool = _help("learn an inverse relation per relation and predict heads as tails", default=True)
     init_std: float = _help("standard deviation of the normal initialisation", _positive, default=1e-3)
     dropout: float = _help("dropout on the embeddings during training", _fraction, default=0.0)
+    node2vec: Node2VecConfig = _help("node2vec: walks and skip-gram", default_factory=Node2VecConfig)
+    sage: SageConfig = _help("sage: the encoder and its task", default_factory=SageConfig)
 
 
 @dataclass
@@ -131,6 +199,7 @@ class OptimizerConfig:
     betas: tuple[float, float] = _help("Adam's betas", _betas, default=(0.9, 0.999))
     eps: float = _help("Adam's epsilon", _positive, default=1e-8)
     state_dir: str | None = _help("dsa: state directory (default: <run>/optimizer_state); put it on a local SSD", default=None)
+    dense_lr: float = _help("sage: learning rate of the (dense) SAGE layers, trained with torch's Adam", _positive, default=0.01)
     nonfinite: Literal["error", "skip"] = _help(
         "dsa: a NaN or Inf gradient stops the run (error) or skips its step (skip); found before anything is written",
         default="error",
@@ -154,6 +223,7 @@ class EvalConfig:
     sampled_negatives: int | None = _help(
         "rank against this many sampled entities instead of all (OGB-style), for huge tables", _positive, default=None
     )
+    link_negatives: int = _help("graphs: sampled non-edges each held-out edge is ranked against (MRR)", _positive, default=100)
     max_queries: int | None = _help(
         "during training, rank at most this many triples (a seeded sample); final evaluations rank all", _positive, default=None
     )
@@ -185,6 +255,18 @@ class Recipe:
     optimizer: OptimizerConfig = _help("the optimizer", default_factory=OptimizerConfig)
     eval: EvalConfig = _help("evaluation", default_factory=EvalConfig)
     output: OutputConfig = _help("outputs", default_factory=OutputConfig)
+
+    @property
+    def is_kge(self) -> bool:
+        return self.model.kind in KG_MODELS
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.is_kge != (self.dataset.kind in KG_DATASETS):
+            family = "a knowledge graph (" + ", ".join(KG_DATASETS) if self.is_kge else "a graph (" + ", ".join(GRAPH_DATASETS)
+            return [("model.kind", f"{self.model.kind!r} trains on {family}), not dataset kind {self.dataset.kind!r}")]
+        if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:
+            return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
+        return []
 
 
 _MISSING = object()
@@ -338,7 +420,7 @@ def _build(cls, data, path: tuple, lines: dict, problems: list[str]):
             hint = f"; did you mean '{close[0]}'?" if close else f"; valid keys: {', '.join(fields)}"
             problems.append(f"{_where((*path, key), lines)}: unknown key{hint}")
     kwargs = {}
-    complete = True  # cross-field checks only make sense when every field is valid
+    found_before = len(problems)  # cross-field checks only make sense when every field is valid
     for name, f in fields.items():
         here, tp = (*path, name), hints[name]
         if name in data:
@@ -350,19 +432,17 @@ def _build(cls, data, path: tuple, lines: dict, problems: list[str]):
         else:
             continue
         if value is _MISSING:
-            complete = False
             kwargs[name] = _placeholder(tp)
             continue
         check = f.metadata.get("check")
         message = check(value) if check is not None and value is not None else None
         if message:
             problems.append(f"{_where(here, lines)}: {message}, got {data[name]!r}")
-            complete = False
         kwargs[name] = value
     obj = cls(**kwargs)
-    if complete and hasattr(obj, "problems"):
+    if len(problems) == found_before and hasattr(obj, "problems"):
         for name, message in obj.problems():
-            problems.append(f"{_where((*path, name), lines)}: {message}")
+            problems.append(f"{_where((*path, *name.split('.')), lines)}: {message}")
     return obj
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from dsa_train.recipe import load_recipe
-from dsa_train.train.kge import KGETraining
+from dsa_train.train.loop import Training
 from dsa_train.train.run_folder import RunFolder
 
 
@@ -36,29 +36,30 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for kind in ("dsa", "sparse_adam"):
             recipe = load_recipe(args.recipe, [*args.overrides, f"optimizer.kind={kind}"])
-            training = KGETraining(recipe, RunFolder.create(recipe, Path(tmp) / kind))
+            training = Training(recipe, RunFolder.create(recipe, Path(tmp) / kind))
             training.setup(resume=False)
             trainings[kind] = training
-        train = trainings["dsa"].kg.train
+        items = trainings["dsa"].task.epoch_items()
         batch = recipe.train.batch_size
-        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
+        order = torch.randperm(items, generator=torch.Generator().manual_seed(0))
         times = {kind: [] for kind in trainings}
         for i in range(args.warmup + args.steps):
-            start = (i * batch) % max(len(train) - batch, 1)
-            triples = train[order[start : start + batch]]
+            start = (i * batch) % max(items - batch, 1)
+            picked = order[start : start + batch]
             kinds = list(trainings) if i % 2 == 0 else list(trainings)[::-1]
             for kind in kinds:
                 began = time.perf_counter()
-                trainings[kind].step(triples.to(trainings[kind].device))
+                trainings[kind].step(picked)
                 if i >= args.warmup:
                     times[kind].append(time.perf_counter() - began)
         for training in trainings.values():
             training.close()
     rate = {kind: batch / statistics.median(t) for kind, t in times.items()}
-    print(f"{args.recipe.name}: {len(train):,} train triples, batch {batch}, {recipe.train.negatives} negatives, "
-          f"dim {recipe.model.dim}, {args.steps} timed steps, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    unit = trainings["dsa"].task.unit
+    print(f"{args.recipe.name}: {items:,} {unit} per epoch, batch {batch}, dim {recipe.model.dim}, "
+          f"{args.steps} timed steps, torch {torch.__version__}, {torch.get_num_threads()} threads")
     for kind in trainings:
-        print(f"  {kind:12s} {rate[kind]:10,.0f} triples/s   (median step {statistics.median(times[kind]) * 1e3:.1f} ms)")
+        print(f"  {kind:12s} {rate[kind]:10,.0f} {unit}/s   (median step {statistics.median(times[kind]) * 1e3:.1f} ms)")
     print(f"  dsa / sparse_adam throughput: {rate['dsa'] / rate['sparse_adam']:.2f}x")
 
 

@@ -40,7 +40,8 @@ def test_every_problem_at_once_with_path_line_and_suggestion():
     assert problems == [
         "--set 'nokey': expected key=value, for example train.epochs=5",
         "dataset.pth (line 3): unknown key; did you mean 'path'?",
-        "dataset.kind (line 2): must be one of 'tsv', 'fb15k237', 'wn18rr', 'synthetic', got 'tsvv'; did you mean 'tsv'?",
+        "dataset.kind (line 2): must be one of 'tsv', 'fb15k237', 'wn18rr', 'synthetic', 'planetoid', 'karate', "
+        "'synthetic_graph', got 'tsvv'; did you mean 'tsv'?",
         "model.dimm (line 6): unknown key; did you mean 'dim'?",
         "model.dim (line 7): expected a whole number, got text ('ten')",
         "train.epochs (line 9): must be >= 0, got -1",
@@ -56,12 +57,18 @@ def test_every_problem_at_once_with_path_line_and_suggestion():
         ("dataset: {kind: tsv}\nmodel: {kind: distmult}\n", "dataset.path (in the section at line 1): is required for kind 'tsv'"),
         ("dataset: [1]\nmodel: {kind: distmult}\n", "dataset (line 1): expected a section (key: value lines), got a list"),
         ("model: {kind: distmult}\n", "dataset: missing (required)"),
-        ("dataset: {kind: fb15k237}\nmodel: {}\n", "model.kind (in the section at line 2): missing (required; one of 'transe', 'distmult')"),
+        ("dataset: {kind: fb15k237}\nmodel: {}\n", "model.kind (in the section at line 2): missing (required; one of 'transe', 'distmult', 'node2vec', 'sage')"),
         ("dataset: {kind: fb15k237}\nmodel: {kind: transe, p_norm: 3}\n", "model.p_norm (line 2): must be one of 1, 2, got 3"),
         ("dataset: {kind: fb15k237}\nmodel: {kind: transe, reciprocal: yes please}\n", "model.reciprocal (line 2): expected true or false"),
         ("dataset: {kind: tsv\n", "not valid YAML (line 2)"),
         ("- a\n- b\n", "the top level must be a mapping of sections, got a list"),
         ("dataset: {kind: synthetic, synthetic: {triples: 10, valid: 5, test: 5}}\nmodel: {kind: transe}\n", "dataset.synthetic.triples"),
+        ("dataset: {kind: karate}\nmodel: {kind: transe}\n", "model.kind (line 2): 'transe' trains on a knowledge graph"),
+        ("dataset: {kind: fb15k237}\nmodel: {kind: node2vec}\n", "model.kind (line 2): 'node2vec' trains on a graph"),
+        ("dataset: {kind: planetoid, name: cora}\nmodel: {kind: node2vec}\n", "dataset.name (line 1): must be Cora, CiteSeer or PubMed"),
+        ("dataset: {kind: karate}\nmodel: {kind: sage}\n", "dataset.link_split"),
+        ("dataset: {kind: karate}\nmodel: {kind: sage, sage: {layers: 2, fanout: [5]}}\n", "model.sage.fanout (line 2): must list 2"),
+        ("dataset: {kind: karate}\nmodel: {kind: node2vec, node2vec: {walk_length: 3, context_size: 9}}\n", "model.node2vec.context_size"),
     ],
 )
 def test_single_problems(text, expected):

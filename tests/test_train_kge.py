@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from dsa_train.cli.app import app
-from dsa_train.train import kge
+from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
 
 TINY = """\
@@ -48,7 +48,7 @@ def test_run_writes_a_complete_run_folder(recipe, tmp_path):
     out = tmp_path / "run"
     result = invoke("run", recipe(), "--output", out)
     assert result.exit_code == 0, result.stderr
-    assert "filtered test ranking" in result.stdout and "run folder" in result.stdout
+    assert "tiny: test" in result.stdout and "Hits@10" in result.stdout and "run folder" in result.stdout
     assert "epoch 3: loss" in result.stderr  # progress goes to stderr
     assert (out / "config.yaml").read_text().startswith("name: tiny\n")
     summary = records(out, "summary")[0]
@@ -71,17 +71,17 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(recipe, tmp_path, mon
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     assert invoke("run", path, "--output", whole).exit_code == 0
 
-    real_step = kge.KGETraining.step
+    real_step = loop.Training.step
 
-    def crash_at_12(self, triples):
+    def crash_at_12(self, picked):
         if self.step_count == 12:  # after the checkpoint of step 10; steps 11-12 are lost
             raise RuntimeError("power cut")
-        return real_step(self, triples)
+        return real_step(self, picked)
 
-    monkeypatch.setattr(kge.KGETraining, "step", crash_at_12)
+    monkeypatch.setattr(loop.Training, "step", crash_at_12)
     crashed = invoke("run", path, "--output", broken)
     assert crashed.exit_code == 1 and "power cut" in crashed.stderr
-    monkeypatch.setattr(kge.KGETraining, "step", real_step)
+    monkeypatch.setattr(loop.Training, "step", real_step)
     resumed = invoke("run", path, "--output", broken, "--resume")
     assert resumed.exit_code == 0, resumed.stderr
     assert "resuming from" in resumed.stderr and "step 10" in resumed.stderr
@@ -89,7 +89,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(recipe, tmp_path, mon
     for kind in ("train", "epoch", "eval", "summary"):
         ours, theirs = records(broken, kind), records(whole, kind)
         for record in ours + theirs:
-            for timing in ("seconds", "triples_per_s", "peak_rss_mib", "optimizer_ram_mib"):
+            for timing in ("seconds", "items_per_s", "peak_rss_mib", "optimizer_ram_mib"):
                 record.pop(timing, None)
         assert ours == theirs, kind
     final = "checkpoints/0000000030"
@@ -112,7 +112,7 @@ def test_eval_command(recipe, tmp_path):
     assert document["checkpoint"] == 30 and document["split"] == "test"
     assert document["metrics"] == records(out, "summary")[0]["final"]["test"]
     older = invoke("eval", out, "--split", "valid", "--checkpoint", "25")
-    assert older.exit_code == 0 and "checkpoint 25: filtered valid ranking" in older.stdout
+    assert older.exit_code == 0 and "checkpoint 25: valid" in older.stdout
     missing = invoke("eval", out, "--checkpoint", "999")
     assert missing.exit_code == 1
     assert "Error: no checkpoint of step 999" in missing.stderr and "available steps: 20, 25, 30" in missing.stderr

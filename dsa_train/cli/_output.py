@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
-
-if TYPE_CHECKING:
-    from ..eval import RankingMetrics
 
 # Piped or redirected output gets wide lines instead of the 80 columns rich assumes.
 stderr = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
@@ -54,42 +50,49 @@ class ProgressReporter:
         self._loss = None
         self._bar(f"epoch {epoch}/{epochs}", steps, done)
 
-    def step_done(self, steps: int, loss: float, triples_per_s: float) -> None:
+    def step_done(self, steps: int, loss: float, rate: float, unit: str) -> None:
         self._loss = loss if self._loss is None else 0.95 * self._loss + 0.05 * loss
         if self._progress is not None:
-            self._progress.update(self._task, advance=steps, info=f"loss {self._loss:.4f}  {triples_per_s:,.0f} triples/s")
+            self._progress.update(self._task, advance=steps, info=f"loss {self._loss:.4f}  {rate:,.0f} {unit}/s")
 
     def epoch_done(self, record: dict) -> None:
         self._close()
         stderr.print(
-            f"epoch {record['epoch']}: loss {record['loss']:.4f}, {record['triples_per_s']:,.0f} triples/s, "
+            f"epoch {record['epoch']}: loss {record['loss']:.4f}, {record['items_per_s']:,.0f} {record['unit']}/s, "
             f"{record['seconds']:.1f} s",
             highlight=False,
         )
 
-    def eval_start(self, split: str, queries: int) -> None:
-        self._bar(f"ranking {split}", queries)
+    def eval_start(self, split: str, total: int) -> None:
+        self._bar(f"ranking {split}", total)
 
-    def eval_advance(self, queries: int) -> None:
+    def eval_advance(self, done: int) -> None:
         if self._progress is not None:
-            self._progress.update(self._task, advance=queries)
+            self._progress.update(self._task, advance=done)
 
-    def eval_done(self, split: str, metrics: dict[str, RankingMetrics]) -> None:
+    def eval_done(self, split: str, summary: str) -> None:
         self._close()
-        both = metrics["both"]
-        stderr.print(
-            f"{split}: MRR {both.mrr:.4f}, Hits@1 {both.hits_at_1:.4f}, Hits@10 {both.hits_at_10:.4f}, MR {both.mr:.1f}",
-            highlight=False,
-        )
+        stderr.print(f"{split}: {summary}", highlight=False)
 
 
-def metrics_table(title: str, metrics: dict[str, RankingMetrics]) -> Table:
+NAMES = {"mr": "MR", "mrr": "MRR", "hits_at_1": "Hits@1", "hits_at_3": "Hits@3", "hits_at_10": "Hits@10", "auc": "AUC"}
+
+
+def metrics_table(title: str, metrics: dict[str, dict]) -> Table:
+    """One row per group of metrics (tail/head/both queries, probe, link...), one column per metric."""
     table = Table(title=title)
-    table.add_column("queries", justify="left")
-    for column in ("count", "MR", "MRR", "Hits@1", "Hits@3", "Hits@10"):
-        table.add_column(column, justify="right")
-    for side, m in metrics.items():
-        table.add_row(
-            side, f"{m.queries:,}", f"{m.mr:.1f}", f"{m.mrr:.4f}", f"{m.hits_at_1:.4f}", f"{m.hits_at_3:.4f}", f"{m.hits_at_10:.4f}"
-        )
+    table.add_column("", justify="left")
+    columns = list(dict.fromkeys(k for group in metrics.values() for k in group))
+    for column in columns:
+        table.add_column(NAMES.get(column, column.replace("_", " ")), justify="right")
+    for name, group in metrics.items():
+        table.add_row(name, *[_cell(group.get(c)) for c in columns])
     return table
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.4f}"

@@ -27,7 +27,7 @@ def eval_(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout instead of a table."),
     device: Device | None = typer.Option(None, "--device", help="Where to score. Default: the run's train.device."),
 ) -> None:
-    """Filtered link-prediction metrics (MR, MRR, Hits@1/3/10) of a run's checkpoint.
+    """Score a run's checkpoint: filtered ranking for knowledge graphs, probe or link metrics for graphs.
 
     Examples:
 
@@ -35,18 +35,18 @@ def eval_(
 
       dsa-train eval runs/quickstart-20261202-141500 --split valid --checkpoint 400 --json
     """
-    from ..train.kge import evaluate_run  # torch and PyG: imported only when evaluating
+    from ..train.loop import evaluate_run  # torch and PyG: imported only when evaluating
 
     run = RunFolder.find(run_dir)
     reporter = ProgressReporter() if not as_json else None
-    path, metrics = evaluate_run(run, split.value, checkpoint=checkpoint, device=device.value if device else None, reporter=reporter)
+    path, metrics, _ = evaluate_run(run, split.value, checkpoint=checkpoint, device=device.value if device else None, reporter=reporter)
     if as_json:
         document = {
             "run": str(run.path),
             "checkpoint": int(path.name),
             "split": split.value,
-            "metrics": {side: m.as_dict() for side, m in metrics.items()},
+            "metrics": metrics,
         }
         typer.echo(json.dumps(document, indent=2))
     else:
-        stdout.print(metrics_table(f"{run.path.name}, checkpoint {int(path.name)}: filtered {split.value} ranking", metrics))
+        stdout.print(metrics_table(f"{run.path.name}, checkpoint {int(path.name)}: {split.value}", metrics))

@@ -44,7 +44,7 @@ def run(
 
       dsa-train run recipes/fb15k237-distmult.yaml --resume
     """
-    from ..train.kge import KGETraining  # torch and PyG: imported only when training
+    from ..train.loop import Training  # torch and PyG: imported only when training
 
     overrides = list(set_) + ([f"train.device={device.value}"] if device else [])
     config = load_recipe(recipe, overrides)
@@ -70,7 +70,7 @@ def run(
             folder.write_config(config)
         reporter = ProgressReporter()
         reporter.note(f"run folder: {folder.path}")
-        training = KGETraining(config, folder, reporter=reporter)
+        training = Training(config, folder, reporter=reporter)
         try:
             training.setup(resume=resume)
             summary = training.train()
@@ -79,7 +79,7 @@ def run(
     finally:
         lock.release()
     for split, metrics in training.final_metrics.items():
-        stdout.print(metrics_table(f"{config.name}: filtered {split} ranking", metrics))
+        stdout.print(metrics_table(f"{config.name}: {split}", metrics))
     stdout.print(
         f"{summary['step']:,} steps, {summary['epochs']} epochs in {summary['seconds']:,.0f} s; peak RSS "
         f"{summary['peak_rss_mib']:,.0f} MiB, optimizer RAM {summary['optimizer_ram_mib']:,.1f} MiB, "

@@ -223,7 +223,11 @@ class DiskSparseAdam(Optimizer):
                     work.append((group, p))
         # Everything that can refuse the step does so before the first byte is written.
         for _, p in work:
-            if not bool(torch.isfinite(p.grad._values()).all()):
+            values = p.grad._values()
+            # One cheap pass: a NaN or Inf anywhere makes the sum non-finite (and a finite sum
+            # proves there is none); only then the exact element-wise test (an overflowing
+            # sum of finite values passes it).
+            if not bool(torch.isfinite(values.sum())) and not bool(torch.isfinite(values).all()):
                 if self.nonfinite == "skip":
                     self.skipped_steps += 1
                     return loss

@@ -31,15 +31,23 @@ MODEL = "model.pt"
 
 
 def save_checkpoint(
-    checkpoints: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict, *, keep: int
+    checkpoints: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    trainer: dict,
+    *,
+    keep: int,
+    extra: dict[str, object] | None = None,
 ) -> Path:
+    """Commit a checkpoint of ``step``; ``extra`` maps file names to more objects to ``torch.save``."""
     checkpoints.mkdir(parents=True, exist_ok=True)
     for stale in scratch_folders(checkpoints):  # left by a process killed mid-save or mid-prune
         shutil.rmtree(stale)
     final = checkpoints / f"{step:010d}"
     partial = checkpoints / f"{PARTIAL}{step:010d}"
     try:
-        _write(partial, model, optimizer, trainer)
+        _write(partial, model, optimizer, trainer, extra or {})
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -59,10 +67,12 @@ def save_checkpoint(
     return final
 
 
-def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict) -> None:
+def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict, extra: dict) -> None:
     partial.mkdir()
     torch.save(model.state_dict(), partial / MODEL)
     snapshot_optimizer(optimizer, partial)
+    for name, obj in extra.items():
+        torch.save(obj, partial / name)
     files = sorted(p for p in partial.rglob("*") if p.is_file())
     for path in files:
         with open(path, "rb") as f:

@@ -22,11 +22,12 @@ STATE_COPY = "optimizer_state"
 STATE_DICT = "optimizer.pt"
 
 
-def build_optimizer(config: OptimizerConfig, model: torch.nn.Module, state_dir: Path) -> torch.optim.Optimizer:
+def build_optimizer(config: OptimizerConfig, named_parameters: list[tuple[str, torch.Tensor]], state_dir: Path) -> torch.optim.Optimizer:
+    """The recipe's optimizer for sparse embedding tables (named, so DiskSparseAdam names its files)."""
     kwargs = dict(lr=config.lr, betas=config.betas, eps=config.eps)
     if config.kind == "dsa":
-        return DiskSparseAdam(model.named_parameters(), state_dir=state_dir, nonfinite=config.nonfinite, **kwargs)
-    return torch.optim.SparseAdam(list(model.parameters()), **kwargs)
+        return DiskSparseAdam(named_parameters, state_dir=state_dir, nonfinite=config.nonfinite, **kwargs)
+    return torch.optim.SparseAdam([p for _, p in named_parameters], **kwargs)
 
 
 def snapshot_optimizer(optimizer: torch.optim.Optimizer, target: Path) -> None:

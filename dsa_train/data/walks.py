@@ -1,0 +1,80 @@
+r"""Random walks on a CSR graph: DeepWalk's uniform ones and node2vec's biased second-order ones.
+
+A node2vec walk at node :math:`v`, having come from :math:`t`, moves to a neighbour :math:`x`
+of :math:`v` with probability proportional to
+
+.. math::
+    \alpha_{pq}(t, x) = \begin{cases} 1/p & x = t \\ 1 & x \in N(t) \\ 1/q & \text{otherwise} \end{cases}
+
+(Grover & Leskovec, KDD 2016). The pure-torch sampler moves every walk at once: it proposes a
+uniform neighbour and accepts it with probability :math:`\alpha / \max(1/p, 1, 1/q)`, redrawing
+the rejected ones (rejection sampling, as pyg-lib does), and tests :math:`x \in N(t)` with a
+binary search over the sorted edge keys. With :math:`p = q = 1` every proposal is accepted.
+When ``pyg-lib`` is importable its compiled sampler is used instead. A node without
+neighbours ends its walk by staying where it is (as pyg-lib does).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+from torch import Tensor
+
+
+def pyg_lib_walks_available() -> bool:
+    return importlib.util.find_spec("pyg_lib") is not None
+
+
+class WalkSampler:
+    """Samples walks of ``walk_length`` steps from a graph's CSR adjacency."""
+
+    def __init__(self, rowptr: Tensor, col: Tensor, *, p: float = 1.0, q: float = 1.0, use_pyg_lib: bool | None = None) -> None:
+        self.rowptr, self.col, self.p, self.q = rowptr, col, p, q
+        self.num_nodes = len(rowptr) - 1
+        self.degree = rowptr[1:] - rowptr[:-1]
+        self.use_pyg_lib = pyg_lib_walks_available() if use_pyg_lib is None else use_pyg_lib
+        self._keys: Tensor | None = None  # sorted u * N + v, built on the first biased walk
+
+    def walks(self, start: Tensor, walk_length: int) -> Tensor:
+        """``(len(start), walk_length + 1)`` node ids, each row a walk from ``start[i]``."""
+        if self.use_pyg_lib:
+            import pyg_lib  # noqa: F401  (registers torch.ops.pyg)
+
+            return torch.ops.pyg.random_walk(self.rowptr, self.col, start, walk_length, self.p, self.q)[0]
+        walk = torch.empty(len(start), walk_length + 1, dtype=torch.long)
+        walk[:, 0] = start
+        for step in range(1, walk_length + 1):
+            current = walk[:, step - 1]
+            if step == 1 or (self.p == 1 and self.q == 1):
+                walk[:, step] = self._uniform_neighbour(current)
+            else:
+                walk[:, step] = self._biased_neighbour(walk[:, step - 2], current)
+        return walk
+
+    def _uniform_neighbour(self, node: Tensor) -> Tensor:
+        degree = self.degree[node]
+        offset = (torch.rand(len(node)) * degree).long()  # uniform in [0, degree)
+        stuck = degree == 0
+        nxt = self.col[(self.rowptr[node] + offset).clamp_(max=max(len(self.col) - 1, 0))] if len(self.col) else node.clone()
+        return torch.where(stuck, node, nxt)
+
+    def _biased_neighbour(self, previous: Tensor, node: Tensor) -> Tensor:
+        if self._keys is None:
+            rows = torch.repeat_interleave(torch.arange(self.num_nodes), self.degree)
+            self._keys = rows * self.num_nodes + self.col
+        weight_back, weight_out = 1.0 / self.p, 1.0 / self.q
+        bound = max(weight_back, 1.0, weight_out)
+        chosen = torch.empty_like(node)
+        pending = torch.arange(len(node))
+        while len(pending):
+            t, v = previous[pending], node[pending]
+            x = self._uniform_neighbour(v)
+            key = t * self.num_nodes + x
+            spot = torch.searchsorted(self._keys, key).clamp_(max=max(len(self._keys) - 1, 0))
+            near = self._keys[spot] == key if len(self._keys) else torch.zeros_like(key, dtype=torch.bool)
+            weight = torch.where(x == t, weight_back, torch.where(near, 1.0, weight_out))
+            accept = (torch.rand(len(pending)) * bound < weight) | (self.degree[v] == 0)
+            chosen[pending[accept]] = x[accept]
+            pending = pending[~accept]
+        return chosen

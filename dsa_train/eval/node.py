@@ -1,0 +1,81 @@
+r"""Evaluating node embeddings: a logistic-regression probe and link prediction.
+
+**Probe** (node classification): multinomial logistic regression on the frozen embeddings of
+the training nodes, with scikit-learn's default objective (:math:`C = 1`,
+:math:`\frac{1}{2}\lVert W \rVert^2 + C \sum_i \mathrm{CE}_i`, intercept unpenalised), fitted with
+L-BFGS in float64, scored by accuracy on the other splits' nodes. This is what PyG's
+``Node2Vec.test`` does with scikit-learn, in torch.
+
+**Link prediction**: each held-out edge :math:`(u, v)` is scored :math:`s(u, v)` (the dot
+product of the two nodes' representations). AUC compares it with one random pair
+:math:`(u, w)` per edge (ties count one half); MRR and Hits@10 rank it against
+``negatives`` random nodes :math:`w` as :math:`(u, w)`, ties ranked realistically (the mean
+of the optimistic and pessimistic rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@torch.no_grad()
+def probe_accuracy(embeddings: Tensor, labels: Tensor, train_mask: Tensor, masks: dict[str, Tensor], *, max_iter: int = 150) -> dict[str, float]:
+    x = embeddings.double()
+    y = labels.long()
+    classes = int(y.max()) + 1
+    weight = torch.zeros(x.shape[1], classes, dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(classes, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([weight, bias], max_iter=max_iter, line_search_fn="strong_wolfe", tolerance_grad=1e-6)
+    xt, yt = x[train_mask], y[train_mask]
+
+    def objective():
+        optimizer.zero_grad()
+        with torch.enable_grad():
+            loss = F.cross_entropy(xt @ weight + bias, yt, reduction="sum") + 0.5 * weight.pow(2).sum()
+            loss.backward()
+        return loss
+
+    optimizer.step(objective)
+    predicted = (x @ weight + bias).argmax(1)
+    return {name: float((predicted[m] == y[m]).double().mean()) for name, m in {"train": train_mask, **masks}.items() if m is not None and m.any()}
+
+
+@torch.no_grad()
+def link_prediction(score: Callable[[Tensor, Tensor], Tensor], edges: Tensor, num_nodes: int, *, negatives: int = 100, seed: int = 0) -> dict[str, float]:
+    """``score(u, v)``: scores of node pairs. AUC, MRR and Hits@10 of the held-out ``edges``."""
+    generator = torch.Generator().manual_seed(seed)
+    u, v = edges[:, 0], edges[:, 1]
+    positive = score(u, v)
+    negative_pairs = score(u, torch.randint(0, num_nodes, (len(u),), generator=generator))
+    auc = _auc(positive, negative_pairs)
+    rivals = torch.randint(0, num_nodes, (len(u), negatives), generator=generator)
+    rival_scores = score(u[:, None].expand(-1, negatives).reshape(-1), rivals.reshape(-1)).view(len(u), negatives)
+    rank = 1 + ((rival_scores > positive[:, None]).sum(1) + (rival_scores >= positive[:, None]).sum(1)).double() / 2
+    return {"auc": auc, "mrr": float((1 / rank).mean()), "hits_at_10": float((rank <= 10).double().mean()), "edges": len(edges)}
+
+
+def _auc(positive: Tensor, negative: Tensor) -> float:
+    """Probability that a positive outscores a negative, ties counting one half (Mann-Whitney)."""
+    scores = torch.cat([positive, negative]).double()
+    ranks = _average_ranks(scores)
+    n_pos, n_neg = len(positive), len(negative)
+    return float((ranks[:n_pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def _average_ranks(values: Tensor) -> Tensor:
+    """1-based ranks, tied values sharing the mean of their ranks."""
+    order = torch.argsort(values)
+    ordered = values[order]
+    is_new = torch.ones(len(values), dtype=torch.bool)
+    is_new[1:] = ordered[1:] != ordered[:-1]
+    group = torch.cumsum(is_new, 0) - 1
+    position = torch.arange(1, len(values) + 1, dtype=torch.float64)
+    sums = torch.zeros(int(group[-1]) + 1, dtype=torch.float64).index_add_(0, group, position)
+    counts = torch.bincount(group).double()
+    ranks = torch.empty(len(values), dtype=torch.float64)
+    ranks[order] = (sums / counts)[group]
+    return ranks

@@ -1,0 +1,82 @@
+r"""Node-embedding models: one learnable row per node, in a sparse table.
+
+* :class:`SkipGram` (DeepWalk, Perozzi et al. 2014; node2vec, Grover & Leskovec 2016), the
+  objective of PyG's ``Node2Vec``: for a node :math:`u` and a node :math:`v` in the same walk
+  window, and a random node :math:`w`,
+
+  .. math::
+      \mathcal{L} = -\log \sigma(\mathbf{z}_u^\top \mathbf{z}_v) - \log \sigma(-\mathbf{z}_u^\top \mathbf{z}_w)
+
+  averaged over the positive and the negative pairs. PyG's class needs pyg-lib or
+  torch-cluster for its walks; this one takes walks from :class:`~dsa_train.data.walks.WalkSampler`.
+
+* :class:`SageOverEmbeddings` (GraphSAGE, Hamilton et al. 2017): PyG's ``GraphSAGE`` encoder
+  whose input features are the sparse embedding rows of the sampled nodes, so a step touches
+  only those rows; the encoder's own weights are dense. A link is scored by the dot product of
+  its ends' encodings; a node is classified by a linear head on its encoding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch_geometric.nn import GraphSAGE
+
+EPS = 1e-15  # as PyG's Node2Vec: keeps log() finite
+
+
+def windows(walks: Tensor, context_size: int) -> Tensor:
+    """All ``context_size``-node windows of each walk, as rows."""
+    count = walks.shape[1] - context_size + 1
+    return torch.cat([walks[:, j : j + context_size] for j in range(count)])
+
+
+class SkipGram(nn.Module):
+    def __init__(self, num_nodes: int, dim: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(num_nodes, dim, sparse=True)  # N(0, 1), as PyG's Node2Vec
+
+    def loss(self, positive: Tensor, negative: Tensor) -> Tensor:
+        """``positive``/``negative``: windows whose first node is paired with each of the others.
+
+        A batch's windows name a few hundred thousand nodes but only a few thousand distinct
+        ones: each distinct row is looked up once and the windows index into those rows, so
+        the sparse gradient has one row per distinct node instead of one per mention.
+        """
+        nodes, local = torch.unique(torch.cat([positive.reshape(-1), negative.reshape(-1)]), return_inverse=True)
+        table = self.embedding(nodes)
+        split = positive.numel()
+        return self._side(table, local[:split].view(positive.shape), True) + self._side(table, local[split:].view(negative.shape), False)
+
+    @staticmethod
+    def _side(table: Tensor, windows: Tensor, positive: bool) -> Tensor:
+        start = table[windows[:, 0]].unsqueeze(1)
+        rest = table[windows[:, 1:]]
+        score = (start * rest).sum(dim=-1).view(-1)
+        return -torch.log(torch.sigmoid(score if positive else -score) + EPS).mean()
+
+    def node_embeddings(self) -> Tensor:
+        return self.embedding.weight.detach()
+
+
+class SageOverEmbeddings(nn.Module):
+    def __init__(self, num_nodes: int, dim: int, hidden: int, layers: int, *, dropout: float = 0.0, num_classes: int = 0) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(num_nodes, dim, sparse=True)
+        nn.init.normal_(self.embedding.weight, std=0.1)
+        self.encoder = GraphSAGE(dim, hidden, num_layers=layers, dropout=dropout)
+        self.head = nn.Linear(hidden, num_classes) if num_classes else None
+
+    def encode(self, nodes: Tensor, edge_index: Tensor) -> Tensor:
+        """Encodings of ``nodes`` (global ids) on the subgraph ``edge_index`` (local ids)."""
+        return self.encoder(self.embedding(nodes), edge_index)
+
+    def link_loss(self, z: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        """Logistic loss of ``(E, 2)`` local-id pairs: true edges up, random pairs down."""
+        pos = (z[positive[:, 0]] * z[positive[:, 1]]).sum(-1)
+        neg = (z[negative[:, 0]] * z[negative[:, 1]]).sum(-1)
+        return F.binary_cross_entropy_with_logits(torch.cat([pos, neg]), torch.cat([torch.ones_like(pos), torch.zeros_like(neg)]))
+
+    def node_loss(self, z: Tensor, labels: Tensor) -> Tensor:
+        return F.cross_entropy(self.head(z), labels)

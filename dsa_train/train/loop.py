@@ -1,0 +1,299 @@
+"""The training loop, for every task: a recipe in, a run folder out.
+
+Read it top to bottom: :meth:`Training.setup` builds the task (data and model) and the
+optimizers, or restores them from the newest intact checkpoint; :meth:`Training.train` runs
+the epochs; :meth:`Training.step` is one optimizer step; :meth:`Training.evaluate` scores a
+split; :meth:`Training.save_checkpoint` commits a checkpoint; :meth:`Training.close` releases
+everything. What is particular to knowledge graphs, node2vec or GraphSAGE lives in a task
+object (see :mod:`.tasks`): its data, model, batches, loss and metrics. The loop is one, with
+no subclasses.
+
+Determinism: the item order of epoch ``e`` comes from a generator seeded with ``(seed, e)``,
+and each step reseeds torch from ``(seed, step)`` before the task draws its negatives, walks
+or dropout masks. A resumed run therefore replays exactly what an uninterrupted one does,
+without storing any random state.
+
+Optimizers: the task's sparse embedding tables train with the recipe's optimizer
+(DiskSparseAdam or torch's SparseAdam); its dense weights, if any (GraphSAGE's layers), with
+torch's Adam at ``optimizer.dense_lr``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from ..errors import DsaError
+from ..memory import peak_rss_bytes, rss_anon_bytes
+from ..recipe import Recipe
+from .checkpoint import find_checkpoint, load_model_state, save_checkpoint
+from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, restore_state_dir
+from .run_folder import MetricsLog, RunFolder, complete_checkpoints
+from .tasks import Task, make_task
+
+MiB = 1 << 20
+DENSE_STATE = "dense_optimizer.pt"
+
+
+class Reporter(Protocol):
+    """What the training loop tells its caller (the CLI draws progress bars from it)."""
+
+    def note(self, text: str) -> None: ...
+    def epoch_start(self, epoch: int, epochs: int, steps: int, done: int) -> None: ...
+    def step_done(self, steps: int, loss: float, rate: float, unit: str) -> None: ...
+    def epoch_done(self, record: dict) -> None: ...
+    def eval_start(self, split: str, total: int) -> None: ...
+    def eval_advance(self, done: int) -> None: ...
+    def eval_done(self, split: str, summary: str) -> None: ...
+
+
+class SilentReporter:
+    def note(self, text: str) -> None:
+        pass
+
+    def epoch_start(self, epoch: int, epochs: int, steps: int, done: int) -> None:
+        pass
+
+    def step_done(self, steps: int, loss: float, rate: float, unit: str) -> None:
+        pass
+
+    def epoch_done(self, record: dict) -> None:
+        pass
+
+    def eval_start(self, split: str, total: int) -> None:
+        pass
+
+    def eval_advance(self, done: int) -> None:
+        pass
+
+    def eval_done(self, split: str, summary: str) -> None:
+        pass
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise DsaError(
+            "device 'cuda' was asked for, but torch sees no CUDA device",
+            hint="use --device cpu (or auto), or install a CUDA build of torch",
+        )
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(choice)
+
+
+def step_seed(seed: int, step: int) -> int:
+    return (seed * 1_000_003 + step) % (1 << 62)
+
+
+class Training:
+    def __init__(self, recipe: Recipe, run: RunFolder, *, reporter: Reporter | None = None) -> None:
+        self.recipe = recipe
+        self.run = run
+        self.reporter = reporter or SilentReporter()
+        self.device = resolve_device(recipe.train.device)
+        self.step_count = 0  # optimizer steps done
+        self.epoch = 0  # epochs fully done
+        self.batch = 0  # batches done in the current epoch
+        self.window = [0.0, 0]  # loss sum and steps since the last train log record
+        self.epoch_loss = [0.0, 0]  # loss sum and steps of the current epoch
+        self.optimizer_ram = 0  # largest RssAnon growth across one sparse optimizer step
+        self.dense_optimizer: torch.optim.Optimizer | None = None
+
+    # -- setup ----------------------------------------------------------------------------
+    def setup(self, *, resume: bool) -> None:
+        recipe = self.recipe
+        torch.manual_seed(recipe.train.seed)
+        self.task: Task = make_task(recipe, self.device)
+        self.reporter.note(self.task.description)
+        model = self.task.model
+        state_dir = self.run.state_dir(recipe)
+        checkpoint, trainer = None, {}
+        if resume and complete_checkpoints(self.run.checkpoints):
+            checkpoint, trainer, damaged = find_checkpoint(self.run.checkpoints)
+            for warning in damaged:
+                self.reporter.note(f"warning: {warning}")
+            load_model_state(checkpoint, model)
+            restore_state_dir(checkpoint, state_dir)
+            self.step_count, self.epoch, self.batch = trainer["step"], trainer["epoch"], trainer["batch"]
+            self.window, self.epoch_loss = trainer["window"], trainer["epoch_loss"]
+            self.optimizer_ram = trainer["optimizer_ram"]
+            MetricsLog.truncate(self.run.metrics_path, trainer["metrics_records"])
+            self.reporter.note(f"resuming from {checkpoint} (step {self.step_count}, epoch {self.epoch + 1})")
+        elif resume:
+            restore_state_dir(None, state_dir)
+            MetricsLog.truncate(self.run.metrics_path, 0)
+            self.reporter.note(f"{self.run.path} has no checkpoint yet: starting it from the beginning")
+        if not resume and state_dir.exists() and any(state_dir.iterdir()):
+            raise DsaError(
+                f"optimizer state directory '{state_dir}' already holds state",
+                hint="pass --resume to continue that run, or point optimizer.state_dir elsewhere",
+            )
+        self.optimizer = build_optimizer(recipe.optimizer, self.task.sparse_parameters(), state_dir)
+        dense = self.task.dense_parameters()
+        if dense:
+            self.dense_optimizer = torch.optim.Adam(dense, lr=recipe.optimizer.dense_lr)
+        if checkpoint is not None:
+            load_optimizer_state(self.optimizer, checkpoint)
+            if hasattr(self.optimizer, "skipped_steps"):
+                self.optimizer.skipped_steps = trainer["skipped_steps"]
+            if self.dense_optimizer is not None:
+                self.dense_optimizer.load_state_dict(torch.load(checkpoint / DENSE_STATE, weights_only=False))
+        self.metrics = MetricsLog(self.run.metrics_path)
+
+    # -- training -------------------------------------------------------------------------
+    def train(self) -> dict:
+        cfg = self.recipe.train
+        items = self.task.epoch_items()
+        steps_per_epoch = math.ceil(items / cfg.batch_size)
+        started = time.perf_counter()
+        while self.epoch < cfg.epochs and not self._step_limit_reached():
+            order = torch.randperm(items, generator=torch.Generator().manual_seed(step_seed(cfg.seed, -1 - self.epoch)))
+            self.reporter.epoch_start(self.epoch + 1, cfg.epochs, steps_per_epoch, self.batch)
+            epoch_started, epoch_items = time.perf_counter(), 0
+            while self.batch < steps_per_epoch and not self._step_limit_reached():
+                picked = order[self.batch * cfg.batch_size : (self.batch + 1) * cfg.batch_size]
+                step_started = time.perf_counter()
+                loss = self.step(picked)
+                self.batch += 1
+                epoch_items += len(picked)
+                rate = len(picked) / max(time.perf_counter() - step_started, 1e-9)
+                self._account(loss)
+                self.reporter.step_done(1, loss, rate, self.task.unit)
+                if cfg.checkpoint_every and self.step_count % cfg.checkpoint_every == 0:
+                    self.save_checkpoint()
+            if self.batch < steps_per_epoch:  # stopped by max_steps inside the epoch
+                break
+            seconds = time.perf_counter() - epoch_started
+            record = {
+                "kind": "epoch",
+                "epoch": self.epoch + 1,
+                "step": self.step_count,
+                "loss": self.epoch_loss[0] / max(self.epoch_loss[1], 1),
+                "seconds": round(seconds, 3),
+                "items_per_s": round(epoch_items / max(seconds, 1e-9), 1),
+                "unit": self.task.unit,
+            }
+            self.metrics.log(record)
+            self.reporter.epoch_done(record)
+            self.epoch, self.batch, self.epoch_loss = self.epoch + 1, 0, [0.0, 0]
+            every = self.recipe.eval.every_epochs
+            if every and self.epoch % every == 0 and self.epoch < cfg.epochs:
+                self.evaluate(self.recipe.eval.split, final=False)
+        last = complete_checkpoints(self.run.checkpoints)
+        if not last or int(last[-1].name) != self.step_count:
+            self.save_checkpoint()
+        self.final_metrics = final = {split: self.evaluate(split, final=True) for split in self.recipe.eval.final_splits}
+        summary = {
+            "kind": "summary",
+            "step": self.step_count,
+            "epochs": self.epoch,
+            "seconds": round(time.perf_counter() - started, 1),
+            "peak_rss_mib": round(peak_rss_bytes() / MiB, 1),
+            "optimizer_ram_mib": round(self.optimizer_ram / MiB, 1),
+            "optimizer_state_on_disk_mib": round(self._state_bytes_on_disk() / MiB, 1),
+            "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
+            "final": final,
+        }
+        self.metrics.log(summary)
+        return summary
+
+    def _step_limit_reached(self) -> bool:
+        limit = self.recipe.train.max_steps
+        return limit is not None and self.step_count >= limit
+
+    def step(self, picked: torch.Tensor) -> float:
+        """One optimizer step on the epoch items ``picked``; returns its loss."""
+        torch.manual_seed(step_seed(self.recipe.train.seed, self.step_count))
+        self.task.model.train()
+        loss = self.task.loss(picked)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.dense_optimizer is not None:
+            self.dense_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        before = rss_anon_bytes()
+        self.optimizer.step()
+        self.optimizer_ram = max(self.optimizer_ram, rss_anon_bytes() - before)
+        if self.dense_optimizer is not None:
+            self.dense_optimizer.step()
+        self.step_count += 1
+        return loss.item()
+
+    def _account(self, loss: float) -> None:
+        self.window[0] += loss
+        self.window[1] += 1
+        self.epoch_loss[0] += loss
+        self.epoch_loss[1] += 1
+        if self.step_count % self.recipe.train.log_every == 0:
+            self.metrics.log({"kind": "train", "step": self.step_count, "epoch": self.epoch + 1, "loss": self.window[0] / self.window[1]})
+            self.window = [0.0, 0]
+
+    # -- evaluation -------------------------------------------------------------------------
+    def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
+        """Score a split; during training (``final=False``) the task may sample it."""
+        started = time.perf_counter()
+        self.task.model.eval()
+        metrics = self.task.evaluate(split, final=final, reporter=self.reporter)
+        self.reporter.eval_done(split, self.task.headline(metrics))
+        record = {
+            "kind": "eval",
+            "split": split,
+            "step": self.step_count,
+            "epoch": self.epoch,
+            "seconds": round(time.perf_counter() - started, 2),
+            **metrics,
+        }
+        self.metrics.log(record)
+        return metrics
+
+    # -- checkpoints and cleanup -------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        trainer = {
+            "step": self.step_count,
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "window": self.window,
+            "epoch_loss": self.epoch_loss,
+            "optimizer_ram": self.optimizer_ram,
+            "metrics_records": self.metrics.records,
+            "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
+        }
+        extra = {DENSE_STATE: self.dense_optimizer.state_dict()} if self.dense_optimizer is not None else {}
+        return save_checkpoint(
+            self.run.checkpoints, self.step_count, self.task.model, self.optimizer, trainer,
+            keep=self.recipe.train.keep_checkpoints, extra=extra,
+        )  # fmt: skip
+
+    def _state_bytes_on_disk(self) -> int:
+        state_dir = self.run.state_dir(self.recipe)
+        if not state_dir.is_dir():
+            return 0
+        return sum(p.stat().st_blocks * 512 for p in state_dir.iterdir() if p.is_file())
+
+    def close(self) -> None:
+        if hasattr(self, "metrics"):
+            self.metrics.close()
+        if hasattr(self, "optimizer"):
+            close_optimizer(self.optimizer)
+
+
+def evaluate_run(
+    run: RunFolder, split: str, *, checkpoint: int | None = None, device: str | None = None, reporter: Reporter | None = None
+) -> tuple[Path, dict[str, dict], str]:
+    """Score ``split`` with the model of a run's checkpoint (the newest intact one by default);
+    returns the checkpoint, the metrics and their one-line headline."""
+    reporter = reporter or SilentReporter()
+    recipe = run.read_config([f"train.device={device}"] if device else [])
+    path, _, damaged = find_checkpoint(run.checkpoints, checkpoint)
+    for warning in damaged:
+        reporter.note(f"warning: {warning}")
+    torch.manual_seed(recipe.train.seed)
+    task = make_task(recipe, resolve_device(recipe.train.device))
+    load_model_state(path, task.model)
+    task.model.eval()
+    metrics = task.evaluate(split, final=True, reporter=reporter)
+    reporter.eval_done(split, task.headline(metrics))
+    return path, metrics, task.headline(metrics)

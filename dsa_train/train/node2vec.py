@@ -1,0 +1,78 @@
+"""node2vec / DeepWalk as a training task: walks in, a node-embedding table out.
+
+An epoch starts ``walks_per_node`` walks at every node; a batch is ``batch_size`` start nodes.
+Each walk's windows of ``context_size`` nodes are positive pairs; for each, ``negatives``
+windows of the start node followed by random nodes are negative pairs (PyG's Node2Vec
+sampling, with the walks from :class:`~dsa_train.data.walks.WalkSampler`). Evaluation: the
+logistic-regression probe where the graph has labels, link prediction where it has held-out
+edges.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..data.graphs import Graph, load_graph
+from ..data.walks import WalkSampler
+from ..eval.node import link_prediction, probe_accuracy
+from ..models.node import SkipGram, windows
+from ..recipe import Recipe
+
+
+class Node2VecTask:
+    unit = "nodes"
+
+    def __init__(self, recipe: Recipe, device: torch.device) -> None:
+        self.recipe, self.device = recipe, device
+        self.config = recipe.model.node2vec
+        self.graph: Graph = load_graph(recipe.dataset)
+        self.description = str(self.graph)
+        self.sampler = WalkSampler(self.graph.rowptr, self.graph.col, p=self.config.p, q=self.config.q)
+        self.model = SkipGram(self.graph.num_nodes, recipe.model.dim).to(device)
+
+    def sparse_parameters(self) -> list[tuple[str, Tensor]]:
+        return list(self.model.named_parameters())
+
+    def dense_parameters(self) -> list[Tensor]:
+        return []
+
+    def epoch_items(self) -> int:
+        return self.graph.num_nodes
+
+    def loss(self, picked: Tensor) -> Tensor:
+        c = self.config
+        positive = windows(self.sampler.walks(picked.repeat(c.walks_per_node), c.walk_length), c.context_size)
+        starts = picked.repeat(c.walks_per_node * c.negatives)
+        random_walks = torch.cat([starts[:, None], torch.randint(0, self.graph.num_nodes, (len(starts), c.walk_length))], 1)
+        negative = windows(random_walks, c.context_size)
+        return self.model.loss(positive.to(self.device), negative.to(self.device))
+
+    def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
+        return evaluate_node_embeddings(self.graph, self.model.node_embeddings().cpu(), split, self.recipe)
+
+    def headline(self, metrics: dict[str, dict]) -> str:
+        return headline(metrics)
+
+
+def evaluate_node_embeddings(graph: Graph, z: Tensor, split: str, recipe: Recipe) -> dict[str, dict]:
+    """The probe (where there are labels) and link prediction (where edges are held out)."""
+    metrics: dict[str, dict] = {}
+    mask = graph.val_mask if split == "valid" else graph.test_mask
+    if graph.labels is not None and graph.train_mask is not None and mask is not None:
+        accuracy = probe_accuracy(z, graph.labels, graph.train_mask, {split: mask})
+        metrics["probe"] = {"accuracy": accuracy[split], "train_accuracy": accuracy["train"], "nodes": int(mask.sum())}
+    edges = graph.valid_edges if split == "valid" else graph.test_edges
+    if edges is not None and len(edges):
+        score = lambda u, v: (z[u] * z[v]).sum(-1)  # noqa: E731
+        metrics["link"] = link_prediction(score, edges, graph.num_nodes, negatives=recipe.eval.link_negatives, seed=recipe.train.seed)
+    return metrics
+
+
+def headline(metrics: dict[str, dict]) -> str:
+    parts = []
+    if "probe" in metrics:
+        parts.append(f"accuracy {metrics['probe']['accuracy']:.4f}")
+    if "link" in metrics:
+        parts.append(f"AUC {metrics['link']['auc']:.4f}, MRR {metrics['link']['mrr']:.4f}")
+    return ", ".join(parts) or "nothing to evaluate (no labels, no held-out edges)"

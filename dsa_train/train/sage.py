@@ -1,0 +1,94 @@
+"""GraphSAGE over learnable node embeddings as a training task.
+
+``task: link``: a batch is training edges (u, v), each with a random pair (u, w); the seeds
+u, v, w are encoded on a sampled neighbourhood and the logistic loss pushes edges up and
+random pairs down. ``task: node``: a batch is labelled training nodes, classified by a linear
+head on their encodings. Only the sampled nodes' embedding rows are looked up, so a step is
+sparse; the SAGE layers and the head are dense and train with torch's Adam. Evaluation
+encodes every node on the whole training graph.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..data.graphs import Graph, load_graph
+from ..errors import ConfigError
+from ..data.neighbors import sample_subgraph
+from ..models.node import SageOverEmbeddings
+from ..recipe import Recipe
+from .node2vec import evaluate_node_embeddings, headline
+
+
+class SageTask:
+    def __init__(self, recipe: Recipe, device: torch.device) -> None:
+        self.recipe, self.device = recipe, device
+        self.config = recipe.model.sage
+        self.graph: Graph = load_graph(recipe.dataset)
+        self.description = str(self.graph)
+        node_task = self.config.task == "node"
+        if node_task and (self.graph.labels is None or self.graph.train_mask is None):
+            raise ConfigError(["model.sage.task: 'node' needs a dataset with labels and a train mask"])
+        self.unit = "nodes" if node_task else "edges"
+        keys = self.graph.edge_keys()
+        u, v = keys // self.graph.num_nodes, keys % self.graph.num_nodes
+        self.train_edges = torch.stack([u[u < v], v[u < v]], 1)
+        self.train_nodes = self.graph.train_mask.nonzero().squeeze(1) if node_task else None
+        self.model = SageOverEmbeddings(
+            self.graph.num_nodes, recipe.model.dim, self.config.hidden, self.config.layers,
+            dropout=self.config.dropout, num_classes=self.graph.num_classes if node_task else 0,
+        ).to(device)  # fmt: skip
+
+    def sparse_parameters(self) -> list[tuple[str, Tensor]]:
+        return [("embedding.weight", self.model.embedding.weight)]
+
+    def dense_parameters(self) -> list[Tensor]:
+        return [p for name, p in self.model.named_parameters() if not name.startswith("embedding.")]
+
+    def epoch_items(self) -> int:
+        return len(self.train_nodes) if self.train_nodes is not None else len(self.train_edges)
+
+    def _encode(self, seeds: Tensor) -> Tensor:
+        """Encodings of the (unique, sorted) seeds on a sampled neighbourhood."""
+        n_id, edge_index = sample_subgraph(self.graph.rowptr, self.graph.col, seeds, self.config.fanout)
+        return self.model.encode(n_id.to(self.device), edge_index.to(self.device))[: len(seeds)]
+
+    def loss(self, picked: Tensor) -> Tensor:
+        if self.train_nodes is not None:
+            seeds = torch.unique(self.train_nodes[picked])
+            return self.model.node_loss(self._encode(seeds), self.graph.labels[seeds].to(self.device))
+        edges = self.train_edges[picked]
+        random_pairs = torch.stack([edges[:, 0], torch.randint(0, self.graph.num_nodes, (len(edges),))], 1)
+        seeds = torch.unique(torch.cat([edges.reshape(-1), random_pairs[:, 1]]))
+        z = self._encode(seeds)
+        local = lambda pairs: torch.searchsorted(seeds, pairs).to(self.device)  # noqa: E731
+        return self.model.link_loss(z, local(edges), local(random_pairs))
+
+    @torch.no_grad()
+    def encode_all(self) -> Tensor:
+        """Every node's encoding on the whole training graph (full-batch message passing)."""
+        g = self.graph
+        rows = torch.repeat_interleave(torch.arange(g.num_nodes), g.degree())
+        edge_index = torch.stack([g.col, rows]).to(self.device)  # neighbour -> node
+        return self.model.encoder(self.model.embedding.weight, edge_index)
+
+    def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
+        z = self.encode_all()
+        if self.train_nodes is None:
+            return evaluate_node_embeddings(self.graph, z.cpu(), split, self.recipe)
+        mask = self.graph.val_mask if split == "valid" else self.graph.test_mask
+        predicted = self.model.head(z).argmax(1).cpu()
+        labels = self.graph.labels
+        return {
+            "classifier": {
+                "accuracy": float((predicted[mask] == labels[mask]).double().mean()),
+                "train_accuracy": float((predicted[self.graph.train_mask] == labels[self.graph.train_mask]).double().mean()),
+                "nodes": int(mask.sum()),
+            }
+        }
+
+    def headline(self, metrics: dict[str, dict]) -> str:
+        if "classifier" in metrics:
+            return f"accuracy {metrics['classifier']['accuracy']:.4f}"
+        return headline(metrics)
