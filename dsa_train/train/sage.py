@@ -78,6 +78,8 @@ class SageTask:
         if self.train_nodes is None:
             return evaluate_node_embeddings(self.graph, z.cpu(), split, self.recipe)
         mask = self.graph.val_mask if split == "valid" else self.graph.test_mask
+        if mask is None or not mask.any():
+            return {}
         predicted = self.model.head(z).argmax(1).cpu()
         labels = self.graph.labels
         return {
