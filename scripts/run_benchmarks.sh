@@ -8,8 +8,9 @@ Usage: scripts/run_benchmarks.sh [--quick] [--dir DIR]
 
 Runs, one at a time (they must not share the CPU):
   1. scripts/bench_optimizer.py        DiskSparseAdam vs SparseAdam: step time and memory
-  2. scripts/bench_kge_throughput.py   training triples/s with dsa vs sparse_adam
+  2. scripts/bench_throughput.py       training throughput with dsa vs sparse_adam (KGE, node2vec)
   3. scripts/bench_inspect_state.py    inspect-state time and memory on 1M and 10M rows
+  4. scripts/bench_walks.py            walk-sampling throughput on a generated graph
 
 Options:
   --quick     small sizes, a few minutes in all (the full run takes about 20 minutes,
@@ -43,9 +44,11 @@ fi
 echo
 echo "== 2. training throughput"
 if [ "$quick" = 1 ]; then
-    "$python" "$here/scripts/bench_kge_throughput.py" "$here/recipes/quickstart.yaml" --steps 60
+    "$python" "$here/scripts/bench_throughput.py" "$here/recipes/quickstart.yaml" --steps 60
+    "$python" "$here/scripts/bench_throughput.py" "$here/recipes/karate-node2vec.yaml" --steps 30
 else
-    "$python" "$here/scripts/bench_kge_throughput.py" "$here/recipes/fb15k237-distmult.yaml" --steps 200
+    "$python" "$here/scripts/bench_throughput.py" "$here/recipes/fb15k237-distmult.yaml" --steps 200
+    "$python" "$here/scripts/bench_throughput.py" "$here/recipes/cora-node2vec.yaml" --steps 60
 fi
 echo
 echo "== 3. inspect-state at scale"
@@ -53,4 +56,11 @@ if [ "$quick" = 1 ]; then
     "$python" "$here/scripts/bench_inspect_state.py" --rows 100000 1000000 --touched 10000 "${dir_args[@]}"
 else
     "$python" "$here/scripts/bench_inspect_state.py" "${dir_args[@]}"
+fi
+echo
+echo "== 4. walk sampling"
+if [ "$quick" = 1 ]; then
+    "$python" "$here/scripts/bench_walks.py" --nodes 1000000 --walks 20000
+else
+    "$python" "$here/scripts/bench_walks.py"
 fi

@@ -6,10 +6,11 @@ of :math:`v` with probability proportional to
 .. math::
     \alpha_{pq}(t, x) = \begin{cases} 1/p & x = t \\ 1 & x \in N(t) \\ 1/q & \text{otherwise} \end{cases}
 
-(Grover & Leskovec, KDD 2016). The pure-torch sampler moves every walk at once: it proposes a
-uniform neighbour and accepts it with probability :math:`\alpha / \max(1/p, 1, 1/q)`, redrawing
-the rejected ones (rejection sampling, as pyg-lib does), and tests :math:`x \in N(t)` with a
-binary search over the sorted edge keys. With :math:`p = q = 1` every proposal is accepted.
+(Grover & Leskovec, KDD 2016). The pure-torch sampler moves every walk at once: it proposes
+uniform neighbours and accepts one with probability :math:`\alpha / \max(1/p, 1, 1/q)`,
+redrawing for the walks that accepted none (rejection sampling, as pyg-lib does), and tests
+:math:`x \in N(t)` by a vectorised binary search inside :math:`t`'s sorted neighbour list.
+With :math:`p = q = 1` every proposal is accepted.
 When ``pyg-lib`` is importable its compiled sampler is used instead. A node without
 neighbours ends its walk by staying where it is (as pyg-lib does).
 """
@@ -20,6 +21,10 @@ import importlib.util
 
 import torch
 from torch import Tensor
+
+
+#: Candidate moves drawn per walk per rejection round.
+PROPOSALS = 8
 
 
 def pyg_lib_walks_available() -> bool:
@@ -34,7 +39,7 @@ class WalkSampler:
         self.num_nodes = len(rowptr) - 1
         self.degree = rowptr[1:] - rowptr[:-1]
         self.use_pyg_lib = pyg_lib_walks_available() if use_pyg_lib is None else use_pyg_lib
-        self._keys: Tensor | None = None  # sorted u * N + v, built on the first biased walk
+        self._search_steps = int(self.degree.max()).bit_length() if len(self.degree) else 0
 
     def walks(self, start: Tensor, walk_length: int) -> Tensor:
         """``(len(start), walk_length + 1)`` node ids, each row a walk from ``start[i]``."""
@@ -60,21 +65,32 @@ class WalkSampler:
         return torch.where(stuck, node, nxt)
 
     def _biased_neighbour(self, previous: Tensor, node: Tensor) -> Tensor:
-        if self._keys is None:
-            rows = torch.repeat_interleave(torch.arange(self.num_nodes), self.degree)
-            self._keys = rows * self.num_nodes + self.col
         weight_back, weight_out = 1.0 / self.p, 1.0 / self.q
         bound = max(weight_back, 1.0, weight_out)
         chosen = torch.empty_like(node)
         pending = torch.arange(len(node))
         while len(pending):
-            t, v = previous[pending], node[pending]
+            # PROPOSALS candidates per walk at once: the first accepted one is the walk's draw
+            # (the same distribution as one proposal at a time), in fewer rounds.
+            t = previous[pending].repeat_interleave(PROPOSALS)
+            v = node[pending].repeat_interleave(PROPOSALS)
             x = self._uniform_neighbour(v)
-            key = t * self.num_nodes + x
-            spot = torch.searchsorted(self._keys, key).clamp_(max=max(len(self._keys) - 1, 0))
-            near = self._keys[spot] == key if len(self._keys) else torch.zeros_like(key, dtype=torch.bool)
-            weight = torch.where(x == t, weight_back, torch.where(near, 1.0, weight_out))
-            accept = (torch.rand(len(pending)) * bound < weight) | (self.degree[v] == 0)
-            chosen[pending[accept]] = x[accept]
-            pending = pending[~accept]
+            weight = torch.where(x == t, weight_back, torch.where(self._is_neighbour(t, x), 1.0, weight_out))
+            accept = ((torch.rand(len(x)) * bound < weight) | (self.degree[v] == 0)).view(-1, PROPOSALS)
+            done = accept.any(1)
+            first = accept.int().argmax(1)
+            chosen[pending[done]] = x.view(-1, PROPOSALS)[done, first[done]]
+            pending = pending[~done]
         return chosen
+
+    def _is_neighbour(self, t: Tensor, x: Tensor) -> Tensor:
+        """Whether ``x[i]`` is a neighbour of ``t[i]``: binary search in t's sorted neighbours."""
+        lo, hi = self.rowptr[t].clone(), self.rowptr[t + 1].clone()
+        end = hi.clone()
+        last = max(len(self.col) - 1, 0)
+        for _ in range(self._search_steps):  # enough halvings for the largest degree
+            mid = (lo + hi) // 2
+            right = (mid < end) & (self.col[mid.clamp(max=last)] < x)
+            lo = torch.where(right, mid + 1, lo)
+            hi = torch.where(right, hi, mid)
+        return (lo < end) & (self.col[lo.clamp(max=last)] == x)

@@ -2,11 +2,13 @@
 """Training throughput of one recipe with DiskSparseAdam and with torch's SparseAdam.
 
 Both optimizers train their own copy of the recipe's model (same initialisation, same
-batches, same negatives), in one process, alternating step by step so that both see the
-same machine; the figure is positive triples per second over whole training steps
-(forward, backward and optimizer step), median over the timed steps, and its ratio.
+batches, same negatives or walks), in one process, alternating step by step so that both see
+the same machine; the figure is items (triples, nodes or edges) per second over whole
+training steps (forward, backward and optimizer steps), median over the timed steps, and
+its ratio. Works for every recipe: knowledge graphs, node2vec, GraphSAGE.
 
-    python scripts/bench_kge_throughput.py recipes/fb15k237-distmult.yaml --steps 200
+    python scripts/bench_throughput.py recipes/fb15k237-distmult.yaml --steps 200
+    python scripts/bench_throughput.py recipes/cora-node2vec.yaml --steps 60
 """
 
 from __future__ import annotations
