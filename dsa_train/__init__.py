@@ -3,7 +3,17 @@
 from .errors import ConfigError, DatasetError, DsaError, StateError, TrainingError
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "DatasetError", "DiskSparseAdam", "DsaError", "StateError", "TrainingError", "__version__"]
+__all__ = [
+    "ConfigError",
+    "DatasetError",
+    "DiskEmbedding",
+    "DiskEmbeddingBag",
+    "DiskSparseAdam",
+    "DsaError",
+    "StateError",
+    "TrainingError",
+    "__version__",
+]
 
 
 def __getattr__(name: str):
@@ -13,4 +23,8 @@ def __getattr__(name: str):
         from .optim.disk_sparse_adam import DiskSparseAdam
 
         return DiskSparseAdam
+    if name in ("DiskEmbedding", "DiskEmbeddingBag"):
+        from . import nn
+
+        return getattr(nn, name)
     raise AttributeError(f"module 'dsa_train' has no attribute {name!r}")

@@ -23,6 +23,7 @@ from .functional import (
 )
 from .row_file import DTYPES, dtype_name
 from .state_dir import StateDirectory
+from .table import Table, table_of
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -46,7 +47,10 @@ class DiskSparseAdam(Optimizer):
     touched rows, from one ``<name>.rows`` file per parameter in ``state_dir`` that holds
     each row's ``[m | v]`` record contiguously; optimizer memory grows with the batch, not
     with the table. With CUDA parameters only the touched gradient rows travel to the host
-    and only their updates travel back; the moments never occupy GPU memory.
+    and only their updates travel back; the moments never occupy GPU memory. The weight of a
+    :class:`~dsa_train.DiskEmbedding` keeps its moments next to its rows in the embedding's
+    own table file (records ``[w | m | v]``), so a touched row is one read and one write;
+    the manifest in ``state_dir`` then names that table.
 
     The directory is locked while the optimizer is open. Reopening it with the same
     parameters (same names, shapes and dtypes) continues from the saved moments and step
@@ -419,8 +423,8 @@ def _rows_contiguous(t: Tensor) -> bool:
     return True
 
 
-def _spec(p: Tensor) -> tuple[tuple[int, ...], str]:
-    return tuple(p.shape), dtype_name(p.dtype)
+def _spec(p: Tensor) -> tuple[tuple[int, ...], str, Table | None]:
+    return tuple(p.shape), dtype_name(p.dtype), table_of(p)
 
 
 def _file_key(name: str) -> str:
@@ -439,6 +443,11 @@ def _check_params(groups: list[dict], indices) -> None:
                 complex_.append([index, d_index])
             elif dtype_name(p.dtype) not in DTYPES or p.dim() == 0:
                 bad.append(f"[{index}, {d_index}] ({p.dtype}, shape {list(p.shape)})")
+            elif table_of(p) is not None and not table_of(p).writable:
+                raise ValueError(
+                    f"Param at index [{index}, {d_index}] is the weight of table '{table_of(p).path}', "
+                    "opened read-only; open it writable to train it"
+                )
     if sparse:
         raise ValueError(f"Sparse params at indices {sparse}: SparseAdam requires dense parameter tensors")
     if complex_:

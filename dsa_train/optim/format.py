@@ -5,10 +5,13 @@ parameter. A row file's layout (all offsets in bytes)::
 
     [0, 4096)                header: MAGIC, then one line of JSON (format, version, name,
                              shape, dtype, layout, row_bytes, state_id), NUL-padded
-    4096 + r * row_bytes     record of row r: m[r, :] then v[r, :], each W = prod(shape[1:])
-                             elements of the parameter's dtype (row_bytes = 2 * W * itemsize)
+    4096 + r * row_bytes     record of row r: its slots in the order the layout names, each
+                             W = prod(shape[1:]) elements of the parameter's dtype
 
-The data starts on a page boundary, so a row is one contiguous read. The file is created with
+Two layouts exist. ``m|v`` (an optimizer's row file: m[r, :] then v[r, :], row_bytes =
+2 * W * itemsize) and ``w|m|v`` (a disk embedding table, see :mod:`.table`: the weight row,
+then its moments, so one read serves the forward pass and the optimizer step). The data
+starts on a page boundary, so a row is one contiguous read. Moments are created with
 ``ftruncate``: untouched rows are holes that read as zeros (Adam's initial moments) and take
 no disk space.
 """
@@ -27,7 +30,9 @@ MAGIC = b"DSA-TRAIN ROWS\n"
 ROWS_FORMAT = "dsa-train/rows"
 ROWS_VERSION = 1
 HEADER_BYTES = 4096
-LAYOUT = "m|v"  # per row: first moment, then second moment
+LAYOUT = "m|v"  # an optimizer row file: per row, first moment, then second moment
+TABLE_LAYOUT = "w|m|v"  # a disk embedding table: per row, weight, then its two moments
+LAYOUTS = (LAYOUT, TABLE_LAYOUT)
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 STATE_FORMAT = "dsa-train/disk-sparse-adam-state"
@@ -39,12 +44,18 @@ PENDING_SUFFIX = ".rows.pending"
 
 @dataclass(frozen=True)
 class RowSpec:
-    """What a row file must hold: the parameter's name, shape and dtype, and its state's id."""
+    """What a row file must hold: the parameter's name, shape, dtype and layout, and the id of
+    its state directory (or, for a table, of the table itself)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     state_id: str
+    layout: str = LAYOUT
+
+    @property
+    def slots(self) -> int:
+        return len(self.layout.split("|"))
 
     @property
     def num_rows(self) -> int:
@@ -59,7 +70,7 @@ class RowSpec:
 
     @property
     def row_bytes(self) -> int:
-        return 2 * self.row_width * ITEMSIZE[self.dtype]
+        return self.slots * self.row_width * ITEMSIZE[self.dtype]
 
     @property
     def file_bytes(self) -> int:
@@ -72,7 +83,7 @@ class RowSpec:
             "name": self.name,
             "shape": list(self.shape),
             "dtype": self.dtype,
-            "layout": LAYOUT,
+            "layout": self.layout,
             "row_bytes": self.row_bytes,
             "state_id": self.state_id,
         }
@@ -172,6 +183,8 @@ def load_manifest(path: Path) -> dict:
         and isinstance(e.get("step"), int)
         and isinstance(e.get("file"), str)
         and "/" not in e["file"]
+        and e.get("layout", LAYOUT) in LAYOUTS
+        and (e.get("layout", LAYOUT) == LAYOUT or isinstance(e.get("table"), str))
         for e in params.values()
     )
     if not fields_ok or not isinstance(manifest.get("clean"), bool) or not isinstance(manifest.get("state_id"), str):
@@ -180,3 +193,11 @@ def load_manifest(path: Path) -> dict:
             hint="restore the state directory from a checkpoint or start a fresh one",
         )
     return manifest
+
+
+def moments_file(state_dir: Path, entry: dict) -> Path:
+    """Where a manifest entry's moments live: its row file in the state directory, or the
+    disk embedding table (layout ``w|m|v``) that holds them next to the weights."""
+    if entry.get("layout", LAYOUT) == TABLE_LAYOUT:
+        return Path(entry["table"])
+    return Path(state_dir) / entry["file"]

@@ -178,6 +178,9 @@ def fused_sparse_adam_rows_(
 ) -> None:
     """The update with the compiled kernel: moments in place, then ``param`` or ``out``.
 
+    ``moments`` is ``(N, 2, W)`` with contiguous ``(2, W)`` records, or the ``m|v`` view of a
+    table's ``(N, 3, W)`` records (``stride(0) == 3 * W``).
+
     ``param`` (a CPU tensor whose rows are contiguous) receives the update at ``groups.rows``;
     or, with ``param=None``, ``out`` (``(U, W)``, contiguous) receives the updates in order.
     """
@@ -197,7 +200,7 @@ def fused_sparse_adam_rows_(
         for begin in range(bounds[part], bounds[part + 1], chunk):
             end = min(begin + chunk, bounds[part + 1])
             kernel.moments(
-                dtype, moments.data_ptr(), rows, starts, order, values, begin, end, width,
+                dtype, moments.data_ptr(), rows, starts, order, values, begin, end, width, moments.stride(0),
                 1 - adam.beta1, 1 - adam.beta2, int(adam.maximize), new_m.data_ptr(), new_v.data_ptr(),
             )  # fmt: skip
             sqrt_v = new_v[: (end - begin) * width]

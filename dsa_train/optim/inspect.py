@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import StateError
 from ..fsutil import DirectoryLock
-from .format import HEADER_BYTES, ITEMSIZE, MANIFEST, load_manifest, read_row_header
+from .format import HEADER_BYTES, ITEMSIZE, MANIFEST, load_manifest, moments_file, read_row_header
 
 _NUMPY = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": np.uint16}
 SAMPLE_SEED = 20_261_202  # not 0: a table trained with seed-0 lookups must not match its own sample
@@ -105,11 +105,13 @@ class StateInspector:
         bad = [r for r in rows if not 0 <= r < num_rows]
         if bad:
             raise StateError(f"parameter '{name}' has {num_rows} rows; rows {bad[:5]} are out of range")
-        path = self.path / entry["file"]
+        path = moments_file(self.path, entry)
         read_row_header(path)
-        record = 2 * width * ITEMSIZE[entry["dtype"]]
+        slot = width * ITEMSIZE[entry["dtype"]]
+        record = entry["row_bytes"]  # m|v, or w|m|v in a disk table: the moments are its last two slots
+        skip = record - 2 * slot
         with open(path, "rb") as f:
-            raw = b"".join(os.pread(f.fileno(), record, HEADER_BYTES + r * record) for r in rows)
+            raw = b"".join(os.pread(f.fileno(), 2 * slot, HEADER_BYTES + r * record + skip) for r in rows)
         values = np.frombuffer(raw, dtype=_NUMPY[entry["dtype"]]).reshape(len(rows), 2, width)
         if entry["dtype"] == "bfloat16":  # the top half of a float32
             values = (values.astype(np.uint32) << 16).view(np.float32)
@@ -124,7 +126,7 @@ class StateInspector:
 
     def summary(self, name: str, *, sample: int = 2048) -> ParamSummary:
         entry = self._entry(name)
-        stat = (self.path / entry["file"]).stat()
+        stat = moments_file(self.path, entry).stat()
         rows = self.sample_rows(name, sample)
         _, v = self.read_rows(name, rows)
         touched = float((v != 0).any(axis=1).mean()) if len(rows) else 0.0
@@ -134,7 +136,7 @@ class StateInspector:
             dtype=entry["dtype"],
             layout=entry["layout"],
             step=entry["step"],
-            file=entry["file"],
+            file=entry.get("table", entry["file"]),
             apparent_bytes=stat.st_size,
             allocated_bytes=stat.st_blocks * 512,
             touched_rows_fraction=touched,

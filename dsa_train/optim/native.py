@@ -40,7 +40,7 @@ class RowKernel:
         self._moments, self._apply = {}, {}
         for dtype, (suffix, real) in _SUFFIX.items():
             moments = getattr(library, f"dsa_moments_{suffix}")
-            moments.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, real, real, ctypes.c_int, _P, _P]
+            moments.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _I, real, real, ctypes.c_int, _P, _P]
             moments.restype = None
             apply = getattr(library, f"dsa_apply_{suffix}")
             apply.argtypes = [_P, _I, _P, _P, _I, _I, _I, _P, _P, real, real]

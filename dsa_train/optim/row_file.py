@@ -1,18 +1,22 @@
-"""One parameter's Adam moments as a memory-mapped ``(N, 2, W)`` tensor of its row file.
+"""A row file (see :mod:`.format`) memory-mapped as a ``(N, slots, W)`` tensor of records.
 
-The layout is :mod:`.format`'s; only the rows a step touches are ever read or written.
+An optimizer's row file has the slots ``m|v``; a disk embedding table ``w|m|v``. Only the rows
+a step touches are ever read or written. The mapping is advised ``MADV_RANDOM``: a row that
+is not in the page cache costs one page read, not the kernel's readahead window.
 """
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
+import warnings
 from pathlib import Path
 
 import torch
 
 from ..errors import StateError
-from .format import HEADER_BYTES, LAYOUT, RowSpec, read_row_header
+from .format import HEADER_BYTES, RowSpec, read_row_header
 
 DTYPES = {
     "float16": torch.float16,
@@ -27,24 +31,35 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 class RowFile:
-    """An open, memory-mapped row file: ``moments`` is a ``(N, 2, W)`` tensor view of it."""
+    """An open, memory-mapped row file.
 
-    def __init__(self, path: Path, spec: RowSpec) -> None:
+    ``records`` is the ``(N, slots, W)`` tensor view of the whole file's records and
+    ``moments`` its ``(N, 2, W)`` view of the ``m|v`` slots (the last two in both layouts).
+    Opened with ``writable=False`` the mapping is read-only (a checkpoint's copy, say).
+    """
+
+    def __init__(self, path: Path, spec: RowSpec, *, writable: bool = True) -> None:
         self.path = Path(path)
         self.spec = spec
         self._check(read_row_header(self.path))
-        self._fd = os.open(self.path, os.O_RDWR)
+        self._fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         self._map: mmap.mmap | None = None
+        shape = (spec.num_rows, spec.slots, spec.row_width)
         if spec.num_rows * spec.row_width == 0:
-            self.moments = torch.zeros((spec.num_rows, 2, spec.row_width), dtype=DTYPES[spec.dtype])
-            return
-        self._map = mmap.mmap(self._fd, spec.file_bytes, flags=mmap.MAP_SHARED)
-        self.moments = torch.frombuffer(
-            self._map,
-            dtype=DTYPES[spec.dtype],
-            count=spec.num_rows * 2 * spec.row_width,
-            offset=HEADER_BYTES,
-        ).view(spec.num_rows, 2, spec.row_width)
+            self.records = torch.zeros(shape, dtype=DTYPES[spec.dtype])
+        else:
+            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+            self._map = mmap.mmap(self._fd, spec.file_bytes, access=access)
+            self._map.madvise(mmap.MADV_RANDOM)
+            with warnings.catch_warnings():  # a read-only mapping gives a read-only tensor: fine
+                warnings.simplefilter("ignore", UserWarning)
+                flat = torch.frombuffer(self._map, dtype=DTYPES[spec.dtype], count=math.prod(shape), offset=HEADER_BYTES)
+            self.records = flat.view(shape)
+        self.moments = self.records[:, spec.slots - 2 :]
+
+    @property
+    def fd(self) -> int:
+        return self._fd
 
     def _check(self, meta: dict) -> None:
         spec = self.spec
@@ -52,7 +67,7 @@ class RowFile:
             ("name", spec.name),
             ("shape", list(spec.shape)),
             ("dtype", spec.dtype),
-            ("layout", LAYOUT),
+            ("layout", spec.layout),
             ("state_id", spec.state_id),
         ):
             if meta.get(field) != expected:
@@ -107,7 +122,7 @@ class RowFile:
     def close(self) -> None:
         if self._fd < 0:
             return
-        self.moments = None  # drop the view before unmapping: mmap refuses while it is exported
+        self.records = self.moments = None  # drop the views first: mmap refuses to close while exported
         if self._map is not None:
             self._map.close()
             self._map = None

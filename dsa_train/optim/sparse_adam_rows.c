@@ -14,6 +14,8 @@
  *
  * rows: unique, ascending; starts[i]..starts[i+1]: row i's lookups in order (coalesce's sort);
  * starts/order NULL when the gradient is already coalesced (values[i] belongs to rows[i]).
+ * moments + r * record: row r's m, followed by its v (record = 2 * width in an optimizer row
+ * file, 3 * width in a disk table, whose records are [w | m | v]).
  */
 #include <stdint.h>
 #include <string.h>
@@ -23,14 +25,13 @@
 
 #define DEFINE_MOMENTS(NAME, T)                                                             \
 void NAME(T *moments, const int64_t *rows, const int64_t *starts, const int64_t *order,     \
-          const T *values, int64_t begin, int64_t end, int64_t width,                       \
+          const T *values, int64_t begin, int64_t end, int64_t width, int64_t record,       \
           T one_minus_beta1, T one_minus_beta2, int maximize, T *new_m, T *new_v)           \
 {                                                                                           \
-    const int64_t record = 2 * width;                                                       \
     for (int64_t i = begin; i < end; ++i) {                                                 \
         if (i + AHEAD < end) {                                                              \
             const char *next = (const char *)(moments + rows[i + AHEAD] * record);          \
-            for (int64_t b = 0; b < (int64_t)(record * sizeof(T)); b += 64)                 \
+            for (int64_t b = 0; b < (int64_t)(2 * width * sizeof(T)); b += 64)              \
                 __builtin_prefetch(next + b, 1, 0);                                         \
         }                                                                                   \
         T *m = moments + rows[i] * record;                                                  \

@@ -6,7 +6,9 @@
       manifest.json   format and version, the state's id, whether it was closed cleanly, the
                       hyper-parameters, and per parameter its shape, dtype, layout, step
                       counter and file; replaced atomically, it is the commit point
-      <key>.rows      the parameter's moments (see :mod:`.row_file`)
+      <key>.rows      the parameter's moments (see :mod:`.row_file`); a disk table's weight
+                      has none here: its moments live in its table (see :mod:`.table`),
+                      which the manifest names by path and id
       .lock           held exclusively (``flock``) while an optimizer has the directory open
 
 Opening checks everything before writing anything, so a failed open leaves the files as they
@@ -27,6 +29,7 @@ from ..fsutil import DirectoryLock, atomic_write_bytes, fsync_directory, this_pr
 from .format import (
     LAYOUT,
     MANIFEST,
+    TABLE_LAYOUT,
     PENDING_SUFFIX,
     ROWS_SUFFIX,
     STATE_FORMAT,
@@ -37,6 +40,7 @@ from .format import (
     manifest_bytes,
 )
 from .row_file import RowFile
+from .table import Table
 
 
 
@@ -55,6 +59,7 @@ class StateDirectory:
             self._lock.release()
             raise
         self.files: dict[str, RowFile] = {}
+        self._borrowed: set[str] = set()  # keys whose row file is a table's: its owner closes it
         #: Live step counter of each open parameter and the hyper-parameters, kept current by
         #: the optimizer and committed to the manifest by :meth:`flush`.
         self.steps: dict[str, int] = {}
@@ -99,38 +104,67 @@ class StateDirectory:
         """The parameters the manifest lists, by key."""
         return self._manifest["params"]
 
-    def check(self, key: str, shape: tuple[int, ...], dtype: str) -> None:
-        """Raise if ``key`` is listed with another shape or dtype than the parameter's."""
+    def check(self, key: str, shape: tuple[int, ...], dtype: str, table: Table | None = None) -> None:
+        """Raise if ``key`` is listed with another shape, dtype or layout than the parameter's,
+        or, for a disk table's weight, with the moments of another table."""
         entry = self._manifest["params"][key]
-        for field, ours in (("shape", list(shape)), ("dtype", dtype), ("layout", LAYOUT)):
+        layout = TABLE_LAYOUT if table is not None else LAYOUT
+        for field, ours in (("shape", list(shape)), ("dtype", dtype), ("layout", layout)):
             if entry.get(field) != ours:
                 raise StateError(
                     f"parameter '{key}' has {field} {ours}, but state_dir '{self.path}' holds "
                     f"its moments with {field} {entry.get(field)}",
                     hint="use the model the state was made for, or a fresh state_dir",
                 )
+        if table is None:
+            return
+        if entry.get("table_id") != table.table_id:
+            raise StateError(
+                f"parameter '{key}' is the weight of table '{table.path}' (id {table.table_id}), but "
+                f"state_dir '{self.path}' holds the moments of table '{entry.get('table')}' "
+                f"(id {entry.get('table_id')})",
+                hint="open the table the state was trained with, or a fresh state_dir",
+            )
+        if table.moments_of != self.state_id:
+            raise StateError(
+                f"table '{table.path}' holds the moments of another optimizer state "
+                f"(id {table.moments_of}), not of state_dir '{self.path}' (id {self.state_id})",
+                hint="open the state_dir that trained this table, or restore both from one checkpoint",
+            )
+        entry["table"] = str(table.path.resolve())  # it may have moved with its state: follow it
 
-    def open(self, params: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, int]:
-        """Open (or create) the row files of ``params`` (key -> (shape, dtype)).
+    def open(self, params: Mapping[str, tuple[tuple[int, ...], str, Table | None]]) -> dict[str, int]:
+        """Open (or create) the row files of ``params`` (key -> (shape, dtype, table)).
 
-        Every check runs before anything is written. Returns each key's step counter.
+        A parameter that is a disk table's weight (``table`` not ``None``) keeps its moments
+        in that table: no row file is made for it, the manifest names the table. Every check
+        runs before anything is written. Returns each key's step counter.
         """
-        for key, (shape, dtype) in params.items():
+        for key, (shape, dtype, table) in params.items():
             if key in self.known():
-                self.check(key, shape, dtype)
+                self.check(key, shape, dtype, table)
+            elif table is not None and table.moments_of is not None:
+                raise StateError(
+                    f"table '{table.path}' already holds moments trained with the optimizer state "
+                    f"id {table.moments_of}; the new state_dir '{self.path}' would continue them "
+                    "with its step counter at 0",
+                    hint="open the state_dir that trained this table, or start from a new table",
+                )
         opened = {}
         try:
-            for key in params:
+            for key, (_, _, table) in params.items():
                 if key in self.known():
-                    opened[key] = self._open_existing(key)
+                    opened[key] = table.rows if table is not None else self._open_existing(key)
             new = {k: v for k, v in params.items() if k not in self.known()}
             if new:
                 opened.update(self._create(new))
         except BaseException:
-            for row_file in opened.values():
-                row_file.close()
+            for key, row_file in opened.items():
+                if params[key][2] is None:
+                    row_file.close()
             raise
         self.files.update(opened)
+        self._borrowed.update(key for key, (_, _, table) in params.items() if table is not None)
         steps = {key: self._manifest["params"][key]["step"] for key in params}
         self.steps.update(steps)
         return steps
@@ -151,24 +185,30 @@ class StateDirectory:
         spec = RowSpec(key, tuple(entry["shape"]), entry["dtype"], self.state_id)
         return RowFile(path, spec)
 
-    def _create(self, params: Mapping[str, tuple[tuple[int, ...], str]]) -> dict[str, RowFile]:
-        specs = {key: RowSpec(key, tuple(shape), dtype, self.state_id) for key, (shape, dtype) in params.items()}
+    def _create(self, params: Mapping[str, tuple[tuple[int, ...], str, Table | None]]) -> dict[str, RowFile]:
+        specs = {key: RowSpec(key, tuple(shape), dtype, self.state_id) for key, (shape, dtype, _) in params.items()}
+        tables = {key: table for key, (_, _, table) in params.items() if table is not None}
+        own = [key for key in specs if key not in tables]
+        for key in own:
+            create_row_file(self.path / (key + PENDING_SUFFIX), specs[key])
         for key, spec in specs.items():
-            create_row_file(self.path / (key + PENDING_SUFFIX), spec)
-        for key, spec in specs.items():
-            self._manifest["params"][key] = {
-                "shape": list(spec.shape),
-                "dtype": spec.dtype,
-                "layout": LAYOUT,
-                "row_bytes": spec.row_bytes,
-                "step": 0,
-                "file": key + ROWS_SUFFIX,
-            }
+            entry = {"shape": list(spec.shape), "dtype": spec.dtype, "layout": LAYOUT, "row_bytes": spec.row_bytes,
+                     "step": 0, "file": key + ROWS_SUFFIX}  # fmt: skip
+            if key in tables:
+                table = tables[key]
+                entry.update(layout=TABLE_LAYOUT, row_bytes=table.spec.row_bytes, file=table.path.name,
+                             table=str(table.path.resolve()), table_id=table.table_id)  # fmt: skip
+            self._manifest["params"][key] = entry
+        # The table names this state before the manifest names the table: a crash in between
+        # leaves a table that a fresh state refuses, never moments continued by a stranger.
+        for table in tables.values():
+            table.adopt(self.state_id)
         self._write_manifest()
-        for key in specs:
+        for key in own:
             os.replace(self.path / (key + PENDING_SUFFIX), self.path / (key + ROWS_SUFFIX))
         fsync_directory(self.path)
-        return {key: RowFile(self.path / (key + ROWS_SUFFIX), spec) for key, spec in specs.items()}
+        opened = {key: RowFile(self.path / (key + ROWS_SUFFIX), specs[key]) for key in own}
+        return {**opened, **{key: table.rows for key, table in tables.items()}}
 
     # -- writing ------------------------------------------------------------------------
     def _write_manifest(self) -> None:
@@ -195,8 +235,9 @@ class StateDirectory:
         self._write_manifest()
 
     def close(self) -> None:
-        for row_file in self.files.values():
-            row_file.close()
+        for key, row_file in self.files.items():
+            if key not in self._borrowed:
+                row_file.close()
         self.files.clear()
         if os.getpid() == self._owner:  # the lock (shared with a forked child) stays the owner's
             self._lock.release()

@@ -1,0 +1,206 @@
+"""Embedding modules whose weight lives in a memory-mapped file: tables larger than RAM.
+
+:class:`DiskEmbedding` and :class:`DiskEmbeddingBag` are ``nn.Embedding(sparse=True)`` and
+``nn.EmbeddingBag(sparse=True)`` whose ``weight`` is a view of a table file on the host (see
+:mod:`dsa_train.optim.table`): the forward pass gathers only the looked-up rows and moves
+them to the module's device, the backward pass yields the usual sparse gradient on the host,
+and :class:`~dsa_train.DiskSparseAdam` keeps the moments in the same row records. Only the
+pages of touched rows ever occupy memory, so neither RAM nor VRAM bounds the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .optim.prefetch import shared_prefetcher
+from .optim.table import Table
+
+STATE_KEY = "table"  # a disk module's state_dict entry: a reference to its table, not N x D weights
+
+
+class _DiskTable(nn.Module):
+    """What both disk modules share: the table, its weight parameter, the output device."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        path: str | Path,
+        init: str,
+        std: float,
+        bound: float,
+        seed: int,
+        dtype: torch.dtype,
+        device: torch.device | str | None,
+        writable: bool,
+        progress: Callable[[int, int], None] | None,
+    ) -> None:
+        super().__init__()
+        if num_embeddings <= 0 or embedding_dim <= 0:
+            raise ValueError(f"num_embeddings and embedding_dim must be positive, got {num_embeddings} and {embedding_dim}")
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        path = Path(path)
+        shape = (num_embeddings, embedding_dim)
+        if path.exists():
+            self.table = Table.open(path, shape, dtype, writable=writable)
+        else:
+            self.table = Table.create(
+                path, shape, dtype, name=path.stem, init=init, std=std, bound=bound, seed=seed, progress=progress
+            )
+            if not writable:
+                self.table.close()
+                self.table = Table.open(path, shape, dtype, writable=False)
+        self.weight = nn.Parameter(self.table.weight, requires_grad=writable)
+        self.weight._dsa_table = self.table  # how DiskSparseAdam finds the records
+        self.output_device = torch.device(device) if device is not None else torch.device("cpu")
+
+    @property
+    def path(self) -> Path:
+        return self.table.path
+
+    def _apply(self, fn, recurse=True):
+        # .to(device) / .cuda() move where outputs go; the weight stays in its file.
+        weight = self._parameters.pop("weight")
+        try:
+            super()._apply(fn, recurse)
+            self.output_device = fn(torch.empty(0)).device
+        finally:
+            self._parameters["weight"] = weight
+        return self
+
+    def prefetch(self, indices: Tensor) -> None:
+        """Start reading these rows' records into the page cache (returns at once).
+
+        Call it with the next batch's indices before this batch's step: the reads overlap
+        the step's compute. It only warms the cache, so it can never make a row stale.
+        """
+        shared_prefetcher().submit(self.table.rows, indices)
+
+    def flush(self) -> None:
+        """Make the weights on disk durable (``DiskSparseAdam.flush`` does it for the moments)."""
+        self.table.flush()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # A reference, not the N x D weights: copy the table file to back it up.
+        destination[prefix + STATE_KEY] = {
+            "path": str(self.table.path.resolve()),
+            "table_id": self.table.table_id,
+            "shape": [self.num_embeddings, self.embedding_dim],
+        }
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        weight, ref = state_dict.get(prefix + "weight"), state_dict.get(prefix + STATE_KEY)
+        if weight is not None:  # e.g. an nn.Embedding's weights: copied into the table, in chunks
+            if tuple(weight.shape) != tuple(self.weight.shape):
+                error_msgs.append(f"size mismatch for {prefix}weight: {tuple(weight.shape)} vs table {tuple(self.weight.shape)}")
+                return
+            with torch.no_grad():
+                for begin in range(0, self.num_embeddings, 1 << 16):
+                    self.weight[begin : begin + (1 << 16)].copy_(weight[begin : begin + (1 << 16)])
+        elif ref is None:
+            missing_keys.append(prefix + STATE_KEY)
+        elif ref.get("table_id") != self.table.table_id:
+            error_msgs.append(
+                f"{prefix}{STATE_KEY}: the state_dict refers to table '{ref.get('path')}' (id {ref.get('table_id')}), "
+                f"this module's is '{self.table.path}' (id {self.table.table_id}); restore that table file"
+            )
+        for key in state_dict:
+            if key.startswith(prefix) and key[len(prefix) :] not in ("weight", STATE_KEY) and "." not in key[len(prefix) :]:
+                unexpected_keys.append(key)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, path='{self.table.path}'"
+
+
+class DiskEmbedding(_DiskTable):
+    r"""``nn.Embedding(num_embeddings, embedding_dim, sparse=True)`` with its weight on disk.
+
+    The weight is a memory-mapped table file at ``path`` (created if missing, reopened with
+    its trained weights if present). Its rows are initialised chunk by chunk, never as one
+    tensor: ``init="normal"`` draws :math:`\mathcal N(0, \text{std}^2)` (``std=1`` is
+    ``nn.Embedding``'s default), ``"uniform"`` :math:`U(-\text{bound}, \text{bound})`,
+    ``"xavier_uniform"`` :math:`U(-a, a)`, :math:`a = \sqrt{6 / (N + D)}`, ``"zeros"``; each
+    chunk of 65,536 rows from its own generator seeded by ``seed``, so a table's initial
+    weights depend on its seed only.
+
+    ``forward(indices)`` returns ``weight[indices]`` on ``device`` (set by the argument or by
+    ``.to(device)``; the weight itself never leaves the host); ``backward`` gives the weight a
+    sparse gradient, as ``sparse=True`` does. Train it with :class:`~dsa_train.DiskSparseAdam`
+    (moments in the same records) or any optimizer that takes sparse gradients.
+
+    ``state_dict()`` holds a reference to the table (path and id), not its ``N x D`` weights,
+    which may be larger than RAM; copy the file to back it up. Loading a state dict with a
+    ``weight`` (an ``nn.Embedding``'s) copies it into the table.
+
+    Example::
+
+        emb = DiskEmbedding(50_000_000, 64, path="/ssd/entities.table", std=0.01).to("cuda")
+        opt = DiskSparseAdam(emb.named_parameters(), lr=1e-3, state_dir="/ssd/opt")
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        path: str | Path,
+        init: str = "normal",
+        std: float = 1.0,
+        bound: float = 0.1,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        writable: bool = True,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        super().__init__(
+            num_embeddings, embedding_dim, path=path, init=init, std=std, bound=bound, seed=seed,
+            dtype=dtype, device=device, writable=writable, progress=progress,
+        )  # fmt: skip
+
+    def forward(self, indices: Tensor) -> Tensor:
+        rows = F.embedding(indices.to("cpu"), self.weight, sparse=True)
+        return rows.to(self.output_device, non_blocking=True)
+
+
+class DiskEmbeddingBag(_DiskTable):
+    """``nn.EmbeddingBag(num_embeddings, embedding_dim, mode=mode, sparse=True)`` with its
+    weight on disk; everything else as :class:`DiskEmbedding`."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        path: str | Path,
+        mode: str = "mean",
+        init: str = "normal",
+        std: float = 1.0,
+        bound: float = 0.1,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        writable: bool = True,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        if mode not in ("sum", "mean", "max"):
+            raise ValueError(f"mode has to be one of sum, mean or max, got {mode!r}")
+        super().__init__(
+            num_embeddings, embedding_dim, path=path, init=init, std=std, bound=bound, seed=seed,
+            dtype=dtype, device=device, writable=writable, progress=progress,
+        )  # fmt: skip
+        self.mode = mode
+
+    def forward(self, indices: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None) -> Tensor:
+        cpu = lambda t: None if t is None else t.to("cpu")  # noqa: E731
+        bags = F.embedding_bag(
+            indices.to("cpu"), self.weight, cpu(offsets), mode=self.mode, sparse=True,
+            per_sample_weights=cpu(per_sample_weights),
+        )  # fmt: skip
+        return bags.to(self.output_device, non_blocking=True)
