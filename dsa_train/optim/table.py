@@ -32,6 +32,7 @@ from .row_file import DTYPES, RowFile, dtype_name
 
 #: Rows initialised per chunk. Fixed, so a table's initial weights depend on its seed only.
 INIT_CHUNK_ROWS = 1 << 16
+WRITE_ROWS = 1 << 12  # records assembled and written per pwrite
 INITS = ("normal", "uniform", "xavier_uniform", "zeros")
 
 
@@ -115,17 +116,19 @@ class Table:
             os.pwrite(fd, table_header(spec, moments_of=None), 0)
             os.ftruncate(fd, spec.file_bytes)
             num_rows, width = spec.num_rows, spec.row_width
-            chunk_rows = min(INIT_CHUNK_ROWS, max(num_rows, 1))
-            records = torch.zeros((chunk_rows, 3, width), dtype=dtype)
-            for index, begin in enumerate(range(0, num_rows, chunk_rows)):
-                n = min(chunk_rows, num_rows - begin)
+            block = torch.empty((min(INIT_CHUNK_ROWS, num_rows), width), dtype=dtype)
+            records = torch.zeros((min(WRITE_ROWS, num_rows), 3, width), dtype=dtype)
+            for index, begin in enumerate(range(0, num_rows, INIT_CHUNK_ROWS)):
+                weights = block[: min(INIT_CHUNK_ROWS, num_rows - begin)]
                 generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
-                records.zero_()
-                init_chunk(init, records[:n, 0], generator, std=std, bound=bound, num_rows=num_rows)
-                data = records[:n].numpy().tobytes() if dtype != torch.bfloat16 else records[:n].view(torch.int16).numpy().tobytes()
-                _pwrite_all(fd, data, HEADER_BYTES + begin * spec.row_bytes)
+                init_chunk(init, weights, generator, std=std, bound=bound, num_rows=num_rows)
+                for start in range(0, len(weights), WRITE_ROWS):
+                    part = weights[start : start + WRITE_ROWS]
+                    records[: len(part), 0] = part
+                    raw = records[: len(part)].view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy()
+                    _pwrite_all(fd, memoryview(raw).cast("B"), HEADER_BYTES + (begin + start) * spec.row_bytes)
                 if progress is not None:
-                    progress(begin + n, num_rows)
+                    progress(begin + len(weights), num_rows)
             os.fsync(fd)
         except OSError as e:
             os.close(fd)
@@ -167,8 +170,7 @@ def table_header(spec: RowSpec, *, moments_of: str | None) -> bytes:
     return raw.ljust(HEADER_BYTES, b"\0")
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
     while view:
         written = os.pwrite(fd, view, offset)
         view, offset = view[written:], offset + written
