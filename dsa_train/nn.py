@@ -23,7 +23,7 @@ from .optim.table import Table
 STATE_KEY = "table"  # a disk module's state_dict entry: a reference to its table, not N x D weights
 
 
-class _DiskTable(nn.Module):
+class DiskTable(nn.Module):
     """What both disk modules share: the table, its weight parameter, the output device."""
 
     def __init__(
@@ -118,7 +118,7 @@ class _DiskTable(nn.Module):
         return f"{self.num_embeddings}, {self.embedding_dim}, path='{self.table.path}'"
 
 
-class DiskEmbedding(_DiskTable):
+class DiskEmbedding(DiskTable):
     r"""``nn.Embedding(num_embeddings, embedding_dim, sparse=True)`` with its weight on disk.
 
     The weight is a memory-mapped table file at ``path`` (created if missing, reopened with
@@ -169,7 +169,7 @@ class DiskEmbedding(_DiskTable):
         return rows.to(self.output_device, non_blocking=True)
 
 
-class DiskEmbeddingBag(_DiskTable):
+class DiskEmbeddingBag(DiskTable):
     """``nn.EmbeddingBag(num_embeddings, embedding_dim, mode=mode, sparse=True)`` with its
     weight on disk; everything else as :class:`DiskEmbedding`."""
 

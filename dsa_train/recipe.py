@@ -161,6 +161,11 @@ class ModelConfig:
     reciprocal: bool = _help("learn an inverse relation per relation and predict heads as tails", default=True)
     init_std: float = _help("standard deviation of the normal initialisation", _positive, default=1e-3)
     dropout: float = _help("dropout on the embeddings during training", _fraction, default=0.0)
+    embedding_storage: Literal["memory", "disk"] = _help(
+        "memory: the entity/node table is an nn.Embedding in RAM (or VRAM); disk: a DiskEmbedding, "
+        "a memory-mapped table file in the run folder holding weights and moments (tables larger than RAM)",
+        default="memory",
+    )
     node2vec: Node2VecConfig = _help("node2vec: walks and skip-gram", default_factory=Node2VecConfig)
     sage: SageConfig = _help("sage: the encoder and its task", default_factory=SageConfig)
 

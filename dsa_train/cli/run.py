@@ -83,7 +83,9 @@ def run(
     stdout.print(
         f"{summary['step']:,} steps, {summary['epochs']} epochs in {summary['seconds']:,.0f} s; peak RSS "
         f"{summary['peak_rss_mib']:,.0f} MiB, optimizer RAM {summary['optimizer_ram_mib']:,.1f} MiB, "
-        f"optimizer state on disk {summary['optimizer_state_on_disk_mib']:,.1f} MiB\nrun folder: {folder.path}",
+        f"optimizer state on disk {summary['optimizer_state_on_disk_mib']:,.1f} MiB"
+        + (f", disk tables {summary['tables_on_disk_mib']:,.1f} MiB" if summary["tables_on_disk_mib"] else "")
+        + f"\nrun folder: {folder.path}",
         highlight=False,
     )
 

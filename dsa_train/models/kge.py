@@ -33,16 +33,23 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         reciprocal: bool = True,
         init_std: float = 1e-3,
         dropout: float = 0.0,
+        entity_table: torch.nn.Module | None = None,
     ) -> None:
         self.num_base_relations = num_relations
         self.reciprocal = reciprocal
         self.init_std = init_std
         self.dropout = dropout
-        super().__init__(num_entities, 2 * num_relations if reciprocal else num_relations, dim, sparse=True)
+        relations = 2 * num_relations if reciprocal else num_relations
+        # With an entity table given (a DiskEmbedding, already initialised), PyG's own N x D
+        # node table must never be allocated: build with one node, then swap the table in.
+        super().__init__(1 if entity_table is not None else num_entities, relations, dim, sparse=True)
+        if entity_table is not None:
+            self.num_nodes, self.node_emb = num_entities, entity_table
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        torch.nn.init.normal_(self.node_emb.weight, std=self.init_std)
+        if isinstance(self.node_emb, torch.nn.Embedding):
+            torch.nn.init.normal_(self.node_emb.weight, std=self.init_std)
         torch.nn.init.normal_(self.rel_emb.weight, std=self.init_std)
 
     def forward(self, head_index: Tensor, rel_type: Tensor, tail_index: Tensor) -> Tensor:
@@ -66,9 +73,8 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
 
     def score_entities(self, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
         """``(B, K)`` scores of queries given by ids against candidate entity ids (evaluation)."""
-        weight = self.node_emb.weight
-        device = weight.device
-        return self.score_candidates(weight[anchor.to(device)], relation.to(device), weight[candidates.to(device)], side)
+        device = self.rel_emb.weight.device
+        return self.score_candidates(self.node_emb(anchor.to(device)), relation.to(device), self.node_emb(candidates.to(device)), side)
 
     def score_answers(self, anchor: Tensor, relation: Tensor, answer: Tensor, side: str) -> Tensor:
         """``(B,)`` scores of each query's own answer embedding ``answer[i]``."""
@@ -131,8 +137,10 @@ class DistMult(KGEModel):
         return (anchor * rel) @ candidates.T
 
 
-def build_kge_model(config: ModelConfig, num_entities: int, num_relations: int) -> KGEModel:
-    common = dict(reciprocal=config.reciprocal, init_std=config.init_std, dropout=config.dropout)
+def build_kge_model(
+    config: ModelConfig, num_entities: int, num_relations: int, entity_table: torch.nn.Module | None = None
+) -> KGEModel:
+    common = dict(reciprocal=config.reciprocal, init_std=config.init_std, dropout=config.dropout, entity_table=entity_table)
     if config.kind == "transe":
         return TransE(num_entities, num_relations, config.dim, p_norm=config.p_norm, **common)
     return DistMult(num_entities, num_relations, config.dim, **common)

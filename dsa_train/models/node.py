@@ -41,9 +41,13 @@ def windows(walks: Tensor, context_size: int) -> Tensor:
 
 
 class SkipGram(nn.Module):
-    def __init__(self, num_nodes: int, dim: int) -> None:
+    """``embedding``: a ready table (a DiskEmbedding) instead of a new in-memory one."""
+
+    INIT_STD = 1.0  # N(0, 1), as PyG's Node2Vec
+
+    def __init__(self, num_nodes: int, dim: int, *, embedding: nn.Module | None = None) -> None:
         super().__init__()
-        self.embedding = nn.Embedding(num_nodes, dim, sparse=True)  # N(0, 1), as PyG's Node2Vec
+        self.embedding = embedding if embedding is not None else nn.Embedding(num_nodes, dim, sparse=True)
 
     def loss(self, positive: Tensor, negative: Tensor) -> Tensor:
         """``positive``/``negative``: windows whose first node is paired with each of the others.
@@ -70,10 +74,19 @@ class SkipGram(nn.Module):
 
 
 class SageOverEmbeddings(nn.Module):
-    def __init__(self, num_nodes: int, dim: int, hidden: int, layers: int, *, dropout: float = 0.0, num_classes: int = 0) -> None:
+    """``embedding``: a ready table (a DiskEmbedding) instead of a new in-memory one."""
+
+    INIT_STD = 0.1
+
+    def __init__(
+        self, num_nodes: int, dim: int, hidden: int, layers: int, *, dropout: float = 0.0, num_classes: int = 0,
+        embedding: nn.Module | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
-        self.embedding = nn.Embedding(num_nodes, dim, sparse=True)
-        nn.init.normal_(self.embedding.weight, std=0.1)
+        if embedding is None:
+            embedding = nn.Embedding(num_nodes, dim, sparse=True)
+            nn.init.normal_(embedding.weight, std=self.INIT_STD)
+        self.embedding = embedding
         self.encoder = GraphSAGE(dim, hidden, num_layers=layers, dropout=dropout)
         self.head = nn.Linear(hidden, num_classes) if num_classes else None
 

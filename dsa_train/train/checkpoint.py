@@ -1,7 +1,7 @@
 """Checkpoints that are complete or absent, never half-written, and checked when read.
 
-A checkpoint is built in ``checkpoints/.partial-<step>/`` (model weights, optimizer state,
-``trainer.json``), every file fsynced, then renamed to ``checkpoints/<step>/`` and the parent
+A checkpoint is built in ``checkpoints/.partial-<step>/`` (model weights, copies of the disk
+tables, optimizer state, ``trainer.json``), every file fsynced, then renamed to ``checkpoints/<step>/`` and the parent
 fsynced: the rename is the commit. ``trainer.json`` carries the format version and a digest
 of every other file (see :func:`~dsa_train.fsutil.file_digest`); a checkpoint whose files do
 not match them (torn, truncated, bit-flipped) is reported and passed over for the previous
@@ -21,13 +21,15 @@ from pathlib import Path
 import torch
 
 from ..errors import StateError
-from ..fsutil import file_digest, fsync_directory
+from ..fsutil import copy_sparse, file_digest, fsync_directory
+from ..nn import DiskTable
 from .optimizers import snapshot_optimizer
 from .run_folder import DOOMED, PARTIAL, TRAINER, complete_checkpoints, scratch_folders
 
 FORMAT = "dsa-train/checkpoint"
 VERSION = 1
 MODEL = "model.pt"
+TABLES = "tables"  # copies of the run's disk embedding tables (weights and moments)
 
 
 def save_checkpoint(
@@ -69,7 +71,12 @@ def save_checkpoint(
 
 def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict, extra: dict) -> None:
     partial.mkdir()
-    torch.save(model.state_dict(), partial / MODEL)
+    torch.save(model.state_dict(), partial / MODEL)  # a disk table's entry is a reference...
+    for module in model.modules():  # ...and its file (weights and moments) is copied
+        if isinstance(module, DiskTable):
+            module.flush()
+            (partial / TABLES).mkdir(exist_ok=True)
+            copy_sparse(module.path, partial / TABLES / module.path.name)
     snapshot_optimizer(optimizer, partial)
     for name, obj in extra.items():
         torch.save(obj, partial / name)
@@ -147,6 +154,20 @@ def find_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[Path, d
         f"every checkpoint in '{checkpoints}' is damaged:\n  " + "\n  ".join(warnings),
         hint="start the run again without --resume",
     )
+
+
+def restore_tables(checkpoint: Path | None, tables: Path) -> None:
+    """Make the run's disk tables the checkpoint's copies again (or remove them, without one)."""
+    if tables.is_dir():
+        for stale in tables.glob("*.table"):
+            stale.unlink()
+    copies = checkpoint / TABLES if checkpoint is not None else None
+    if copies is None or not copies.is_dir():
+        return
+    tables.mkdir(parents=True, exist_ok=True)
+    for source in copies.glob("*.table"):
+        copy_sparse(source, tables / source.name)
+    fsync_directory(tables)
 
 
 def load_model_state(checkpoint: Path, model: torch.nn.Module) -> None:

@@ -15,17 +15,22 @@ from ..eval import RankingMetrics, TripleIndex, evaluate_link_prediction
 from ..models import KGEModel, build_kge_model
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
+from .tasks import TableSite, disk_table, prefetch_rows
 
 
 class KGETask:
     unit = "triples"
 
-    def __init__(self, recipe: Recipe, device: torch.device) -> None:
+    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None) -> None:
         self.recipe, self.device = recipe, device
         self.kg: KnowledgeGraph = load_knowledge_graph(recipe.dataset)
         self.description = str(self.kg)
-        self.model: KGEModel = build_kge_model(recipe.model, self.kg.num_entities, self.kg.num_relations).to(device)
+        entities = disk_table(recipe, tables, "entities", self.kg.num_entities, std=recipe.model.init_std)
+        self.model: KGEModel = build_kge_model(recipe.model, self.kg.num_entities, self.kg.num_relations, entities).to(device)
         self.index: TripleIndex | None = None
+
+    def prefetch(self, picked: Tensor) -> None:
+        prefetch_rows(self.model.node_emb, self.kg.train[picked][:, [0, 2]].flatten())
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return list(self.model.named_parameters())

@@ -30,10 +30,10 @@ import torch
 from ..errors import DsaError
 from ..memory import peak_rss_bytes, rss_anon_bytes
 from ..recipe import Recipe
-from .checkpoint import find_checkpoint, load_model_state, save_checkpoint
+from .checkpoint import TABLES, find_checkpoint, load_model_state, restore_tables, save_checkpoint
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, restore_state_dir
 from .run_folder import MetricsLog, RunFolder, complete_checkpoints
-from .tasks import Task, make_task
+from .tasks import TableSite, Task, make_task
 
 MiB = 1 << 20
 DENSE_STATE = "dense_optimizer.pt"
@@ -106,32 +106,35 @@ class Training:
     # -- setup ----------------------------------------------------------------------------
     def setup(self, *, resume: bool) -> None:
         recipe = self.recipe
-        torch.manual_seed(recipe.train.seed)
-        self.task: Task = make_task(recipe, self.device)
-        self.reporter.note(self.task.description)
-        model = self.task.model
-        state_dir = self.run.state_dir(recipe)
+        state_dir, tables = self.run.state_dir(recipe), self.run.tables_dir
         checkpoint, trainer = None, {}
         if resume and complete_checkpoints(self.run.checkpoints):
             checkpoint, trainer, damaged = find_checkpoint(self.run.checkpoints)
             for warning in damaged:
                 self.reporter.note(f"warning: {warning}")
-            load_model_state(checkpoint, model)
+        if not resume:
+            for folder, what in ((state_dir, "optimizer state directory"), (tables, "table folder")):
+                if folder.exists() and any(folder.iterdir()):
+                    raise DsaError(
+                        f"{what} '{folder}' already holds state",
+                        hint="pass --resume to continue that run, or point optimizer.state_dir elsewhere",
+                    )
+        else:  # what is there came after the checkpoint: back to the checkpoint's copies
+            restore_tables(checkpoint, tables)
             restore_state_dir(checkpoint, state_dir)
+        torch.manual_seed(recipe.train.seed)
+        self.task: Task = make_task(recipe, self.device, TableSite(tables))
+        self.reporter.note(self.task.description)
+        if checkpoint is not None:
+            load_model_state(checkpoint, self.task.model)
             self.step_count, self.epoch, self.batch = trainer["step"], trainer["epoch"], trainer["batch"]
             self.window, self.epoch_loss = trainer["window"], trainer["epoch_loss"]
             self.optimizer_ram = trainer["optimizer_ram"]
             MetricsLog.truncate(self.run.metrics_path, trainer["metrics_records"])
             self.reporter.note(f"resuming from {checkpoint} (step {self.step_count}, epoch {self.epoch + 1})")
         elif resume:
-            restore_state_dir(None, state_dir)
             MetricsLog.truncate(self.run.metrics_path, 0)
             self.reporter.note(f"{self.run.path} has no checkpoint yet: starting it from the beginning")
-        if not resume and state_dir.exists() and any(state_dir.iterdir()):
-            raise DsaError(
-                f"optimizer state directory '{state_dir}' already holds state",
-                hint="pass --resume to continue that run, or point optimizer.state_dir elsewhere",
-            )
         self.optimizer = build_optimizer(recipe.optimizer, self.task.sparse_parameters(), state_dir)
         dense = self.task.dense_parameters()
         if dense:
@@ -156,6 +159,9 @@ class Training:
             epoch_started, epoch_items = time.perf_counter(), 0
             while self.batch < steps_per_epoch and not self._step_limit_reached():
                 picked = order[self.batch * cfg.batch_size : (self.batch + 1) * cfg.batch_size]
+                upcoming = order[(self.batch + 1) * cfg.batch_size : (self.batch + 2) * cfg.batch_size]
+                if len(upcoming):  # its rows are read in the background while this step computes
+                    self.task.prefetch(upcoming)
                 step_started = time.perf_counter()
                 loss = self.step(picked)
                 self.batch += 1
@@ -194,7 +200,8 @@ class Training:
             "seconds": round(time.perf_counter() - started, 1),
             "peak_rss_mib": round(peak_rss_bytes() / MiB, 1),
             "optimizer_ram_mib": round(self.optimizer_ram / MiB, 1),
-            "optimizer_state_on_disk_mib": round(self._state_bytes_on_disk() / MiB, 1),
+            "optimizer_state_on_disk_mib": round(_allocated_bytes(self.run.state_dir(self.recipe)) / MiB, 1),
+            "tables_on_disk_mib": round(_allocated_bytes(self.run.tables_dir) / MiB, 1),
             "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
             "final": final,
         }
@@ -267,17 +274,18 @@ class Training:
             keep=self.recipe.train.keep_checkpoints, extra=extra,
         )  # fmt: skip
 
-    def _state_bytes_on_disk(self) -> int:
-        state_dir = self.run.state_dir(self.recipe)
-        if not state_dir.is_dir():
-            return 0
-        return sum(p.stat().st_blocks * 512 for p in state_dir.iterdir() if p.is_file())
-
     def close(self) -> None:
         if hasattr(self, "metrics"):
             self.metrics.close()
         if hasattr(self, "optimizer"):
             close_optimizer(self.optimizer)
+
+
+def _allocated_bytes(folder: Path) -> int:
+    """Disk space the files of a folder take (a sparse file's holes excluded)."""
+    if not folder.is_dir():
+        return 0
+    return sum(p.stat().st_blocks * 512 for p in folder.iterdir() if p.is_file())
 
 
 def evaluate_run(
@@ -291,7 +299,7 @@ def evaluate_run(
     for warning in damaged:
         reporter.note(f"warning: {warning}")
     torch.manual_seed(recipe.train.seed)
-    task = make_task(recipe, resolve_device(recipe.train.device))
+    task = make_task(recipe, resolve_device(recipe.train.device), TableSite(path / TABLES, writable=False))
     load_model_state(path, task.model)
     task.model.eval()
     metrics = task.evaluate(split, final=True, reporter=reporter)

@@ -18,18 +18,24 @@ from ..data.walks import WalkSampler
 from ..eval.node import link_prediction, probe_accuracy
 from ..models.node import SkipGram, windows
 from ..recipe import Recipe
+from .tasks import TableSite, disk_table, prefetch_rows
 
 
 class Node2VecTask:
     unit = "nodes"
 
-    def __init__(self, recipe: Recipe, device: torch.device) -> None:
+    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None) -> None:
         self.recipe, self.device = recipe, device
         self.config = recipe.model.node2vec
         self.graph: Graph = load_graph(recipe.dataset)
         self.description = str(self.graph)
         self.sampler = WalkSampler(self.graph.rowptr, self.graph.col, p=self.config.p, q=self.config.q)
-        self.model = SkipGram(self.graph.num_nodes, recipe.model.dim).to(device)
+        nodes = disk_table(recipe, tables, "nodes", self.graph.num_nodes, std=SkipGram.INIT_STD)
+        self.model = SkipGram(self.graph.num_nodes, recipe.model.dim, embedding=nodes).to(device)
+
+    def prefetch(self, picked: Tensor) -> None:
+        # The walks are drawn inside the step; their start nodes are known now.
+        prefetch_rows(self.model.embedding, picked)
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return list(self.model.named_parameters())

@@ -58,6 +58,11 @@ class RunFolder:
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
+    @property
+    def tables_dir(self) -> Path:
+        """The disk embedding tables (``model.embedding_storage: disk``): weights and moments."""
+        return self.path / "tables"
+
     def state_dir(self, recipe: Recipe) -> Path:
         return Path(recipe.optimizer.state_dir) if recipe.optimizer.state_dir else self.path / "optimizer_state"
 

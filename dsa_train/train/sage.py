@@ -18,11 +18,12 @@ from ..errors import ConfigError
 from ..data.neighbors import sample_subgraph
 from ..models.node import SageOverEmbeddings
 from ..recipe import Recipe
+from .tasks import TableSite, disk_table, prefetch_rows
 from .node2vec import evaluate_node_embeddings, headline
 
 
 class SageTask:
-    def __init__(self, recipe: Recipe, device: torch.device) -> None:
+    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None) -> None:
         self.recipe, self.device = recipe, device
         self.config = recipe.model.sage
         self.graph: Graph = load_graph(recipe.dataset)
@@ -35,10 +36,16 @@ class SageTask:
         u, v = keys // self.graph.num_nodes, keys % self.graph.num_nodes
         self.train_edges = torch.stack([u[u < v], v[u < v]], 1)
         self.train_nodes = self.graph.train_mask.nonzero().squeeze(1) if node_task else None
+        nodes = disk_table(recipe, tables, "nodes", self.graph.num_nodes, std=SageOverEmbeddings.INIT_STD)
         self.model = SageOverEmbeddings(
             self.graph.num_nodes, recipe.model.dim, self.config.hidden, self.config.layers,
-            dropout=self.config.dropout, num_classes=self.graph.num_classes if node_task else 0,
+            dropout=self.config.dropout, num_classes=self.graph.num_classes if node_task else 0, embedding=nodes,
         ).to(device)  # fmt: skip
+
+    def prefetch(self, picked: Tensor) -> None:
+        # The seeds are known now; their sampled neighbours only inside the step.
+        seeds = self.train_nodes[picked] if self.train_nodes is not None else self.train_edges[picked].flatten()
+        prefetch_rows(self.model.embedding, seeds)
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return [("embedding.weight", self.model.embedding.weight)]
