@@ -25,6 +25,7 @@ dataset:
 model:
   kind: {model}
   dim: 16
+  embedding_storage: {storage}
   node2vec: {{walk_length: 6, context_size: 3, walks_per_node: 2}}
   sage: {{task: {task}, layers: 2, hidden: 16, fanout: [4, 3]}}
 train: {{epochs: 8, batch_size: 64, log_every: 2, checkpoint_every: 4, keep_checkpoints: 2}}
@@ -37,9 +38,9 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def write(tmp_path, model="node2vec", task="link", optimizer="dsa"):
-    path = tmp_path / f"{model}-{task}-{optimizer}.yaml"
-    path.write_text(SBM.format(name=f"{model}-{task}", model=model, task=task, optimizer=optimizer))
+def write(tmp_path, model="node2vec", task="link", optimizer="dsa", storage="memory"):
+    path = tmp_path / f"{model}-{task}-{optimizer}-{storage}.yaml"
+    path.write_text(SBM.format(name=f"{model}-{task}", model=model, task=task, optimizer=optimizer, storage=storage))
     return path
 
 
@@ -57,10 +58,15 @@ def test_karate_quickstart(tmp_path):
     assert final["accuracy"] > 0.25  # above chance for four communities
 
 
-@pytest.mark.parametrize("model,task", [("node2vec", "link"), ("sage", "link"), ("sage", "node")])
-def test_runs_and_eval(tmp_path, model, task):
+@pytest.mark.parametrize(
+    "model,task,storage",
+    [("node2vec", "link", "memory"), ("sage", "link", "memory"), ("sage", "node", "memory"),
+     ("node2vec", "link", "disk"), ("sage", "link", "disk")],
+)  # fmt: skip
+def test_runs_and_eval(tmp_path, model, task, storage):
+    """Train, then `eval` the final checkpoint (with disk tables: its read-only table copy)."""
     out = tmp_path / "run"
-    result = invoke("run", write(tmp_path, model, task), "--output", out)
+    result = invoke("run", write(tmp_path, model, task, storage=storage), "--output", out)
     assert result.exit_code == 0, result.stderr
     final = records(out, "summary")[0]["final"]["test"]
     if task == "link":
