@@ -191,6 +191,10 @@ class TrainConfig:
     log_every: int = _help("log the loss to metrics.jsonl every this many steps", _positive, default=50)
     checkpoint_every: int = _help("checkpoint every this many steps (0: at the end only)", _non_negative, default=0)
     keep_checkpoints: int = _help("complete checkpoints to keep (the newest)", _positive, default=2)
+    final_checkpoint: bool = _help(
+        "checkpoint at the end (false: skip it, for disk tables too large to copy; `eval` then has no checkpoint)",
+        default=True,
+    )
 
 
 @dataclass

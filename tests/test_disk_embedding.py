@@ -15,7 +15,7 @@ from torch import nn
 from dsa_train import DiskEmbedding, DiskEmbeddingBag, DiskSparseAdam, StateError
 from dsa_train.memory import PeakRssAnon, rss_anon_bytes
 from dsa_train.optim.format import HEADER_BYTES, read_row_header
-from dsa_train.optim.prefetch import Prefetcher, record_runs
+from dsa_train.optim.prefetch import Prefetcher
 from dsa_train.optim.table import INIT_CHUNK_ROWS
 
 ROWS, DIM = 500, 12
@@ -189,16 +189,6 @@ def test_to_moves_outputs_not_the_weight(tmp_path):
     moved = disk.to(torch.float64)  # a dtype change leaves the table as it is
     assert moved is disk and disk.weight.dtype == torch.float32 and disk.weight.device.type == "cpu"
     assert disk.output_device.type == "cpu"
-
-
-def test_record_runs_merge_adjacent_rows_in_file_order():
-    rows = torch.tensor([9, 3, 4, 5, 5, 20, 21, 3])
-    assert record_runs(rows, 100) == [
-        (HEADER_BYTES + 300, 300),  # rows 3, 4, 5 (duplicates once)
-        (HEADER_BYTES + 900, 100),
-        (HEADER_BYTES + 2000, 200),
-    ]
-    assert record_runs(torch.tensor([], dtype=torch.long), 100) == []
 
 
 def test_prefetching_overlapping_batches_changes_nothing(tmp_path):

@@ -119,13 +119,22 @@ class RowFile:
             self._map.flush()
         os.fsync(self._fd)
 
+    def evict(self) -> None:
+        """Write the file back, then drop its pages from this mapping and the page cache, as
+        if the machine had needed the memory (benchmarks use it to start from a cold cache)."""
+        self.flush()
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)  # unmap our pages, or the cache keeps them
+        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
     def close(self) -> None:
         if self._fd < 0:
             return
-        self.records = self.moments = None  # drop the views first: mmap refuses to close while exported
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        # Drop our views and the map, but never unmap by hand: tensors made from the mapping
+        # (a DiskEmbedding's weight, a prefetch in flight) hold the map object, and unmapping
+        # under them would crash the process. The kernel unmaps when the last one is gone.
+        self.records = self.moments = None
+        self._map = None
         os.close(self._fd)
         self._fd = -1
 

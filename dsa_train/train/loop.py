@@ -190,7 +190,7 @@ class Training:
             if every and self.epoch % every == 0 and self.epoch < cfg.epochs:
                 self.evaluate(self.recipe.eval.split, final=False)
         last = complete_checkpoints(self.run.checkpoints)
-        if not last or int(last[-1].name) != self.step_count:
+        if cfg.final_checkpoint and (not last or int(last[-1].name) != self.step_count):
             self.save_checkpoint()
         self.final_metrics = final = {split: self.evaluate(split, final=True) for split in self.recipe.eval.final_splits}
         summary = {
