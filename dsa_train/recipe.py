@@ -213,11 +213,21 @@ class OptimizerConfig:
         "dsa: a NaN or Inf gradient stops the run (error) or skips its step (skip); found before anything is written",
         default="error",
     )
+    first_moment: Literal["full", "bfloat16"] = _help(
+        "dsa: store m in the parameter's dtype (full, exact SparseAdam) or in bfloat16 (half the bytes)", default="full"
+    )
+    second_moment: Literal["full", "row"] = _help(
+        "dsa: one v per element (full, exact SparseAdam) or one per row, the mean of the squared gradient", default="full"
+    )
 
     def problems(self) -> list[tuple[str, str]]:
+        found = []
         if self.nonfinite == "skip" and self.kind != "dsa":
-            return [("nonfinite", "'skip' needs kind 'dsa' (torch's SparseAdam has no such check)")]
-        return []
+            found.append(("nonfinite", "'skip' needs kind 'dsa' (torch's SparseAdam has no such check)"))
+        for key in ("first_moment", "second_moment"):
+            if getattr(self, key) != "full" and self.kind != "dsa":
+                found.append((key, f"{getattr(self, key)!r} needs kind 'dsa' (torch's SparseAdam keeps full moments)"))
+        return found
 
 
 @dataclass

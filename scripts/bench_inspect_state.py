@@ -19,13 +19,14 @@ from pathlib import Path
 
 import torch
 
+from dsa_train.optim.format import LAYOUT
 from dsa_train.optim.state_dir import StateDirectory
 
 
 def build(path: Path, rows: int, dim: int, touched: int) -> None:
     store = StateDirectory(path)
     try:
-        store.open({"entity.weight": ((rows, dim), "float32")})
+        store.open({"entity.weight": ((rows, dim), "float32", None, LAYOUT)})
         moments = store.files["entity.weight"].moments
         picked = torch.randint(0, rows, (touched,), generator=torch.Generator().manual_seed(0)).unique()
         moments.index_copy_(0, picked, torch.rand(len(picked), 2, dim))

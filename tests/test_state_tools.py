@@ -42,7 +42,7 @@ def finished_run(tmp_path_factory):
     """A finished tiny training run (checkpoints at steps 20, 25, 30), made once."""
     root = tmp_path_factory.mktemp("made")
     recipe = root / "tiny.yaml"
-    recipe.write_text(TINY % {"model": "transe", "optimizer": "dsa"})
+    recipe.write_text(TINY % {"model": "transe", "optimizer": "dsa", "storage": "memory"})
     assert invoke("run", recipe, "--output", root / "run").exit_code == 0
     return root / "run"
 

@@ -18,10 +18,12 @@ from .functional import (
     RowGroups,
     Workspace,
     coalesce_rows,
+    compact_adam_rows_,
     fused_sparse_adam_rows_,
     sparse_adam_rows_,
 )
-from .row_file import DTYPES, dtype_name
+from .format import LAYOUT, TABLE_LAYOUT
+from .row_file import DTYPES, RowFile, dtype_name
 from .state_dir import StateDirectory
 from .table import Table, table_of
 
@@ -97,6 +99,8 @@ class DiskSparseAdam(Optimizer):
         maximize: bool = False,
         allow_unclean: bool = False,
         nonfinite: str = "error",
+        first_moment: str = "full",
+        second_moment: str = "full",
     ) -> None:
         if isinstance(lr, Tensor) and lr.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
@@ -110,6 +114,12 @@ class DiskSparseAdam(Optimizer):
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
         if nonfinite not in ("error", "skip"):
             raise ValueError(f"Invalid nonfinite policy: {nonfinite!r} (use 'error' or 'skip')")
+        if first_moment not in ("full", "bfloat16"):
+            raise ValueError(f"Invalid first_moment: {first_moment!r} (use 'full' or 'bfloat16')")
+        if second_moment not in ("full", "row"):
+            raise ValueError(f"Invalid second_moment: {second_moment!r} (use 'full' or 'row')")
+        parts = ["m:bfloat16" if first_moment == "bfloat16" else "m", "v:row" if second_moment == "row" else "v"]
+        self._layout = "|".join(parts)  # "m|v" unless a smaller state was asked for
         self.nonfinite = nonfinite
         self.skipped_steps = 0  # steps skipped for a non-finite gradient (nonfinite="skip")
         self._store: StateDirectory | None = None
@@ -118,7 +128,7 @@ class DiskSparseAdam(Optimizer):
         self._workspace = Workspace()
         defaults = {"lr": lr, "betas": betas, "eps": eps, "maximize": maximize}
         super().__init__(params, defaults)
-        _check_params(self.param_groups, range(len(self.param_groups)))
+        _check_params(self.param_groups, range(len(self.param_groups)), compact=self._layout != LAYOUT)
         named = self._assign_keys(self.param_groups)
         keys = {p: key for p, (key, _) in named.items()}
 
@@ -131,7 +141,7 @@ class DiskSparseAdam(Optimizer):
                     f"(it holds {', '.join(map(repr, store.known()))})",
                     hint="reopen it with the same model and parameter names, or use a fresh state_dir",
                 )
-            steps = store.open({key: _spec(p) for p, key in keys.items()})
+            steps = store.open({key: self._spec(p) for p, key in keys.items()})
         except BaseException:
             store.close()
             raise
@@ -156,10 +166,10 @@ class DiskSparseAdam(Optimizer):
             return
         index = len(self.param_groups) - 1
         try:
-            _check_params(self.param_groups[index : index + 1], [index])
+            _check_params(self.param_groups[index : index + 1], [index], compact=self._layout != LAYOUT)
             named = self._assign_keys(self.param_groups[index : index + 1], start=len(self._keys))
             keys = {p: key for p, (key, _) in named.items()}
-            steps = self._store.open({key: _spec(p) for p, key in keys.items()})
+            steps = self._store.open({key: self._spec(p) for p, key in keys.items()})
         except BaseException:
             self.param_groups.pop()
             raise
@@ -252,10 +262,14 @@ class DiskSparseAdam(Optimizer):
             store.steps[self._keys[p]] = state["step"]
             if p.grad._values().numel() == 0:
                 continue  # an empty gradient counts as a step, as in SparseAdam
-            self._update(p, store.files[self._keys[p]].moments, group, state["step"])
+            self._update(p, store.files[self._keys[p]], group, state["step"])
         return loss
 
-    def _update(self, p: Tensor, moments: Tensor, group: dict, step: int) -> None:
+    def _spec(self, p: Tensor) -> tuple[tuple[int, ...], str, Table | None, str]:
+        table = table_of(p)
+        return tuple(p.shape), dtype_name(p.dtype), table, TABLE_LAYOUT if table is not None else self._layout
+
+    def _update(self, p: Tensor, moments: RowFile, group: dict, step: int) -> None:
         lr = group["lr"]
         adam = AdamStep(
             step=step,
@@ -362,25 +376,25 @@ class DiskSparseAdam(Optimizer):
         store.groups = self._groups_summary()
 
 
-def _step_in_place(p: Tensor, moments: Tensor, adam: AdamStep, workspace: Workspace) -> None:
+def _step_in_place(p: Tensor, moments: RowFile, adam: AdamStep, workspace: Workspace) -> None:
     """A CPU parameter: its rows are updated where they are."""
     _update_rows(moments, p.grad, adam, workspace, param=p)
 
 
-def _step_through_host(p: Tensor, moments: Tensor, adam: AdamStep, workspace: Workspace) -> None:
+def _step_through_host(p: Tensor, moments: RowFile, adam: AdamStep, workspace: Workspace) -> None:
     """An accelerator parameter: coalesce there, bring only the touched rows to the host,
     send only their updates back, and add them where the parameter lives."""
     coalesced = p.grad.coalesce()
     host_grad = coalesced.cpu()
     updates = torch.empty(
-        (host_grad._nnz(), moments.shape[2]), dtype=moments.dtype, pin_memory=p.device.type == "cuda"
+        (host_grad._nnz(), moments.spec.row_width), dtype=p.dtype, pin_memory=p.device.type == "cuda"
     )
     _update_rows(moments, host_grad, adam, workspace, out=updates)
     p.index_add_(0, coalesced._indices()[0], updates.to(p.device, non_blocking=True).view(-1, *p.shape[1:]))
 
 
 def _update_rows(
-    moments: Tensor,
+    row_file: RowFile,
     grad: Tensor,
     adam: AdamStep,
     workspace: Workspace,
@@ -388,12 +402,13 @@ def _update_rows(
     param: Tensor | None = None,
     out: Tensor | None = None,
 ) -> None:
-    """Update ``moments`` at the rows of the CPU gradient ``grad``; add the update to ``param``
-    or write it, row after row, into the ``(U, W)`` buffer ``out``.
+    """Update the moments in ``row_file`` at the rows of the CPU gradient ``grad``; add the
+    update to ``param`` or write it, row after row, into the ``(U, W)`` buffer ``out``.
 
     The compiled kernel does it when it is available for the dtype and layout, else torch."""
-    fusable = moments.dtype in native.RowKernel.dtypes and (param is None or _rows_contiguous(param))
-    kernel = native.load() if fusable else None
+    moments = row_file.moments  # None in a compact layout: the torch path does those
+    fusable = moments is not None and moments.dtype in native.RowKernel.dtypes
+    kernel = native.load() if fusable and (param is None or _rows_contiguous(param)) else None
     if kernel is not None:
         fused_sparse_adam_rows_(kernel, moments, RowGroups.from_sparse(grad), adam, workspace, param=param, out=out)
         return
@@ -410,7 +425,10 @@ def _update_rows(
         def apply(begin: int, chunk_rows: Tensor, update: Tensor) -> None:
             out[begin : begin + chunk_rows.numel()].copy_(update)
 
-    sparse_adam_rows_(moments, rows, summed, apply, adam, workspace)
+    if moments is None:
+        compact_adam_rows_(row_file.m, row_file.v, rows, summed, apply, adam)
+    else:
+        sparse_adam_rows_(moments, rows, summed, apply, adam, workspace)
 
 
 def _rows_contiguous(t: Tensor) -> bool:
@@ -423,16 +441,12 @@ def _rows_contiguous(t: Tensor) -> bool:
     return True
 
 
-def _spec(p: Tensor) -> tuple[tuple[int, ...], str, Table | None]:
-    return tuple(p.shape), dtype_name(p.dtype), table_of(p)
-
-
 def _file_key(name: str) -> str:
     key = _UNSAFE.sub("_", name)
     return "_" + key if not key or key.startswith(".") else key
 
 
-def _check_params(groups: list[dict], indices) -> None:
+def _check_params(groups: list[dict], indices, *, compact: bool = False) -> None:
     """SparseAdam's parameter checks, in its words, plus what a row file needs."""
     sparse, complex_, bad = [], [], []
     for index, group in zip(indices, groups):
@@ -443,6 +457,12 @@ def _check_params(groups: list[dict], indices) -> None:
                 complex_.append([index, d_index])
             elif dtype_name(p.dtype) not in DTYPES or p.dim() == 0:
                 bad.append(f"[{index}, {d_index}] ({p.dtype}, shape {list(p.shape)})")
+            elif table_of(p) is not None and compact:
+                raise ValueError(
+                    f"Param at index [{index}, {d_index}] is the weight of table '{table_of(p).path}', whose "
+                    "records hold full-precision moments; first_moment/second_moment apply to "
+                    "nn.Embedding parameters only"
+                )
             elif table_of(p) is not None and not table_of(p).writable:
                 raise ValueError(
                     f"Param at index [{index}, {d_index}] is the weight of table '{table_of(p).path}', "

@@ -32,7 +32,24 @@ ROWS_VERSION = 1
 HEADER_BYTES = 4096
 LAYOUT = "m|v"  # an optimizer row file: per row, first moment, then second moment
 TABLE_LAYOUT = "w|m|v"  # a disk embedding table: per row, weight, then its two moments
-LAYOUTS = (LAYOUT, TABLE_LAYOUT)
+#: Smaller optimizer state (DiskSparseAdam's ``first_moment="bfloat16"`` and/or
+#: ``second_moment="row"``): m stored in bfloat16, v kept as one value per row.
+COMPACT_LAYOUTS = ("m:bfloat16|v", "m|v:row", "m:bfloat16|v:row")
+LAYOUTS = (LAYOUT, TABLE_LAYOUT, *COMPACT_LAYOUTS)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One field of a row record: its name, element dtype, element count and byte offset."""
+
+    name: str
+    dtype: str
+    count: int
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * ITEMSIZE[self.dtype]
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 STATE_FORMAT = "dsa-train/disk-sparse-adam-state"
@@ -69,8 +86,23 @@ class RowSpec:
         return width
 
     @property
+    def fields(self) -> list[Slot]:
+        """The record's slots in order: ``name`` or ``name:bfloat16`` (that dtype instead of
+        the parameter's) or ``name:row`` (one value per row instead of one per element)."""
+        fields, offset = [], 0
+        for part in self.layout.split("|"):
+            name, _, kind = part.partition(":")
+            dtype = kind if kind in ITEMSIZE else self.dtype
+            slot = Slot(name, dtype, 1 if kind == "row" else self.row_width, offset)
+            fields.append(slot)
+            offset += slot.nbytes
+        return fields
+
+    @property
     def row_bytes(self) -> int:
-        return self.slots * self.row_width * ITEMSIZE[self.dtype]
+        last = self.fields[-1]
+        size = last.offset + last.nbytes
+        return size if self.layout in (LAYOUT, TABLE_LAYOUT) else -(-size // 8) * 8  # compact: 8-aligned
 
     @property
     def file_bytes(self) -> int:
@@ -184,7 +216,7 @@ def load_manifest(path: Path) -> dict:
         and isinstance(e.get("file"), str)
         and "/" not in e["file"]
         and e.get("layout", LAYOUT) in LAYOUTS
-        and (e.get("layout", LAYOUT) == LAYOUT or isinstance(e.get("table"), str))
+        and (e.get("layout", LAYOUT) != TABLE_LAYOUT or isinstance(e.get("table"), str))
         for e in params.values()
     )
     if not fields_ok or not isinstance(manifest.get("clean"), bool) or not isinstance(manifest.get("state_id"), str):

@@ -254,6 +254,46 @@ def sparse_adam_rows_(
         apply_update(begin, chunk_rows, update)
 
 
+def compact_adam_rows_(
+    m_store: Tensor,
+    v_store: Tensor,
+    rows: Tensor,
+    grad: Tensor,
+    apply_update: Callable[[int, Tensor, Tensor], None],
+    adam: AdamStep,
+) -> None:
+    r"""Adam on a smaller state: ``m_store`` ``(N, W)`` in bfloat16 (or the parameter's dtype),
+    ``v_store`` ``(N, W)`` or ``(N, 1)`` (row-wise), updated in place at ``rows``.
+
+    With a row-wise second moment the row's elements share one :math:`v_r`:
+
+    .. math::
+        v_r \leftarrow v_r + (1 - \beta_2)\Big(\tfrac{1}{W}\textstyle\sum_j g_{rj}^2 - v_r\Big)
+
+    The step uses :math:`m` before it is rounded to the stored dtype; ``grad`` is the rows'
+    ``(U, W)`` summed gradient, ``apply_update`` as in :func:`sparse_adam_rows_`.
+    """
+    step_size = adam.step_size
+    neg_step_size = -step_size.cpu() if isinstance(step_size, Tensor) else -step_size
+    g = -grad if adam.maximize else grad
+    for begin in range(0, rows.numel(), COMPACT_CHUNK_ROWS):
+        chunk_rows = rows[begin : begin + COMPACT_CHUNK_ROWS]
+        gc = g[begin : begin + COMPACT_CHUNK_ROWS]
+        m = m_store.index_select(0, chunk_rows).to(gc.dtype)
+        v = v_store.index_select(0, chunk_rows).to(gc.dtype)
+        m.add_((gc - m).mul_(1 - adam.beta1))
+        squared = gc * gc
+        if v.shape[1] == 1 and gc.shape[1] != 1:
+            squared = squared.mean(dim=1, keepdim=True)
+        v.add_((squared - v).mul_(1 - adam.beta2))
+        m_store.index_put_((chunk_rows,), m.to(m_store.dtype))
+        v_store.index_put_((chunk_rows,), v.to(v_store.dtype))
+        apply_update(begin, chunk_rows, (m / (v.sqrt() + adam.eps)).mul_(neg_step_size))
+
+
+COMPACT_CHUNK_ROWS = 4096
+
+
 def self_test(kernel) -> str:
     """Run the kernel and the torch path on one random case per dtype; describe a mismatch."""
     generator = torch.Generator().manual_seed(0)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import StateError
 from ..fsutil import DirectoryLock
-from .format import HEADER_BYTES, ITEMSIZE, MANIFEST, load_manifest, moments_file, read_row_header
+from .format import HEADER_BYTES, LAYOUT, MANIFEST, RowSpec, load_manifest, moments_file, read_row_header
 
 _NUMPY = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": np.uint16}
 SAMPLE_SEED = 20_261_202  # not 0: a table trained with seed-0 lookups must not match its own sample
@@ -99,7 +99,8 @@ class StateInspector:
         return self.params[name]
 
     def read_rows(self, name: str, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """``m`` and ``v`` of the given rows, as float64 ``(len(rows), W)`` arrays."""
+        """``m`` and ``v`` of the given rows, as float64 ``(len(rows), W)`` arrays (a row-wise
+        v is repeated across the row)."""
         entry = self._entry(name)
         num_rows, width = entry["shape"][0], math.prod(entry["shape"][1:])
         bad = [r for r in rows if not 0 <= r < num_rows]
@@ -107,16 +108,13 @@ class StateInspector:
             raise StateError(f"parameter '{name}' has {num_rows} rows; rows {bad[:5]} are out of range")
         path = moments_file(self.path, entry)
         read_row_header(path)
-        slot = width * ITEMSIZE[entry["dtype"]]
-        record = entry["row_bytes"]  # m|v, or w|m|v in a disk table: the moments are its last two slots
-        skip = record - 2 * slot
+        spec = RowSpec(name, tuple(entry["shape"]), entry["dtype"], "", entry.get("layout", LAYOUT))
+        record = entry["row_bytes"]
         with open(path, "rb") as f:
-            raw = b"".join(os.pread(f.fileno(), 2 * slot, HEADER_BYTES + r * record + skip) for r in rows)
-        values = np.frombuffer(raw, dtype=_NUMPY[entry["dtype"]]).reshape(len(rows), 2, width)
-        if entry["dtype"] == "bfloat16":  # the top half of a float32
-            values = (values.astype(np.uint32) << 16).view(np.float32)
-        values = values.astype(np.float64)
-        return values[:, 0], values[:, 1]
+            raw = b"".join(os.pread(f.fileno(), record, HEADER_BYTES + r * record) for r in rows)
+        records = np.frombuffer(raw, dtype=np.uint8).reshape(len(rows), record)
+        fields = {slot.name: _decode(records[:, slot.offset : slot.offset + slot.nbytes], slot.dtype) for slot in spec.fields}
+        return fields["m"], np.broadcast_to(fields["v"], (len(rows), width))
 
     def sample_rows(self, name: str, count: int, seed: int = SAMPLE_SEED) -> list[int]:
         num_rows = self._entry(name)["shape"][0]
@@ -162,6 +160,14 @@ class StateInspector:
             step_size = group["lr"] * math.sqrt(1 - beta2**t) / (1 - beta1**t)
             result["effective_lr"] = _describe((step_size / (np.sqrt(v) + group["eps"])).mean(axis=1))
         return result
+
+
+def _decode(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """Bytes of one slot, ``(rows, nbytes)`` uint8, as float64 values."""
+    values = np.ascontiguousarray(raw).view(_NUMPY[dtype])
+    if dtype == "bfloat16":  # the top half of a float32
+        values = (values.astype(np.uint32) << 16).view(np.float32)
+    return values.astype(np.float64)
 
 
 def _describe(values: np.ndarray) -> dict:

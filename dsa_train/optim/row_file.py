@@ -7,7 +7,6 @@ is not in the page cache costs one page read, not the kernel's readahead window.
 
 from __future__ import annotations
 
-import math
 import mmap
 import os
 import warnings
@@ -16,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import StateError
-from .format import HEADER_BYTES, RowSpec, read_row_header
+from .format import HEADER_BYTES, LAYOUT, TABLE_LAYOUT, RowSpec, read_row_header
 
 DTYPES = {
     "float16": torch.float16,
@@ -33,8 +32,10 @@ def dtype_name(dtype: torch.dtype) -> str:
 class RowFile:
     """An open, memory-mapped row file.
 
-    ``records`` is the ``(N, slots, W)`` tensor view of the whole file's records and
-    ``moments`` its ``(N, 2, W)`` view of the ``m|v`` slots (the last two in both layouts).
+    ``m`` and ``v`` are ``(N, W)`` views of the moments (``(N, 1)`` for a row-wise v). In the
+    full-precision layouts (``m|v``, ``w|m|v``) ``records`` is the ``(N, slots, W)`` view of
+    the whole file's records and ``moments`` its ``(N, 2, W)`` view of the ``m|v`` slots (what
+    the compiled kernel updates); in the compact layouts both are ``None``.
     Opened with ``writable=False`` the mapping is read-only (a checkpoint's copy, say).
     """
 
@@ -44,18 +45,22 @@ class RowFile:
         self._check(read_row_header(self.path))
         self._fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         self._map: mmap.mmap | None = None
-        shape = (spec.num_rows, spec.slots, spec.row_width)
         if spec.num_rows * spec.row_width == 0:
-            self.records = torch.zeros(shape, dtype=DTYPES[spec.dtype])
+            raw = torch.zeros((spec.num_rows, spec.row_bytes), dtype=torch.uint8)
         else:
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
             self._map = mmap.mmap(self._fd, spec.file_bytes, access=access)
             self._map.madvise(mmap.MADV_RANDOM)
             with warnings.catch_warnings():  # a read-only mapping gives a read-only tensor: fine
                 warnings.simplefilter("ignore", UserWarning)
-                flat = torch.frombuffer(self._map, dtype=DTYPES[spec.dtype], count=math.prod(shape), offset=HEADER_BYTES)
-            self.records = flat.view(shape)
-        self.moments = self.records[:, spec.slots - 2 :]
+                flat = torch.frombuffer(self._map, dtype=torch.uint8, count=spec.num_rows * spec.row_bytes, offset=HEADER_BYTES)
+            raw = flat.view(spec.num_rows, spec.row_bytes)
+        fields = {slot.name: raw[:, slot.offset : slot.offset + slot.nbytes].view(DTYPES[slot.dtype]) for slot in spec.fields}
+        self.m, self.v = fields["m"], fields["v"]
+        self.records = self.moments = None
+        if spec.layout in (LAYOUT, TABLE_LAYOUT):
+            self.records = raw.view(DTYPES[spec.dtype]).view(spec.num_rows, spec.slots, spec.row_width)
+            self.moments = self.records[:, spec.slots - 2 :]
 
     @property
     def fd(self) -> int:
@@ -133,7 +138,7 @@ class RowFile:
         # Drop our views and the map, but never unmap by hand: tensors made from the mapping
         # (a DiskEmbedding's weight, a prefetch in flight) hold the map object, and unmapping
         # under them would crash the process. The kernel unmaps when the last one is gone.
-        self.records = self.moments = None
+        self.records = self.moments = self.m = self.v = None
         self._map = None
         os.close(self._fd)
         self._fd = -1

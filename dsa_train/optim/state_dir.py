@@ -104,11 +104,10 @@ class StateDirectory:
         """The parameters the manifest lists, by key."""
         return self._manifest["params"]
 
-    def check(self, key: str, shape: tuple[int, ...], dtype: str, table: Table | None = None) -> None:
+    def check(self, key: str, shape: tuple[int, ...], dtype: str, table: Table | None, layout: str) -> None:
         """Raise if ``key`` is listed with another shape, dtype or layout than the parameter's,
         or, for a disk table's weight, with the moments of another table."""
         entry = self._manifest["params"][key]
-        layout = TABLE_LAYOUT if table is not None else LAYOUT
         for field, ours in (("shape", list(shape)), ("dtype", dtype), ("layout", layout)):
             if entry.get(field) != ours:
                 raise StateError(
@@ -133,16 +132,16 @@ class StateDirectory:
             )
         entry["table"] = str(table.path.resolve())  # it may have moved with its state: follow it
 
-    def open(self, params: Mapping[str, tuple[tuple[int, ...], str, Table | None]]) -> dict[str, int]:
-        """Open (or create) the row files of ``params`` (key -> (shape, dtype, table)).
+    def open(self, params: Mapping[str, tuple[tuple[int, ...], str, Table | None, str]]) -> dict[str, int]:
+        """Open (or create) the row files of ``params`` (key -> (shape, dtype, table, layout)).
 
         A parameter that is a disk table's weight (``table`` not ``None``) keeps its moments
         in that table: no row file is made for it, the manifest names the table. Every check
         runs before anything is written. Returns each key's step counter.
         """
-        for key, (shape, dtype, table) in params.items():
+        for key, (shape, dtype, table, layout) in params.items():
             if key in self.known():
-                self.check(key, shape, dtype, table)
+                self.check(key, shape, dtype, table, layout)
             elif table is not None and table.moments_of is not None:
                 raise StateError(
                     f"table '{table.path}' already holds moments trained with the optimizer state "
@@ -152,7 +151,7 @@ class StateDirectory:
                 )
         opened = {}
         try:
-            for key, (_, _, table) in params.items():
+            for key, (_, _, table, _) in params.items():
                 if key in self.known():
                     opened[key] = table.rows if table is not None else self._open_existing(key)
             new = {k: v for k, v in params.items() if k not in self.known()}
@@ -164,7 +163,7 @@ class StateDirectory:
                     row_file.close()
             raise
         self.files.update(opened)
-        self._borrowed.update(key for key, (_, _, table) in params.items() if table is not None)
+        self._borrowed.update(key for key, (_, _, table, _) in params.items() if table is not None)
         steps = {key: self._manifest["params"][key]["step"] for key in params}
         self.steps.update(steps)
         return steps
@@ -182,17 +181,17 @@ class StateDirectory:
                 f"row file '{path}' of parameter '{key}' is missing",
                 hint="restore the state directory from a checkpoint or start a fresh one",
             )
-        spec = RowSpec(key, tuple(entry["shape"]), entry["dtype"], self.state_id)
+        spec = RowSpec(key, tuple(entry["shape"]), entry["dtype"], self.state_id, entry.get("layout", LAYOUT))
         return RowFile(path, spec)
 
-    def _create(self, params: Mapping[str, tuple[tuple[int, ...], str, Table | None]]) -> dict[str, RowFile]:
-        specs = {key: RowSpec(key, tuple(shape), dtype, self.state_id) for key, (shape, dtype, _) in params.items()}
-        tables = {key: table for key, (_, _, table) in params.items() if table is not None}
+    def _create(self, params: Mapping[str, tuple[tuple[int, ...], str, Table | None, str]]) -> dict[str, RowFile]:
+        specs = {key: RowSpec(key, tuple(shape), dtype, self.state_id, layout) for key, (shape, dtype, _, layout) in params.items()}
+        tables = {key: table for key, (_, _, table, _) in params.items() if table is not None}
         own = [key for key in specs if key not in tables]
         for key in own:
             create_row_file(self.path / (key + PENDING_SUFFIX), specs[key])
         for key, spec in specs.items():
-            entry = {"shape": list(spec.shape), "dtype": spec.dtype, "layout": LAYOUT, "row_bytes": spec.row_bytes,
+            entry = {"shape": list(spec.shape), "dtype": spec.dtype, "layout": spec.layout, "row_bytes": spec.row_bytes,
                      "step": 0, "file": key + ROWS_SUFFIX}  # fmt: skip
             if key in tables:
                 table = tables[key]

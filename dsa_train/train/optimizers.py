@@ -26,7 +26,10 @@ def build_optimizer(config: OptimizerConfig, named_parameters: list[tuple[str, t
     """The recipe's optimizer for sparse embedding tables (named, so DiskSparseAdam names its files)."""
     kwargs = dict(lr=config.lr, betas=config.betas, eps=config.eps)
     if config.kind == "dsa":
-        return DiskSparseAdam(named_parameters, state_dir=state_dir, nonfinite=config.nonfinite, **kwargs)
+        return DiskSparseAdam(
+            named_parameters, state_dir=state_dir, nonfinite=config.nonfinite,
+            first_moment=config.first_moment, second_moment=config.second_moment, **kwargs,
+        )  # fmt: skip
     return torch.optim.SparseAdam([p for _, p in named_parameters], **kwargs)
 
 
