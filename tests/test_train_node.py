@@ -94,7 +94,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, monkeypatch
     assert invoke("run", path, "--output", broken).exit_code == 1
     monkeypatch.setattr(loop.Training, "step", real_step)
     assert invoke("run", path, "--output", broken, "--resume").exit_code == 0
-    timings = ("seconds", "items_per_s", "peak_rss_mib", "optimizer_ram_mib")
+    timings = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib")
     clean = lambda rs: [{k: v for k, v in r.items() if k not in timings} for r in rs]  # noqa: E731
     for kind in ("train", "epoch", "eval", "summary"):
         assert clean(records(broken, kind)) == clean(records(whole, kind)), kind

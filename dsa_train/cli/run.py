@@ -82,7 +82,7 @@ def run(
         stdout.print(metrics_table(f"{config.name}: {split}", metrics))
     stdout.print(
         f"{summary['step']:,} steps, {summary['epochs']} epochs in {summary['seconds']:,.0f} s; peak RSS "
-        f"{summary['peak_rss_mib']:,.0f} MiB, optimizer RAM {summary['optimizer_ram_mib']:,.1f} MiB, "
+        f"{summary['peak_rss_mib']:,.0f} MiB (anonymous {summary['peak_rss_anon_mib']:,.0f} MiB), optimizer RAM {summary['optimizer_ram_mib']:,.1f} MiB, "
         f"optimizer state on disk {summary['optimizer_state_on_disk_mib']:,.1f} MiB"
         + (f", disk tables {summary['tables_on_disk_mib']:,.1f} MiB" if summary["tables_on_disk_mib"] else "")
         + f"\nrun folder: {folder.path}",

@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 
 from ..errors import DsaError
-from ..memory import peak_rss_bytes, rss_anon_bytes
+from ..memory import PeakRssAnon, peak_rss_bytes, rss_anon_bytes
 from ..recipe import Recipe
 from .checkpoint import TABLES, find_checkpoint, load_model_state, restore_tables, save_checkpoint
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, restore_state_dir
@@ -149,6 +149,14 @@ class Training:
 
     # -- training -------------------------------------------------------------------------
     def train(self) -> dict:
+        """Run the remaining epochs, the final checkpoint and evaluation; returns the summary."""
+        with PeakRssAnon(interval=0.1) as anon:
+            summary = self._train()
+        summary["peak_rss_anon_mib"] = round(anon.peak / MiB, 1)
+        self.metrics.log(summary)
+        return summary
+
+    def _train(self) -> dict:
         cfg = self.recipe.train
         items = self.task.epoch_items()
         steps_per_epoch = math.ceil(items / cfg.batch_size)
@@ -205,7 +213,6 @@ class Training:
             "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
             "final": final,
         }
-        self.metrics.log(summary)
         return summary
 
     def _step_limit_reached(self) -> bool:
