@@ -32,3 +32,15 @@ def test_setup_box_checks_this_machine(tmp_path):
     assert result.returncode == 0, result.stderr
     for line in ("python ", "torch ", "cuda ", "fast path ", f"state disk  {tmp_path / 'state'}"):
         assert line in result.stdout
+
+
+def test_out_of_core_benchmark_runs_quick(tmp_path):
+    """The scale benchmark's small version runs end to end and prints every figure."""
+    script = SCRIPTS / "bench_out_of_core.py"
+    result = subprocess.run(
+        [sys.executable, script, "--dir", tmp_path, "--quick"], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    for line in ("disk random 4 KiB reads", "cold rows paged in", "with prefetch / without", "peak resident anonymous memory"):
+        assert line in result.stdout
+    assert not list(tmp_path.iterdir()), "the benchmark left its table behind"
