@@ -11,10 +11,12 @@ Runs, one at a time (they must not share the CPU):
   2. scripts/bench_throughput.py       training throughput with dsa vs sparse_adam (KGE, node2vec)
   3. scripts/bench_inspect_state.py    inspect-state time and memory on 1M and 10M rows
   4. scripts/bench_walks.py            walk-sampling throughput on a generated graph
+  5. scripts/bench_out_of_core.py      a DiskEmbedding table larger than RAM: rows/s, prefetch,
+                                       the disk's random-read rate (needs ~46 GB free in --dir)
 
 Options:
-  --quick     small sizes, a few minutes in all (the full run takes about 20 minutes,
-              16 GB of RAM, and FB15k-237 under the data root for step 2)
+  --quick     small sizes, a few minutes in all (the full run takes about 40 minutes,
+              16 GB of RAM, 46 GB of disk, and FB15k-237 under the data root for step 2)
   --dir DIR   where the benchmarks put their state files (default: the temp dir)
   -h, --help  show this help
 USAGE
@@ -63,4 +65,12 @@ if [ "$quick" = 1 ]; then
     "$python" "$here/scripts/bench_walks.py" --nodes 1000000 --walks 20000
 else
     "$python" "$here/scripts/bench_walks.py"
+fi
+echo
+echo "== 5. tables larger than RAM"
+ooc_dir="${dir_args[1]:-${TMPDIR:-/tmp}}/dsa-out-of-core"
+if [ "$quick" = 1 ]; then
+    "$python" "$here/scripts/bench_out_of_core.py" --dir "$ooc_dir" --quick
+else
+    "$python" "$here/scripts/bench_out_of_core.py" --dir "$ooc_dir"
 fi
