@@ -77,20 +77,21 @@ def inspect_state(
 
 def _print(document: dict, holder: str | None) -> None:
     stdout.print(
-        f"{document['path']}: {document['format']} version {document['version']}, rows of [m | v]", markup=False
+        f"{document['path']}: {document['format']} version {document['version']}", markup=False
     )
     if holder:
         stderr.print(f"held by a live training, {holder}: read without its lock; values may move while read", highlight=False)
     elif not document["clean"]:
         stderr.print("not closed cleanly: its moments may be ahead of its step counters", highlight=False)
     table = Table()
-    for column in ("parameter", "shape", "dtype", "step", "size", "allocated", "rows touched"):
+    for column in ("parameter", "shape", "dtype", "layout", "step", "size", "allocated", "rows touched"):
         table.add_column(column, justify="left" if column == "parameter" else "right")
     for name, p in document["params"].items():
         table.add_row(
             name,
             " x ".join(f"{s:,}" for s in p["shape"]),
             p["dtype"],
+            p["layout"],
             f"{p['step']:,}",
             _bytes(p["apparent_bytes"]),
             _bytes(p["allocated_bytes"]),
@@ -98,6 +99,8 @@ def _print(document: dict, holder: str | None) -> None:
         )
     stdout.print(table)
     for name, p in document["params"].items():
+        if p["layout"] == "w|m|v":
+            stdout.print(f"{name}: weights and moments in the disk table {p['file']}", highlight=False)
         for key in ("m", "v", "effective_lr"):
             if key in p.get("stats", {}):
                 d = p["stats"][key]
