@@ -52,3 +52,48 @@ def test_cuda_memory_does_not_grow_with_the_table(state_dir):
         grown = torch.cuda.max_memory_allocated() - before
     # gradient rows, coalesced copy and updates: a few times lookups x d x 4 bytes
     assert grown < 16 * lookups * d * 4, f"GPU memory grew by {grown / 2**20:.1f} MiB"
+
+
+def test_disk_embedding_feeds_a_cuda_model_and_matches_sparse_adam(tmp_path):
+    """A DiskEmbedding's rows go to the GPU and their gradient comes back sparse to the host;
+    the weights follow SparseAdam on an ordinary CUDA embedding (the GPU's matmul rounds
+    differently from the CPU's, so close, not bit-equal)."""
+    from dsa_train import DiskEmbedding
+
+    disk = DiskEmbedding(500, 16, path=tmp_path / "t.table", std=0.1).to("cuda")
+    ref = nn.Embedding(500, 16, sparse=True).cuda()
+    with torch.no_grad():
+        ref.weight.copy_(disk.weight)
+    head = nn.Linear(16, 1).cuda()
+    reference = torch.optim.SparseAdam(ref.parameters(), lr=0.01)
+    with DiskSparseAdam(disk.parameters(), lr=0.01, state_dir=tmp_path / "state") as ours:
+        for t in range(50):
+            idx = torch.randint(0, 500, (256,), generator=torch.Generator().manual_seed(t)).cuda()
+            for m, opt in ((disk, ours), (ref, reference)):
+                opt.zero_grad()
+                out = m(idx)
+                assert out.device.type == "cuda"
+                head(out).pow(2).sum().backward()
+                opt.step()
+        assert disk.weight.device.type == "cpu" and disk.weight.grad.is_sparse
+        torch.testing.assert_close(disk.weight, ref.weight.cpu(), rtol=0, atol=1e-5)
+
+
+def test_disk_embedding_vram_does_not_grow_with_the_table(tmp_path):
+    """VRAM holds the batch's rows only: a 4M-row table and a 40k-row one use the same."""
+    from dsa_train import DiskEmbedding
+
+    peaks = []
+    for rows in (40_000, 4_000_000):
+        disk = DiskEmbedding(rows, 64, path=tmp_path / f"{rows}.table", std=0.01).to("cuda")
+        with DiskSparseAdam(disk.parameters(), state_dir=tmp_path / f"s{rows}") as opt:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            for _ in range(5):
+                opt.zero_grad()
+                disk(torch.randint(0, rows, (8192,), device="cuda")).pow(2).sum().backward()
+                opt.step()
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated() - before)
+    assert peaks[1] <= 1.2 * peaks[0] + (1 << 20), f"VRAM peaks {peaks} grew with the table"
