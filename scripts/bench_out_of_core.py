@@ -22,6 +22,7 @@ One run, on the disk under --dir (put it on the SSD you will train from):
     python scripts/bench_out_of_core.py --dir /ssd/bench              # 50M x 64 (38 GB of disk)
     python scripts/bench_out_of_core.py --dir /tmp/b --quick          # 1M x 32, a minute
     python scripts/bench_out_of_core.py --dir /ssd/bench --keep       # reuse the table next time
+    python scripts/bench_out_of_core.py --dir /ssd/b --rows 10000000 --dim 128 --device cuda   # VRAM vs N
 """
 
 from __future__ import annotations
@@ -164,12 +165,13 @@ def train(emb, relations, optimizer, batches, prefetcher: Prefetcher | None) -> 
         started = time.perf_counter()
         rows = torch.cat([heads, tails, negatives])
         unique, inverse = torch.unique(rows, return_inverse=True)
-        vectors = emb(unique)[inverse]
+        device = emb.output_device
+        vectors = emb(unique)[inverse.to(device)]
         h, t, n = vectors.split([len(heads), len(tails), len(negatives)])
-        query = h + relations(rels)
+        query = h + relations(rels.to(device))
         positive = -(query - t).norm(dim=1, keepdim=True)
         negative = -torch.cdist(query, n)
-        loss = F.cross_entropy(torch.cat([positive, negative], 1), torch.zeros(len(heads), dtype=torch.long))
+        loss = F.cross_entropy(torch.cat([positive, negative], 1), torch.zeros(len(heads), dtype=torch.long, device=device))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -200,6 +202,7 @@ def main() -> None:
     parser.add_argument("--spare-gb", type=float, default=8.0, help="disk space to leave free")
     parser.add_argument("--keep", action="store_true", help="keep the table and its state for the next run (reused)")
     parser.add_argument("--quick", action="store_true", help="1M x 32, 8 steps: a check that it all runs")
+    parser.add_argument("--device", default="cpu", help="where the model computes (cuda: reports the VRAM peak too)")
     args = parser.parse_args()
     if args.quick:
         args.rows, args.dim, args.steps, args.disk_seconds, args.batch, args.negatives = 1_000_000, 32, 8, 1.0, 256, 256
@@ -242,8 +245,12 @@ def main() -> None:
     page_in = page_in_rates(emb, 4 * args.batch * 4, args.io_threads, seed=1)
     print("cold rows paged in: " + ", ".join(f"{name} {rate:,.0f}/s" for name, rate in page_in.items()))
 
-    relations = torch.nn.Embedding(RELATIONS, args.dim, sparse=True)
+    emb.to(args.device)
+    relations = torch.nn.Embedding(RELATIONS, args.dim, sparse=True).to(args.device)
     torch.nn.init.normal_(relations.weight, std=0.01)
+    cuda = torch.device(args.device).type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     optimizer = DiskSparseAdam(
         [("entities", emb.weight), ("relations", relations.weight)], lr=1e-3, state_dir=state
     )
@@ -269,10 +276,17 @@ def main() -> None:
         ratio = results[(access, "prefetch")]["mean_step_s"] / results[(access, "no prefetch")]["mean_step_s"]
         print(f"{access}: step time with prefetch / without = {ratio:.2f} (target <= 0.6)")
     print(f"peak resident anonymous memory (RssAnon): {peak.peak / 2**20:,.0f} MiB (target < 2,048 MiB)")
+    vram = torch.cuda.max_memory_allocated() if cuda else None
+    if cuda:
+        print(
+            f"GPU memory peak (torch.cuda.max_memory_allocated): {vram / 2**20:,.0f} MiB; SparseAdam with the "
+            f"table on the GPU needs 3 x 4 x N x D = {table_bytes / 2**20:,.0f} MiB"
+        )
     summary = {
         "rows": rows, "dim": args.dim, "table_gb": table_bytes / GB, "ram_gb": ram / GB,
         "disk_reads_per_s": rate_parallel, "disk_reads_per_s_depth1": rate_serial, "page_in_rows_per_s": page_in,
         "train": {f"{a}/{m}": r for (a, m), r in results.items()}, "peak_rss_anon_mib": peak.peak / 2**20,
+        "cuda_max_memory_allocated_mib": vram / 2**20 if cuda else None,
     }  # fmt: skip
     print(json.dumps(summary))
     emb.table.close()
