@@ -74,6 +74,15 @@ class ProgressReporter:
         self._close()
         stderr.print(f"{split}: {summary}", highlight=False)
 
+    def work_start(self, what: str, total: int) -> None:
+        self._bar(what, total)
+
+    def work_advance(self, done: int) -> None:
+        self.eval_advance(done)
+
+    def work_done(self) -> None:
+        self._close()
+
 
 NAMES = {"mr": "MR", "mrr": "MRR", "hits_at_1": "Hits@1", "hits_at_3": "Hits@3", "hits_at_10": "Hits@10", "auc": "AUC"}
 

@@ -49,6 +49,9 @@ class Reporter(Protocol):
     def eval_start(self, split: str, total: int) -> None: ...
     def eval_advance(self, done: int) -> None: ...
     def eval_done(self, split: str, summary: str) -> None: ...
+    def work_start(self, what: str, total: int) -> None: ...
+    def work_advance(self, done: int) -> None: ...
+    def work_done(self) -> None: ...
 
 
 class SilentReporter:
@@ -72,6 +75,30 @@ class SilentReporter:
 
     def eval_done(self, split: str, summary: str) -> None:
         pass
+
+    def work_start(self, what: str, total: int) -> None:
+        pass
+
+    def work_advance(self, done: int) -> None:
+        pass
+
+    def work_done(self) -> None:
+        pass
+
+
+class WorkProgress:
+    """A ``progress(done, total)`` callback (as ``DiskEmbedding`` takes) drawn by a reporter."""
+
+    def __init__(self, reporter: Reporter, what: str) -> None:
+        self.reporter, self.what, self.done = reporter, what, 0
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.done == 0:
+            self.reporter.work_start(self.what, total)
+        self.reporter.work_advance(done - self.done)
+        self.done = done
+        if done >= total:
+            self.reporter.work_done()
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -123,7 +150,7 @@ class Training:
             restore_tables(checkpoint, tables)
             restore_state_dir(checkpoint, state_dir)
         torch.manual_seed(recipe.train.seed)
-        self.task: Task = make_task(recipe, self.device, TableSite(tables))
+        self.task: Task = make_task(recipe, self.device, TableSite(tables, progress=WorkProgress(self.reporter, "writing the new disk table")))
         self.reporter.note(self.task.description)
         if checkpoint is not None:
             load_model_state(checkpoint, self.task.model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -20,6 +21,7 @@ class TableSite:
 
     directory: Path
     writable: bool = True
+    progress: Callable[[int, int], None] | None = None  # called while a new table is written
 
 
 def disk_table(recipe: Recipe, site: TableSite | None, name: str, num_rows: int, *, std: float) -> nn.Module | None:
@@ -37,7 +39,9 @@ def disk_table(recipe: Recipe, site: TableSite | None, name: str, num_rows: int,
     path = site.directory / f"{name}.table"
     if not site.writable and not path.exists():
         raise DsaError(f"table '{path}' is missing", hint="evaluate a checkpoint written by a run with these tables")
-    return DiskEmbedding(num_rows, recipe.model.dim, path=path, std=std, seed=recipe.train.seed, writable=site.writable)
+    return DiskEmbedding(
+        num_rows, recipe.model.dim, path=path, std=std, seed=recipe.train.seed, writable=site.writable, progress=site.progress
+    )
 
 
 class Task(Protocol):
