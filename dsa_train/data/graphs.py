@@ -67,14 +67,25 @@ class Graph:
 
 def csr_from_edges(edges: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
     """CSR of the undirected graph with these ``(E, 2)`` edges (self-loops and duplicates dropped)."""
+    return csr_from_keys(directed_keys(edges, num_nodes), num_nodes)
+
+
+def directed_keys(edges: Tensor, num_nodes: int) -> Tensor:
+    """``u * N + v`` for both directions of each ``(u, v)`` edge, self-loops dropped."""
     u, v = edges[:, 0], edges[:, 1]
     keep = u != v
     u, v = u[keep], v[keep]
-    keys = torch.unique(torch.cat([u * num_nodes + v, v * num_nodes + u]))  # sorted, both directions
-    rows = keys // num_nodes
-    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long)
-    rowptr[1:] = torch.bincount(rows, minlength=num_nodes).cumsum(0)
-    return rowptr, keys % num_nodes
+    return torch.cat([u * num_nodes + v, v * num_nodes + u])
+
+
+def csr_from_keys(keys: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
+    """CSR from directed edge keys ``u * N + v`` (any order, duplicates allowed).
+
+    Made to hold a 10^8-node graph: the sorted unique keys become the column array in place,
+    and the row pointers are a binary search for each row's first key."""
+    keys = torch.unique(keys)  # sorted
+    rowptr = torch.searchsorted(keys, torch.arange(num_nodes + 1) * num_nodes)
+    return rowptr, keys.remainder_(num_nodes)
 
 
 def split_edges(graph: Graph, valid: float, test: float, seed: int) -> Graph:
@@ -134,7 +145,7 @@ def generate_graph(config: GraphSyntheticConfig) -> Graph:
     generator = torch.Generator().manual_seed(config.seed)
     n, k = config.nodes, min(config.communities, config.nodes)
     target = n * config.average_degree // 2
-    edges = []
+    keys = []  # each chunk's edges as directed keys, deduplicated early: memory for 10^8 nodes
     for start in range(0, target, CHUNK):
         count = min(CHUNK, target - start)
         u = power_law_ids(n, count, generator, config.zipf)
@@ -143,8 +154,11 @@ def generate_graph(config: GraphSyntheticConfig) -> Graph:
         v = power_law_ids(n, count, generator, config.zipf)
         v = v - v % k + community
         v = torch.where(v >= n, v - k, v)
-        edges.append(torch.stack([u, v], 1))
-    rowptr, col = csr_from_edges(torch.cat(edges), n)
+        keys.append(torch.unique(directed_keys(torch.stack([u, v], 1), n)))
+    joined = torch.cat(keys)
+    del keys
+    rowptr, col = csr_from_keys(joined, n)
+    del joined
     labels = torch.arange(n) % k
     split = torch.rand(n, generator=generator)
     return Graph(
