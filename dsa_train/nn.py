@@ -24,7 +24,8 @@ STATE_KEY = "table"  # a disk module's state_dict entry: a reference to its tabl
 
 
 class DiskTable(nn.Module):
-    """What both disk modules share: the table, its weight parameter, the output device."""
+    """What both disk modules share: the table, its weight parameter, the output device, and
+    the arguments that make them (see :class:`DiskEmbedding`)."""
 
     def __init__(
         self,
@@ -32,14 +33,14 @@ class DiskTable(nn.Module):
         embedding_dim: int,
         *,
         path: str | Path,
-        init: str,
-        std: float,
-        bound: float,
-        seed: int,
-        dtype: torch.dtype,
-        device: torch.device | str | None,
-        writable: bool,
-        progress: Callable[[int, int], None] | None,
+        init: str = "normal",
+        std: float = 1.0,
+        bound: float = 0.1,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        writable: bool = True,
+        progress: Callable[[int, int], None] | None = None,
     ) -> None:
         super().__init__()
         if num_embeddings <= 0 or embedding_dim <= 0:
@@ -144,26 +145,6 @@ class DiskEmbedding(DiskTable):
         opt = DiskSparseAdam(emb.named_parameters(), lr=1e-3, state_dir="/ssd/opt")
     """
 
-    def __init__(
-        self,
-        num_embeddings: int,
-        embedding_dim: int,
-        *,
-        path: str | Path,
-        init: str = "normal",
-        std: float = 1.0,
-        bound: float = 0.1,
-        seed: int = 0,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-        writable: bool = True,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> None:
-        super().__init__(
-            num_embeddings, embedding_dim, path=path, init=init, std=std, bound=bound, seed=seed,
-            dtype=dtype, device=device, writable=writable, progress=progress,
-        )  # fmt: skip
-
     def forward(self, indices: Tensor) -> Tensor:
         rows = F.embedding(indices.to("cpu"), self.weight, sparse=True)
         return rows.to(self.output_device, non_blocking=True)
@@ -173,28 +154,10 @@ class DiskEmbeddingBag(DiskTable):
     """``nn.EmbeddingBag(num_embeddings, embedding_dim, mode=mode, sparse=True)`` with its
     weight on disk; everything else as :class:`DiskEmbedding`."""
 
-    def __init__(
-        self,
-        num_embeddings: int,
-        embedding_dim: int,
-        *,
-        path: str | Path,
-        mode: str = "mean",
-        init: str = "normal",
-        std: float = 1.0,
-        bound: float = 0.1,
-        seed: int = 0,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str | None = None,
-        writable: bool = True,
-        progress: Callable[[int, int], None] | None = None,
-    ) -> None:
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, mode: str = "mean", **table_options) -> None:
         if mode not in ("sum", "mean", "max"):
             raise ValueError(f"mode has to be one of sum, mean or max, got {mode!r}")
-        super().__init__(
-            num_embeddings, embedding_dim, path=path, init=init, std=std, bound=bound, seed=seed,
-            dtype=dtype, device=device, writable=writable, progress=progress,
-        )  # fmt: skip
+        super().__init__(num_embeddings, embedding_dim, **table_options)
         self.mode = mode
 
     def forward(self, indices: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None) -> Tensor:
