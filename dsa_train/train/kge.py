@@ -15,7 +15,7 @@ from ..eval import RankingMetrics, TripleIndex, evaluate_link_prediction
 from ..models import KGEModel, build_kge_model
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
-from .tasks import TableSite, disk_table, prefetch_rows
+from .tasks import TableSite, disk_table
 
 
 class KGETask:
@@ -30,7 +30,7 @@ class KGETask:
         self.index: TripleIndex | None = None
 
     def prefetch(self, picked: Tensor) -> None:
-        prefetch_rows(self.model.node_emb, self.kg.train[picked][:, [0, 2]].flatten())
+        self.model.node_emb.prefetch(self.kg.train[picked][:, [0, 2]].flatten())
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return list(self.model.named_parameters())

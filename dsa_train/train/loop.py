@@ -187,6 +187,7 @@ class Training:
         cfg = self.recipe.train
         items = self.task.epoch_items()
         steps_per_epoch = math.ceil(items / cfg.batch_size)
+        prefetch = self.recipe.model.embedding_storage == "disk"
         started = time.perf_counter()
         while self.epoch < cfg.epochs and not self._step_limit_reached():
             order = torch.randperm(items, generator=torch.Generator().manual_seed(step_seed(cfg.seed, -1 - self.epoch)))
@@ -195,7 +196,7 @@ class Training:
             while self.batch < steps_per_epoch and not self._step_limit_reached():
                 picked = order[self.batch * cfg.batch_size : (self.batch + 1) * cfg.batch_size]
                 upcoming = order[(self.batch + 1) * cfg.batch_size : (self.batch + 2) * cfg.batch_size]
-                if len(upcoming):  # its rows are read in the background while this step computes
+                if prefetch and len(upcoming):  # its rows are read in the background while this step computes
                     self.task.prefetch(upcoming)
                 step_started = time.perf_counter()
                 loss = self.step(picked)

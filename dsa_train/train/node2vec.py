@@ -18,7 +18,7 @@ from ..data.walks import WalkSampler
 from ..eval.node import link_prediction, probe_accuracy
 from ..models.node import SkipGram, windows
 from ..recipe import Recipe
-from .tasks import TableSite, disk_table, prefetch_rows
+from .tasks import TableSite, disk_table
 
 
 class Node2VecTask:
@@ -35,7 +35,7 @@ class Node2VecTask:
 
     def prefetch(self, picked: Tensor) -> None:
         # The walks are drawn inside the step; their start nodes are known now.
-        prefetch_rows(self.model.embedding, picked)
+        self.model.embedding.prefetch(picked)
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return list(self.model.named_parameters())

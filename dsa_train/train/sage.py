@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..data.neighbors import sample_subgraph
 from ..models.node import SageOverEmbeddings
 from ..recipe import Recipe
-from .tasks import TableSite, disk_table, prefetch_rows
+from .tasks import TableSite, disk_table
 from .node2vec import evaluate_node_embeddings, headline
 
 
@@ -45,7 +45,7 @@ class SageTask:
     def prefetch(self, picked: Tensor) -> None:
         # The seeds are known now; their sampled neighbours only inside the step.
         seeds = self.train_nodes[picked] if self.train_nodes is not None else self.train_edges[picked].flatten()
-        prefetch_rows(self.model.embedding, seeds)
+        self.model.embedding.prefetch(seeds)
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return [("embedding.weight", self.model.embedding.weight)]

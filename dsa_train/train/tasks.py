@@ -51,7 +51,7 @@ class Task(Protocol):
     counted in ``unit``); ``loss(picked)`` turns a batch of item numbers into a loss, drawing
     any randomness from torch's global generator (which the loop seeds per step).
     ``prefetch(picked)`` is told the next batch before this one's step, to start reading the
-    rows it will touch (a no-op for tables in memory).
+    rows of its disk table that it will touch (called only with ``embedding_storage: disk``).
     """
 
     unit: str
@@ -82,10 +82,3 @@ def make_task(recipe: Recipe, device: torch.device, tables: TableSite | None = N
     from .sage import SageTask
 
     return SageTask(recipe, device, tables)
-
-
-def prefetch_rows(table: nn.Module, rows: Tensor) -> None:
-    """Start paging in ``rows`` of a disk table (nothing for an in-memory one)."""
-    prefetch = getattr(table, "prefetch", None)
-    if prefetch is not None:
-        prefetch(rows)
