@@ -130,18 +130,16 @@ class Table:
                 if progress is not None:
                     progress(begin + len(weights), num_rows)
             os.fsync(fd)
-        except OSError as e:
-            os.close(fd)
+        except BaseException as e:  # interrupted or failed: no half-written table is left
             partial.unlink(missing_ok=True)
-            raise StateError(
-                f"could not write table '{path}' ({spec.file_bytes / 2**30:.2f} GiB): {e.strerror}",
-                hint="free space on that disk or give a path on a bigger one",
-            ) from e
-        except BaseException:
-            os.close(fd)
-            partial.unlink(missing_ok=True)
+            if isinstance(e, OSError):
+                raise StateError(
+                    f"could not write table '{path}' ({spec.file_bytes / 2**30:.2f} GiB): {e.strerror}",
+                    hint="free space on that disk or give a path on a bigger one",
+                ) from e
             raise
-        os.close(fd)
+        finally:
+            os.close(fd)
         os.replace(partial, path)
         fsync_directory(path.parent)
         return cls.open(path, shape, dtype)
