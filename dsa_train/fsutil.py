@@ -3,9 +3,9 @@
 * :func:`atomic_write_bytes` commits a file by writing a temporary name, fsyncing it, renaming
   it over the target and fsyncing the directory, so a reader sees the old or the new content,
   never a mix.
-* :class:`DirectoryLock` is an exclusive ``flock`` on ``<dir>/.lock`` that records who holds it,
-  so a second writer gets an error naming the first. The kernel drops the lock when its holder
-  dies, so a lock left by a killed process never blocks anyone.
+* :class:`DirectoryLock` is an exclusive ``flock`` on a directory itself that records who holds
+  it in ``<dir>/.lock``, so a second writer gets an error naming the first. The kernel drops
+  the lock when its holder dies, so a lock left by a killed process never blocks anyone.
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from .errors import StateError
@@ -32,17 +35,23 @@ def fsync_directory(path: Path) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (temporary name, fsync, rename)."""
+    """Replace ``path`` with ``data`` atomically and durably (temporary name, fsync, rename).
+
+    The temporary file is created exclusively (``O_EXCL | O_NOFOLLOW``, a fresh random name),
+    so a link planted under a predictable name is never written through; the rename replaces
+    whatever entry ``path`` is (a link is replaced, its target is never touched).
+    """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
         raise
     fsync_directory(path.parent)
 
@@ -58,60 +67,167 @@ def this_process() -> dict:
 
 
 class DirectoryLock:
-    """An exclusive, non-blocking lock on a directory, held through ``<dir>/.lock``.
+    """An exclusive, non-blocking ``flock`` on a directory itself.
 
-    ``flock`` locks belong to an open file description, so two lock objects conflict even
-    inside one process; the kernel releases the lock when the holding process exits or dies.
+    The lock is taken on the directory's own inode (a directory file descriptor), not on a
+    file inside it, so deleting or replacing any file in the directory cannot let a second
+    writer in. Who holds it is recorded in ``<dir>/.lock`` for error messages only; that
+    record is written under a fresh temporary name and renamed, never opened through a link,
+    never truncated. ``flock`` locks belong to an open file description, so two lock objects
+    conflict even inside one process; the kernel releases the lock when its holder exits or
+    dies, so a lock left by a killed process never blocks anyone.
     """
 
     FILE_NAME = ".lock"
 
-    def __init__(self, directory: Path, *, purpose: str) -> None:
-        self.path = Path(directory) / self.FILE_NAME
+    def __init__(self, directory: Path, *, purpose: str, follow_link: bool = True) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / self.FILE_NAME
         self.purpose = purpose
+        self._flags = os.O_RDONLY | os.O_DIRECTORY | (0 if follow_link else os.O_NOFOLLOW)
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.directory, self._flags)
+        except OSError as e:
+            raise StateError(
+                f"cannot open {self.purpose} '{self.directory}' to lock it: {e.strerror}",
+                hint="pass an existing directory that you can read",
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
             os.close(fd)
             raise StateError(
-                f"{self.purpose} '{self.path.parent}' is locked by {holder}",
+                f"{self.purpose} '{self.directory}' is locked by {lock_holder(self.directory) or 'another process'}",
                 hint="two writers would corrupt it: stop the other process (or close() the "
                 "other optimizer in this process), or use another directory",
             ) from None
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(this_process()).encode(), 0)
         self._fd = fd
+        try:
+            _record_holder(fd, self.directory)
+        except BaseException:
+            self.release()
+            raise
 
     def release(self) -> None:
         if self._fd is None:
             return
         fd, self._fd = self._fd, None
-        try:
-            os.ftruncate(fd, 0)
-        finally:
-            os.close(fd)  # closing the last descriptor drops the flock
+        os.close(fd)  # closing the last descriptor drops the flock
 
     @property
     def held(self) -> bool:
         return self._fd is not None
 
+    @property
+    def fd(self) -> int:
+        """The locked directory's descriptor, for ``dir_fd`` operations inside it."""
+        if self._fd is None:
+            raise RuntimeError("the lock is not held")
+        return self._fd
 
-def _read_holder(fd: int) -> str:
-    """Describe the process recorded in a lock file, for an error message."""
+
+def _record_holder(directory_fd: int, directory: Path) -> None:
+    """Write who holds the lock into ``.lock``, never through a link or onto a foreign file."""
+    name = DirectoryLock.FILE_NAME
     try:
-        info = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        info = os.lstat(name, dir_fd=directory_fd)
+    except FileNotFoundError:
+        info = None
+    if info is not None and not stat.S_ISREG(info.st_mode):
+        raise StateError(
+            f"'{directory / name}' is not a regular file (a symbolic link or a folder); dsa-train "
+            "records its lock holder there and never writes through a link it did not create",
+            hint=f"remove '{directory / name}' (it is only a record; the lock is on the directory) and run again",
+        )
+    tmp = f"{name}.tmp-{uuid.uuid4().hex[:12]}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=directory_fd)
+    try:
+        os.write(fd, json.dumps(this_process()).encode())
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+    except BaseException:
+        os.unlink(tmp, dir_fd=directory_fd)
+        raise
+
+
+def lock_holder(directory: Path) -> str | None:
+    """Who holds ``directory``'s :class:`DirectoryLock`, or ``None``; takes no lock.
+
+    Reads ``/proc/locks`` for an ``FLOCK`` on the directory's inode (without it, probes with a
+    shared lock that is dropped at once), then describes the holder from ``.lock``.
+    """
+    try:
+        info = os.stat(directory)
+    except OSError:
+        return None
+    pids = _flock_pids(info)
+    if pids is None:  # no /proc/locks here: probe
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None
+        except BlockingIOError:
+            pids = []
+        finally:
+            os.close(fd)
+    if not pids:
+        return None
+    record = _read_record(Path(directory))
+    if record.get("pid") in pids:
+        return _describe(record)
+    return f"pid {pids[0]}" if pids[0] else "another process"
+
+
+def _flock_pids(info: os.stat_result) -> list[int] | None:
+    """Pids holding an ``flock`` on the file ``info`` describes (``None``: cannot tell)."""
+    # Matched on the inode alone: overlay and network file systems can show another device
+    # number there, and a false "held" only makes callers more careful.
+    wanted = f":{info.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    pids = []
+    for line in lines:
+        fields = line.split()
+        if "FLOCK" not in fields or "->" in fields:
+            continue
+        for position, field in enumerate(fields):
+            if position and field.endswith(wanted) and field.count(":") == 2:
+                pids.append(int(fields[position - 1]) if fields[position - 1].isdigit() else 0)
+    return pids
+
+
+def _read_record(directory: Path) -> dict:
+    try:
+        fd = os.open(directory / DirectoryLock.FILE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return {}
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return {}
+        record = json.loads(os.read(fd, 4096) or b"{}")
     except (OSError, ValueError):
-        info = {}
-    if not info.get("pid"):
-        return "another process (it has not recorded itself yet)"
+        return {}
+    finally:
+        os.close(fd)
+    return record if isinstance(record, dict) else {}
+
+
+def _describe(info: dict) -> str:
+    """Describe the process recorded in a lock record, for an error message."""
     who = f"pid {info['pid']} on {info.get('host', '?')}"
     if info.get("pid") == os.getpid():
         who += " (this process: another DiskSparseAdam still has it open)"
@@ -166,14 +282,17 @@ def copy_sparse(source: Path, target: Path) -> None:
 
     A row file of a 10M-row table is gigabytes apparent but holds only the rows ever
     touched; a plain copy would write every hole out as zeros.
+    The target must not exist: it is created exclusively and never through a link.
     """
-    with open(source, "rb") as src, open(target, "wb") as dst:
-        size = os.fstat(src.fileno()).st_size
-        dst.truncate(size)
-        for start, end in data_extents(src.fileno(), size):
-            _copy_range(src.fileno(), dst.fileno(), start, end)
-        dst.flush()
-        os.fsync(dst.fileno())
+    with open(source, "rb") as src:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as dst:
+            size = os.fstat(src.fileno()).st_size
+            dst.truncate(size)
+            for start, end in data_extents(src.fileno(), size):
+                _copy_range(src.fileno(), dst.fileno(), start, end)
+            dst.flush()
+            os.fsync(dst.fileno())
 
 
 def _copy_range(src: int, dst: int, start: int, end: int) -> None:

@@ -15,6 +15,8 @@ import sys
 import textwrap
 
 import numpy as np
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -439,13 +441,13 @@ def test_state_dir_not_writable(tmp_path, monkeypatch):
     if os.geteuid() != 0:
         target.chmod(0o500)
     else:  # root writes anywhere: make the file system say no, as a read-only mount would
-        real_touch = type(target).touch
+        real_open = os.open
 
-        def refuse(self, *args, **kwargs):
-            if self.parent == target:
-                raise PermissionError(13, "Permission denied", str(self))
-            return real_touch(self, *args, **kwargs)
+        def refuse(path, *args, **kwargs):
+            if Path(path).parent == target:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_open(path, *args, **kwargs)
 
-        monkeypatch.setattr(type(target), "touch", refuse)
+        monkeypatch.setattr(os, "open", refuse)
     with pytest.raises(StateError, match=r"'.*ro' is not writable: Permission denied"):
         DiskSparseAdam([nn.Parameter(torch.zeros(3, 2))], state_dir=target)

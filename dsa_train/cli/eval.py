@@ -10,7 +10,7 @@ import typer
 
 from ..train.run_folder import RunFolder
 from ._errors import handle_errors
-from ._output import ProgressReporter, metrics_table, stdout
+from ._output import ProgressReporter, metrics_table, stderr, stdout
 from .run import Device
 
 
@@ -35,10 +35,20 @@ def eval_(
 
       dsa-train eval runs/quickstart-20261202-141500 --split valid --checkpoint 400 --json
     """
-    from ..train.loop import evaluate_run  # torch and PyG: imported only when evaluating
+    from ..train.loop import SilentReporter, evaluate_run  # torch and PyG: imported only when evaluating
+
+    class NotesOnly(SilentReporter):
+        """--json: no progress, but every warning on stderr and in the document."""
+
+        def __init__(self) -> None:
+            self.notes: list[str] = []
+
+        def note(self, text: str) -> None:
+            self.notes.append(text)
+            stderr.print(text, highlight=False)
 
     run = RunFolder.find(run_dir)
-    reporter = ProgressReporter() if not as_json else None
+    reporter = ProgressReporter() if not as_json else NotesOnly()
     path, metrics, _ = evaluate_run(run, split.value, checkpoint=checkpoint, device=device.value if device else None, reporter=reporter)
     if as_json:
         document = {
@@ -46,6 +56,7 @@ def eval_(
             "checkpoint": int(path.name),
             "split": split.value,
             "metrics": metrics,
+            "warnings": reporter.notes,
         }
         typer.echo(json.dumps(document, indent=2))
     else:

@@ -59,9 +59,9 @@ def run(
         return
     if resume:
         folder = RunFolder.find(output) if output else RunFolder.newest(config)
+        folder.lock()  # a second process on this run folder stops here, told who holds it
     else:
-        folder = RunFolder.create(config, output)
-    lock = folder.lock()  # a second process on this run folder stops here, told who holds it
+        folder = RunFolder.create(config, output)  # locked before anything is written into it
     try:
         if resume:
             saved = folder.read_config(overrides)
@@ -74,10 +74,12 @@ def run(
         try:
             training.setup(resume=resume)
             summary = training.train()
-        finally:
-            training.close()
+        except BaseException:
+            training.close(after_error=True)  # the first error is the one the user sees
+            raise
+        training.close()
     finally:
-        lock.release()
+        folder.release()
     for split, metrics in training.final_metrics.items():
         stdout.print(metrics_table(f"{config.name}: {split}", metrics))
     stdout.print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 import weakref
@@ -102,16 +103,7 @@ class DiskSparseAdam(Optimizer):
         first_moment: str = "full",
         second_moment: str = "full",
     ) -> None:
-        if isinstance(lr, Tensor) and lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
-        if not 0.0 < lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 < eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        _check_hyperparameters(lr, betas, eps)
         if nonfinite not in ("error", "skip"):
             raise ValueError(f"Invalid nonfinite policy: {nonfinite!r} (use 'error' or 'skip')")
         if first_moment not in ("full", "bfloat16"):
@@ -134,6 +126,8 @@ class DiskSparseAdam(Optimizer):
 
         store = StateDirectory(Path(state_dir), allow_unclean=allow_unclean)
         try:
+            if store.known():
+                self._refuse_ambiguous_reopen(keys, store.path)
             unknown = [k for k in keys.values() if k not in store.known()] if store.known() else []
             if unknown:
                 raise StateError(
@@ -176,6 +170,24 @@ class DiskSparseAdam(Optimizer):
         self._keys.update(keys)
         self._names.update(named.values())
         self._restore_steps(steps)
+
+    def _refuse_ambiguous_reopen(self, keys: dict[Tensor, str], path: Path) -> None:
+        """Unnamed parameters are matched to their files by position alone; two of the same
+        shape and dtype given in another order would swap moments silently, so refuse."""
+        by_spec: dict[tuple, list[str]] = {}
+        for group in self.param_groups:
+            if not group.get("param_names"):
+                for p in group["params"]:
+                    by_spec.setdefault((tuple(p.shape), p.dtype), []).append(keys[p])
+        clash = next((k for k in by_spec.values() if len(k) > 1), None)
+        if clash:
+            raise StateError(
+                f"state_dir '{path}' was reopened with unnamed parameters of the same shape and dtype "
+                f"({', '.join(clash)}): only their order would decide which moments each one gets, "
+                "and another order would swap them without any error",
+                hint=f"name them: pass model.named_parameters(), or (name, tensor) pairs such as "
+                f"[({clash[0]!r}, ...), ({clash[1]!r}, ...)] in the order the state was created",
+            )
 
     def _assign_keys(self, groups: list[dict], start: int = 0) -> dict[Tensor, tuple[str, str]]:
         """Each parameter's file-safe, unique key (its sanitised name, else ``paramK``) and name."""
@@ -256,13 +268,18 @@ class DiskSparseAdam(Optimizer):
         if work and store.clean:
             store.groups = self._groups_summary()
             store.mark_dirty()
-        for group, p in work:
-            state = self.state[p]
-            state["step"] = state.get("step", 0) + 1
-            store.steps[self._keys[p]] = state["step"]
-            if p.grad._values().numel() == 0:
-                continue  # an empty gradient counts as a step, as in SparseAdam
-            self._update(p, store.files[self._keys[p]], group, state["step"])
+        try:
+            for group, p in work:
+                state = self.state[p]
+                state["step"] = state.get("step", 0) + 1
+                store.steps[self._keys[p]] = state["step"]
+                if p.grad._values().numel() == 0:
+                    continue  # an empty gradient counts as a step, as in SparseAdam
+                self._update(p, store.files[self._keys[p]], group, state["step"])
+        except BaseException as e:
+            # Some parameters may be updated and others not: the directory stays unclean.
+            store.broken = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            raise
         return loss
 
     def _spec(self, p: Tensor) -> tuple[tuple[int, ...], str, Table | None, str]:
@@ -288,6 +305,11 @@ class DiskSparseAdam(Optimizer):
     @property
     def state_dir(self) -> Path:
         return self._open_store().path
+
+    @property
+    def state_id(self) -> str:
+        """The id of the state directory's content (its manifest's ``state_id``)."""
+        return self._open_store().state_id
 
     def _open_store(self) -> StateDirectory:
         if self._store is None:
@@ -371,6 +393,11 @@ class DiskSparseAdam(Optimizer):
                 hint="restore a copy of the state directory taken together with the state_dict "
                 "(a checkpoint), then load it",
             )
+        for index, group in enumerate(state_dict.get("param_groups", [])):
+            try:
+                _check_hyperparameters(group["lr"], group["betas"], group["eps"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise ValueError(f"state_dict param group {index}: {e}") from None
         rest = {k: v for k, v in state_dict.items() if k != "disk_state"}
         super().load_state_dict(rest)
         store.groups = self._groups_summary()
@@ -441,9 +468,34 @@ def _rows_contiguous(t: Tensor) -> bool:
     return True
 
 
+MAX_NAME = 200  # a file key, so that "<key>.rows.pending" stays under NAME_MAX (255)
+
+
 def _file_key(name: str) -> str:
+    if len(name) > MAX_NAME:
+        raise StateError(
+            f"parameter name '{name[:40]}...' has {len(name)} characters; its row file name would be "
+            f"too long (at most {MAX_NAME})",
+            hint="pass a shorter name in the (name, tensor) pairs",
+        )
     key = _UNSAFE.sub("_", name)
     return "_" + key if not key or key.startswith(".") else key
+
+
+def _check_hyperparameters(lr, betas, eps) -> None:
+    """torch's checks and words, plus: non-finite values are refused."""
+    if isinstance(lr, Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    if not 0.0 < lr < math.inf:
+        raise ValueError(f"Invalid learning rate: {lr}")
+    if not 0.0 < eps < math.inf:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+    if len(betas) != 2:
+        raise ValueError(f"Invalid betas: {betas} (two values are needed)")
+    if not 0.0 <= betas[0] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+    if not 0.0 <= betas[1] < 1.0:
+        raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
 
 
 def _check_params(groups: list[dict], indices, *, compact: bool = False) -> None:
@@ -504,7 +556,9 @@ def _check_grad(p: Tensor, key: str) -> None:
 
 
 def _flush_and_close(store: StateDirectory) -> None:
+    """Flush (unless a step broke half-way: then the directory stays unclean) and unlock."""
     try:
-        store.flush()
+        if store.broken is None:
+            store.flush()
     finally:
         store.close()

@@ -129,8 +129,19 @@ class RowSpec:
 
 
 def create_row_file(path: Path, spec: RowSpec) -> None:
-    """Write a new, sparse row file (header, then holes) and make it durable."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    """Write a new, sparse row file (header, then holes) and make it durable.
+
+    A leftover of ours at ``path`` (a pending file a killed process left) is replaced; a link
+    or anything but a regular file there is refused, never written through.
+    """
+    if os.path.lexists(path):
+        if os.path.islink(path) or not os.path.isfile(path):
+            raise StateError(
+                f"'{path}' is in the way of a new row file and is not a regular file (a link or a folder)",
+                hint="remove it, or use another state_dir",
+            )
+        os.unlink(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         os.pwrite(fd, spec.header(), 0)
         os.ftruncate(fd, spec.file_bytes)

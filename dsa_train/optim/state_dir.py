@@ -64,6 +64,9 @@ class StateDirectory:
         #: the optimizer and committed to the manifest by :meth:`flush`.
         self.steps: dict[str, int] = {}
         self.groups: list[dict] = self._manifest["groups"]
+        #: Why a step stopped half-way (an exception between or inside parameter updates), or
+        #: ``None``. A broken directory is never flushed as clean: it stays marked unclean.
+        self.broken: str | None = None
 
     # -- opening ------------------------------------------------------------------------
     def _read_or_new_manifest(self, allow_unclean: bool) -> dict:
@@ -225,13 +228,27 @@ class StateDirectory:
         """Make every row durable, then commit the step counters with a clean manifest."""
         if os.getpid() != self._owner:
             return
-        for row_file in self.files.values():
-            row_file.flush()
-        for key, step in self.steps.items():
-            self._manifest["params"][key]["step"] = step
-        self._manifest["groups"] = self.groups
-        self._manifest["clean"] = True
-        self._write_manifest()
+        if self.broken is not None:
+            raise StateError(
+                f"a step stopped half-way ({self.broken}), so state_dir '{self.path}' may hold some "
+                "parameters' updates and not others; it stays marked unclean",
+                hint="restore the state directory from a checkpoint, or reopen it with "
+                "allow_unclean=True to continue with the moments as they are",
+            )
+        try:
+            for row_file in self.files.values():
+                row_file.flush()
+            for key, step in self.steps.items():
+                self._manifest["params"][key]["step"] = step
+            self._manifest["groups"] = self.groups
+            self._manifest["clean"] = True
+            self._write_manifest()
+        except OSError as e:
+            self._manifest["clean"] = False
+            raise StateError(
+                f"could not flush state_dir '{self.path}': {e.strerror or e}; it stays marked unclean",
+                hint="free disk space (or fix the disk) and flush again; the last committed state is intact",
+            ) from e
 
     def close(self) -> None:
         for key, row_file in self.files.items():
@@ -268,8 +285,8 @@ def _prepare_directory(path: Path) -> None:
         _refuse_foreign_files(path)  # before the lock file or the probe lands in it
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-probe-{os.getpid()}"
-        probe.touch()
+        probe = path / f".write-probe-{uuid.uuid4().hex[:12]}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         probe.unlink()
     except OSError as e:
         raise StateError(

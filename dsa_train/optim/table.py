@@ -109,9 +109,9 @@ class Table:
             raise ValueError(f"Invalid dtype {dtype}: a table holds {', '.join(DTYPES)}")
         path = Path(path)
         spec = RowSpec(name, tuple(shape), dtype_name(dtype), uuid.uuid4().hex, TABLE_LAYOUT)
-        partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+        partial = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:12]}")
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # never through a link
         try:
             os.pwrite(fd, table_header(spec, moments_of=None), 0)
             os.ftruncate(fd, spec.file_bytes)

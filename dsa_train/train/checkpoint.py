@@ -2,10 +2,13 @@
 
 A checkpoint is built in ``checkpoints/.partial-<step>/`` (model weights, copies of the disk
 tables, optimizer state, ``trainer.json``), every file fsynced, then renamed to ``checkpoints/<step>/`` and the parent
-fsynced: the rename is the commit. ``trainer.json`` carries the format version and a digest
-of every other file (see :func:`~dsa_train.fsutil.file_digest`); a checkpoint whose files do
-not match them (torn, truncated, bit-flipped) is reported and passed over for the previous
-intact one. Old checkpoints are renamed to ``.deleting-<step>`` before they are removed, so a
+fsynced: the rename is the commit. ``trainer.json`` carries the format version, the id of
+the run it belongs to, a digest of every other file (see :func:`~dsa_train.fsutil.file_digest`)
+and a checksum of its own content; a checkpoint whose files do not match them (torn,
+truncated, bit-flipped, edited), that holds a file it does not list, or a symbolic link, is
+reported and passed over for the previous intact one. Nothing in a checkpoint is unpickled:
+torch files are read with ``weights_only=True`` (tensors and plain containers only), the
+rest is JSON. Old checkpoints are renamed to ``.deleting-<step>`` before they are removed, so a
 kill mid-removal never leaves a "complete" checkpoint with files missing. A full disk during
 a save removes the partial folder and raises a ``StateError``; earlier checkpoints stay.
 """
@@ -13,9 +16,11 @@ a save removes the partial folder and raises a ``StateError``; earlier checkpoin
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import torch
@@ -23,11 +28,12 @@ import torch
 from ..errors import StateError
 from ..fsutil import copy_sparse, file_digest, fsync_directory
 from ..nn import DiskTable
+from ..optim.format import TABLE_LAYOUT, read_row_header
 from .optimizers import snapshot_optimizer
+from .run_folder import CHECKPOINT_FORMAT as FORMAT
 from .run_folder import DOOMED, PARTIAL, TRAINER, complete_checkpoints, scratch_folders
 
-FORMAT = "dsa-train/checkpoint"
-VERSION = 1
+VERSION = 2  # 2: trainer.json checksummed, every file listed, run id; nothing unpickled
 MODEL = "model.pt"
 TABLES = "tables"  # copies of the run's disk embedding tables (weights and moments)
 
@@ -87,16 +93,22 @@ def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     digests = {str(p.relative_to(partial)): file_digest(p) for p in files}
     state = {"format": FORMAT, "version": VERSION, **trainer, "files": digests}
     with open(partial / TRAINER, "w") as f:
-        f.write(json.dumps(state, indent=2))
+        f.write(json.dumps({**state, "checksum": trainer_checksum(state)}, indent=2))
         f.flush()
         os.fsync(f.fileno())
     for directory in [p for p in partial.rglob("*") if p.is_dir()] + [partial]:
         fsync_directory(directory)
 
 
+def trainer_checksum(state: dict) -> str:
+    """BLAKE2b of ``trainer.json``'s canonical JSON without its own ``checksum`` field."""
+    body = {k: v for k, v in state.items() if k != "checksum"}
+    return hashlib.blake2b(json.dumps(body, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
 def read_trainer_state(checkpoint: Path) -> dict:
     try:
-        state = json.loads((checkpoint / TRAINER).read_text())
+        state = json.loads((checkpoint / TRAINER).read_bytes())
     except (OSError, ValueError) as e:
         raise StateError(f"checkpoint '{checkpoint}' is unreadable: {e}", hint="resume from an older checkpoint") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") != VERSION:
@@ -105,6 +117,11 @@ def read_trainer_state(checkpoint: Path) -> dict:
             f"checkpoint '{checkpoint}' has format {found[0]!r} version {found[1]!r}, "
             f"this dsa-train reads {FORMAT!r} version {VERSION}",
             hint="resume it with the dsa-train version that wrote it",
+        )
+    if state.get("checksum") != trainer_checksum(state):
+        raise StateError(
+            f"checkpoint '{checkpoint}' is damaged: {TRAINER} does not match its checksum (edited or corrupted)",
+            hint="resume from an older checkpoint",
         )
     return state
 
@@ -115,16 +132,38 @@ def verify_checkpoint(checkpoint: Path) -> dict:
     files = state.get("files")
     if not isinstance(files, dict) or not files:
         raise StateError(f"checkpoint '{checkpoint}' lists no file digests", hint="resume from an older checkpoint")
+    found = _files_in(checkpoint)
     for name, expected in files.items():
         path = checkpoint / name
-        if not path.is_file():
+        if name not in found:
             raise StateError(f"checkpoint '{checkpoint}' lacks {name}", hint="resume from an older checkpoint")
         if file_digest(path) != expected:
             raise StateError(
                 f"checkpoint '{checkpoint}' is damaged: {name} does not match its digest (torn, truncated or changed)",
                 hint="resume from an older checkpoint",
             )
+    unlisted = sorted(set(found) - set(files) - {TRAINER})
+    if unlisted:
+        raise StateError(
+            f"checkpoint '{checkpoint}' holds {', '.join(unlisted[:3])}, which its {TRAINER} does not list "
+            "(added behind its back, or a link)",
+            hint="remove what was added, or resume from an older checkpoint",
+        )
     return state
+
+
+def _files_in(folder: Path) -> set[str]:
+    """Relative names of every entry below ``folder`` that is not a real directory; links are
+    listed (and so refused by the caller) but never followed."""
+    names = set()
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            names |= {f"{entry.name}/{name}" for name in _files_in(Path(entry.path))}
+        elif entry.is_symlink() or not stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode):
+            names.add(f"{entry.name} (a link or special file)")
+        else:
+            names.add(entry.name)
+    return names
 
 
 def find_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[Path, dict, list[str]]:
@@ -157,17 +196,37 @@ def find_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[Path, d
 
 
 def restore_tables(checkpoint: Path | None, tables: Path) -> None:
-    """Make the run's disk tables the checkpoint's copies again (or remove them, without one)."""
-    if tables.is_dir():
-        for stale in tables.glob("*.table"):
-            stale.unlink()
+    """Make the run's disk tables the checkpoint's copies again (or remove them, without one).
+
+    Only regular files that carry a table header are removed; anything else in the folder is
+    a stranger and stops the restore before anything changes.
+    """
+    stale = []
+    for entry in os.scandir(tables) if tables.is_dir() else ():
+        path = Path(entry.path)
+        if entry.name.endswith(".table") and entry.is_file(follow_symlinks=False) and is_table_file(path):
+            stale.append(path)
+        elif not entry.name.startswith("."):
+            raise StateError(
+                f"'{path}' in the run's table folder is not a dsa-train table; nothing was changed",
+                hint="move it out of the run folder and resume again",
+            )
+    for path in stale:
+        path.unlink()
     copies = checkpoint / TABLES if checkpoint is not None else None
     if copies is None or not copies.is_dir():
         return
     tables.mkdir(parents=True, exist_ok=True)
-    for source in copies.glob("*.table"):
+    for source in sorted(copies.glob("*.table")):
         copy_sparse(source, tables / source.name)
     fsync_directory(tables)
+
+
+def is_table_file(path: Path) -> bool:
+    try:
+        return read_row_header(path).get("layout") == TABLE_LAYOUT
+    except StateError:
+        return False
 
 
 def load_model_state(checkpoint: Path, model: torch.nn.Module) -> None:

@@ -1,43 +1,59 @@
 """Finding what ``dsa-train clean`` may remove, and removing exactly that.
 
-Only things recognised by their own markers are ever candidates:
+Things are recognised by the markers dsa-train writes into them, never by a folder's name:
 
-* a run folder's older checkpoints (``checkpoints/<step>/`` with a ``trainer.json``), all but
-  the newest ``keep_last`` (the newest is kept unless ``keep_last`` is 0), and checkpoints
-  left half-written or half-removed by a killed process (``checkpoints/.partial-*``,
-  ``checkpoints/.deleting-*``);
-* the live ``optimizer_state/`` of a finished run (its final checkpoint holds a copy);
-* a standalone DiskSparseAdam state directory (its ``manifest.json`` names the format).
+* a run folder by its ``run.json`` (format ``dsa-train/run`` and the run's id);
+* a checkpoint by its ``trainer.json`` (format ``dsa-train/checkpoint``), which names the run
+  it belongs to; it counts only directly inside that run's own ``checkpoints/`` folder;
+* a state directory by its ``manifest.json`` (the DiskSparseAdam state format).
 
-A directory whose lock a live process holds is never a candidate, symbolic links are never
-followed (a link is neither entered nor counted), and every candidate is checked again just
-before it is removed.
+What may be removed: a run's older checkpoints (all but the newest ``keep_last``) and the
+checkpoints a killed save or prune left (``checkpoints/.partial-*``, ``.deleting-*``); the
+live ``optimizer_state/`` of a finished run whose final checkpoint holds a copy (and whose
+manifest names the state id the run recorded); a standalone state directory (its manifest's
+row files, the manifest, then the folder if nothing else is left in it).
+
+What never is: anything reached through a symbolic link (links are neither entered nor
+counted nor removed); anything in a run or state directory whose lock a live process holds
+(``remove`` takes that lock, so no run can start while its files go); anything inside a
+checkpoint, or a copy of a checkpoint, on its own; a path outside those the plan lists.
+Each removal walks from the locked folder through ``O_NOFOLLOW`` descriptors and checks the
+marker again there, right before it removes.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DsaError
-from ..optim.inspect import live_holder
-from ..optim.format import MANIFEST, STATE_FORMAT
-from .run_folder import TRAINER, RunFolder, complete_checkpoints, scratch_folders
+from ..errors import DsaError, StateError
+from ..fsutil import DirectoryLock, lock_holder
+from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, STATE_FORMAT, TABLE_LAYOUT
+from .run_folder import CHECKPOINT_FORMAT, DOOMED, PARTIAL, TRAINER, RunFolder, read_marker, real_directories
 
 SEARCH_DEPTH = 3  # how deep below a given folder runs and state directories are looked for
+STATE = "optimizer_state"
+CHECKPOINTS = "checkpoints"
 
 
 @dataclass
 class Candidate:
+    """One thing the plan removes: ``owner`` is the folder locked while it goes (a run folder
+    or the state directory itself) and ``parts`` the path from there (empty: the owner)."""
+
     kind: str
     path: Path
     bytes: int
     modified: float
+    owner: Path
+    parts: tuple[str, ...]
 
 
 @dataclass
@@ -58,115 +74,337 @@ def parse_age(text: str) -> float:
     return float(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[match[2]]
 
 
-def is_state_dir(path: Path) -> bool:
+# -- recognising ---------------------------------------------------------------------------------
+def _regular(path: Path) -> bool:
     try:
-        return json.loads((path / MANIFEST).read_text()).get("format") == STATE_FORMAT
-    except (OSError, ValueError, AttributeError):
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
         return False
 
 
-def is_run_folder(path: Path) -> bool:
-    return (path / RunFolder.CONFIG).is_file() and any((path / p).exists() for p in (RunFolder.METRICS, "checkpoints"))
+def _json(path: Path) -> dict | None:
+    """A regular file's JSON object (never read through a link), else ``None``."""
+    if not _regular(path):
+        return None
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def state_manifest(path: Path) -> dict | None:
+    manifest = _json(path / MANIFEST)
+    return manifest if manifest and manifest.get("format") == STATE_FORMAT and isinstance(manifest.get("state_id"), str) else None
+
+
+def is_state_dir(path: Path) -> bool:
+    return not path.is_symlink() and path.is_dir() and state_manifest(path) is not None
+
+
+def checkpoint_state(path: Path) -> dict | None:
+    state = _json(path / TRAINER)
+    return state if state and state.get("format") == CHECKPOINT_FORMAT else None
 
 
 def allocated_bytes(path: Path) -> int:
     """Bytes a file or folder really occupies (sparse holes excluded); links are not followed."""
-    info = path.lstat()
-    if not path.is_dir() or path.is_symlink():
-        return info.st_blocks * 512
+    try:
+        info = path.lstat()
+    except OSError:
+        return 0
     total = info.st_blocks * 512
-    for root, dirs, files in os.walk(path, followlinks=False):
-        for name in dirs + files:
-            total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    if stat.S_ISDIR(info.st_mode):
+        for root, dirs, files in os.walk(path, followlinks=False):
+            for name in dirs + files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                except OSError:
+                    pass
     return total
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
+# -- planning ------------------------------------------------------------------------------------
 def plan_clean(paths: list[Path], *, keep_last: int = 1, older_than: float | None = None) -> CleanPlan:
     """What cleaning ``paths`` would remove; a ``DsaError`` for a path that is none of ours."""
     plan = CleanPlan()
-    cutoff = None if older_than is None else time.time() - older_than
     for path in paths:
+        path = Path(path)
         if path.is_symlink():
             raise DsaError(f"'{path}' is a symbolic link; clean does not follow links", hint="pass the real path")
         if not path.is_dir():
             raise DsaError(f"'{path}' is not a directory", hint="pass a run folder, a state directory, or a folder holding them")
-        found = list(_recognised(path, SEARCH_DEPTH))
-        if not found:
+        run, inside = _enclosing(path)
+        if run is not None:
+            _plan_inside_run(run, path, inside, plan, keep_last)
+            continue
+        if inside is not None:
+            raise DsaError(
+                f"'{path}' is part of the checkpoint '{inside}', which is not in its run's checkpoints/ folder "
+                "(a copy); clean never removes a checkpoint's contents",
+                hint="delete a copy you made yourself with rm; clean removes checkpoints inside their run",
+            )
+        found = list(_recognised(path, SEARCH_DEPTH, plan))
+        if not found and not plan.kept:
             raise DsaError(
                 f"'{path}' is not a run folder or a DiskSparseAdam state directory, and holds none",
                 hint="clean only removes what dsa-train made; pass e.g. runs/ or ./opt_state_cache",
             )
         for kind, item in found:
             (_plan_run if kind == "run" else _plan_state_dir)(item, plan, keep_last)
-    if cutoff is not None:
-        young = [c for c in plan.candidates if c.modified > cutoff]
-        plan.kept += [(c.path, "younger than --older-than") for c in young]
+    if older_than is not None:
+        cutoff = time.time() - older_than
+        plan.kept += [(c.path, "younger than --older-than") for c in plan.candidates if c.modified > cutoff]
         plan.candidates = [c for c in plan.candidates if c.modified <= cutoff]
     return plan
 
 
-def _recognised(path: Path, depth: int):
-    """Run folders and state directories at or below ``path`` (links not followed)."""
-    if is_run_folder(path):
+def _enclosing(path: Path) -> tuple[Path | None, Path | None]:
+    """The run folder strictly above ``path`` (if any), and the checkpoint at or above it."""
+    checkpoint = None
+    for folder in [Path(os.path.abspath(path)), *Path(os.path.abspath(path)).parents]:
+        if read_marker(folder) is not None:
+            return (folder, checkpoint) if folder != Path(os.path.abspath(path)) else (None, None)
+        if checkpoint is None and checkpoint_state(folder) is not None:
+            checkpoint = folder
+    return None, checkpoint
+
+
+def _recognised(path: Path, depth: int, plan: CleanPlan):
+    """Run folders and state directories at or below ``path``; links are never entered."""
+    if read_marker(path) is not None:
         yield "run", path
     elif is_state_dir(path):
         yield "state", path
+    elif checkpoint_state(path) is not None:
+        plan.kept.append((path, "a checkpoint outside its run's checkpoints/ folder (a copy): never removed by clean"))
+    elif (path / RunFolder.CONFIG).is_file() and not (path / RunFolder.MARKER).exists():
+        plan.kept.append((path, f"looks like a run of an older dsa-train (no {RunFolder.MARKER}): left alone"))
     elif depth > 0:
-        for child in sorted(path.iterdir()):
-            if child.is_dir() and not child.is_symlink():
-                yield from _recognised(child, depth - 1)
+        try:
+            children = real_directories(path)
+        except OSError as e:  # unreadable (permission denied, say): say so and go on
+            plan.kept.append((path, f"not searched: {e.strerror}"))
+            return
+        for child in children:
+            yield from _recognised(child, depth - 1, plan)
+
+
+def _plan_inside_run(run: Path, path: Path, inside: Path | None, plan: CleanPlan, keep_last: int) -> None:
+    """``path`` lies inside the run folder ``run``: the run's plan, cut to what is below it."""
+    holder = _run_holder(run)
+    if holder:
+        raise DsaError(
+            f"'{path}' is inside the run '{run}', which is in progress ({holder}); clean never touches a live run",
+            hint="wait for the run to end (or stop it), then clean again",
+        )
+    if inside is not None and Path(os.path.abspath(inside)) != Path(os.path.abspath(path)):
+        raise DsaError(
+            f"'{path}' is part of the checkpoint '{inside}'; clean never removes a checkpoint's contents on their own",
+            hint=f"clean the run folder '{run}' (or its checkpoints/ folder) instead",
+        )
+    whole = CleanPlan()
+    _plan_run(run, whole, keep_last)
+    target = Path(os.path.abspath(path))
+
+    def below(p: Path) -> bool:
+        p = Path(os.path.abspath(p))
+        return p == target or target in p.parents
+
+    plan.candidates += [c for c in whole.candidates if below(c.path)]
+    plan.kept += [(p, why) for p, why in whole.kept if below(p)]
+
+
+def _run_holder(run: Path) -> str | None:
+    state = run / STATE
+    return lock_holder(run) or (lock_holder(state) if state.is_dir() and not state.is_symlink() else None)
 
 
 def _plan_state_dir(path: Path, plan: CleanPlan, keep_last: int) -> None:
-    holder = live_holder(path)
+    holder = lock_holder(path)
     if holder:
         plan.kept.append((path, f"in use by {holder}"))
         return
-    plan.candidates.append(Candidate("state directory", path, allocated_bytes(path), (path / MANIFEST).stat().st_mtime))
+    plan.candidates.append(Candidate("state directory", path, allocated_bytes(path), _mtime(path / MANIFEST), path, ()))
 
 
 def _plan_run(path: Path, plan: CleanPlan, keep_last: int) -> None:
-    run = RunFolder(path)
-    state_dirs = [d for d in (path / "optimizer_state",) if d.is_dir()]
-    holder = next((h for h in map(live_holder, [path, *state_dirs]) if h), None)
+    holder = _run_holder(path)
     if holder:
         plan.kept.append((path, f"run in progress, {holder}"))
         return
-    for scratch in scratch_folders(run.checkpoints):
-        plan.candidates.append(Candidate("unfinished checkpoint", scratch, allocated_bytes(scratch), scratch.stat().st_mtime))
-    complete = complete_checkpoints(run.checkpoints)
+    marker = read_marker(path)
+    for name in (CHECKPOINTS, STATE):
+        if (path / name).is_symlink():
+            plan.kept.append((path / name, "a symbolic link: clean never follows links"))
+    checkpoints = path / CHECKPOINTS
+    complete = []
+    for folder in real_directories(checkpoints) if not checkpoints.is_symlink() else []:
+        if folder.name.startswith((PARTIAL, DOOMED)):
+            plan.candidates.append(
+                Candidate("unfinished checkpoint", folder, allocated_bytes(folder), _mtime(folder), path, (CHECKPOINTS, folder.name))
+            )
+        elif folder.name.isdigit() and checkpoint_state(folder) is not None:
+            if checkpoint_state(folder).get("run_id") == marker["run_id"]:
+                complete.append(folder)
+            else:
+                plan.kept.append((folder, "a checkpoint of another run (its trainer.json names another run id)"))
     keep = complete[len(complete) - keep_last :] if keep_last else []
     for checkpoint in complete:
         if checkpoint in keep:
             plan.kept.append((checkpoint, f"one of the newest {keep_last} checkpoints (--keep-last)"))
         else:
             plan.candidates.append(
-                Candidate("checkpoint", checkpoint, allocated_bytes(checkpoint), (checkpoint / TRAINER).stat().st_mtime)
+                Candidate("checkpoint", checkpoint, allocated_bytes(checkpoint), _mtime(checkpoint / TRAINER), path, (CHECKPOINTS, checkpoint.name))
             )
-    for state_dir in state_dirs:
-        if _finished(run) and complete and is_state_dir(state_dir):
-            plan.candidates.append(
-                Candidate("finished run's optimizer state", state_dir, allocated_bytes(state_dir), (state_dir / MANIFEST).stat().st_mtime)
-            )
+    state = path / STATE
+    manifest = state_manifest(state) if state.is_dir() and not state.is_symlink() else None
+    if manifest is not None and complete and _finished(path) and manifest["state_id"] == marker.get("state_id"):
+        plan.candidates.append(
+            Candidate("finished run's optimizer state", state, allocated_bytes(state), _mtime(state / MANIFEST), path, (STATE,))
+        )
 
 
-def _finished(run: RunFolder) -> bool:
+def _finished(run: Path) -> bool:
     """A summary record is the last thing a run logs."""
+    metrics = run / RunFolder.METRICS
+    if not _regular(metrics):
+        return False
     try:
-        lines = run.metrics_path.read_text().splitlines()
+        lines = metrics.read_text(errors="replace").splitlines()
         return bool(lines) and json.loads(lines[-1]).get("kind") == "summary"
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return False
 
 
+# -- removing ------------------------------------------------------------------------------------
 def remove(candidate: Candidate) -> None:
-    """Remove one planned candidate after checking it is still what it was planned as."""
-    path = candidate.path
-    if path.is_symlink() or not path.is_dir():
-        raise DsaError(f"'{path}' changed since it was planned (it is no longer a directory); left alone")
-    if candidate.kind in ("state directory", "finished run's optimizer state"):
-        if not is_state_dir(path) or live_holder(path):
-            raise DsaError(f"'{path}' changed since it was planned (no longer a free state directory); left alone")
-    elif candidate.kind == "checkpoint" and not (path / TRAINER).is_file():
-        raise DsaError(f"'{path}' changed since it was planned (no longer a checkpoint); left alone")
-    shutil.rmtree(path)
+    """Remove one planned candidate, holding its owner's lock, after checking there, through
+    descriptors that never follow a link, that it is still what it was planned as."""
+    lock = DirectoryLock(candidate.owner, purpose="run folder" if candidate.parts else "state directory", follow_link=False)
+    try:
+        lock.acquire()  # a live run or optimizer holds it: refused, nothing removed
+    except StateError as e:
+        raise DsaError(f"'{candidate.path}' left alone: {e.message}") from None
+    try:
+        if candidate.kind == "state directory":
+            _remove_state_dir(lock.fd, candidate)
+        elif candidate.kind == "finished run's optimizer state":
+            _remove_run_state(lock.fd, candidate)
+        else:
+            _remove_checkpoint(lock.fd, candidate)
+    except OSError as e:
+        raise DsaError(f"'{candidate.path}' could not be removed: {e.strerror or e}") from None
+    finally:
+        lock.release()
+
+
+def _changed(candidate: Candidate, why: str) -> DsaError:
+    return DsaError(f"'{candidate.path}' changed since it was planned ({why}); left alone")
+
+
+def _open_dir(name: str, parent_fd: int) -> int:
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
+
+
+def _json_at(name: str, dir_fd: int) -> dict | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            value = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return value if isinstance(value, dict) else None
+
+
+def _remove_checkpoint(run_fd: int, candidate: Candidate) -> None:
+    marker = _json_at(RunFolder.MARKER, run_fd)
+    folder, name = candidate.parts
+    try:
+        checkpoints_fd = _open_dir(folder, run_fd)
+    except OSError:
+        raise _changed(candidate, f"{folder}/ is no longer a real folder") from None
+    try:
+        try:
+            checkpoint_fd = _open_dir(name, checkpoints_fd)
+        except OSError:
+            raise _changed(candidate, "it is no longer a real folder") from None
+        try:
+            if candidate.kind == "checkpoint":
+                state = _json_at(TRAINER, checkpoint_fd)
+                if not (marker and state and state.get("format") == CHECKPOINT_FORMAT and state.get("run_id") == marker.get("run_id")):
+                    raise _changed(candidate, "it is no longer a checkpoint of this run")
+                doomed = DOOMED + name
+                os.rename(name, doomed, src_dir_fd=checkpoints_fd, dst_dir_fd=checkpoints_fd)  # incomplete from here
+                name = doomed
+            elif not name.startswith((PARTIAL, DOOMED)):
+                raise _changed(candidate, "not a scratch folder")
+            if not os.path.samestat(os.fstat(checkpoint_fd), os.lstat(name, dir_fd=checkpoints_fd)):
+                raise _changed(candidate, "it was replaced")
+        finally:
+            os.close(checkpoint_fd)
+        shutil.rmtree(name, dir_fd=checkpoints_fd)  # descriptor-based: never follows a link
+    finally:
+        os.close(checkpoints_fd)
+
+
+def _remove_run_state(run_fd: int, candidate: Candidate) -> None:
+    marker = _json_at(RunFolder.MARKER, run_fd)
+    try:
+        state_fd = _open_dir(STATE, run_fd)
+    except OSError:
+        raise _changed(candidate, "it is no longer a real folder") from None
+    try:
+        manifest = _json_at(MANIFEST, state_fd)
+        if not (marker and manifest and manifest.get("format") == STATE_FORMAT and manifest.get("state_id") == marker.get("state_id")):
+            raise _changed(candidate, "its manifest no longer names this run's state")
+        try:
+            fcntl.flock(state_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # an optimizer has it open: refuse
+        except BlockingIOError:
+            raise DsaError(f"'{candidate.path}' left alone: an optimizer has it open") from None
+        shutil.rmtree(STATE, dir_fd=run_fd)
+    finally:
+        os.close(state_fd)
+
+
+def _remove_state_dir(state_fd: int, candidate: Candidate) -> None:
+    """The manifest's row files, then the manifest, then the folder if nothing else is in it."""
+    manifest = _json_at(MANIFEST, state_fd)
+    if not (manifest and manifest.get("format") == STATE_FORMAT and isinstance(manifest.get("params"), dict)):
+        raise _changed(candidate, "it has no DiskSparseAdam manifest any more")
+    names = []
+    for entry in manifest["params"].values():
+        if isinstance(entry, dict) and isinstance(entry.get("file"), str) and entry.get("layout") != TABLE_LAYOUT:
+            file = entry["file"]
+            if "/" not in file and file.endswith(ROWS_SUFFIX):
+                names += [file, file.removesuffix(ROWS_SUFFIX) + PENDING_SUFFIX]
+    scratch = (DirectoryLock.FILE_NAME + ".tmp-", f".{MANIFEST}.tmp-", ".write-probe-")  # our own temporary names
+    names += [name for name in os.listdir(state_fd) if name.startswith(scratch)]
+    for name in [*names, DirectoryLock.FILE_NAME, MANIFEST]:
+        try:
+            info = os.lstat(name, dir_fd=state_fd)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(info.st_mode):
+            os.unlink(name, dir_fd=state_fd)
+    left = sorted(os.listdir(state_fd))
+    if left:
+        raise DsaError(
+            f"removed the optimizer state in '{candidate.path}' but kept the folder: it also holds "
+            f"{', '.join(left[:3])}{' ...' if len(left) > 3 else ''}, which dsa-train did not write"
+        )
+    os.rmdir(candidate.path)

@@ -147,8 +147,10 @@ class Training:
                         hint="pass --resume to continue that run, or point optimizer.state_dir elsewhere",
                     )
         else:  # what is there came after the checkpoint: back to the checkpoint's copies
+            if checkpoint is not None:
+                _check_trainer_state(checkpoint, trainer, self.run.run_id)
             restore_tables(checkpoint, tables)
-            restore_state_dir(checkpoint, state_dir)
+            restore_state_dir(checkpoint, state_dir, owned={self.run.marker.get("state_id")})
         torch.manual_seed(recipe.train.seed)
         self.task: Task = make_task(recipe, self.device, TableSite(tables, progress=WorkProgress(self.reporter, "writing the new disk table")))
         self.reporter.note(self.task.description)
@@ -163,6 +165,7 @@ class Training:
             MetricsLog.truncate(self.run.metrics_path, 0)
             self.reporter.note(f"{self.run.path} has no checkpoint yet: starting it from the beginning")
         self.optimizer = build_optimizer(recipe.optimizer, self.task.sparse_parameters(), state_dir)
+        self.run.record_state_id(getattr(self.optimizer, "state_id", None))
         dense = self.task.dense_parameters()
         if dense:
             self.dense_optimizer = torch.optim.Adam(dense, lr=recipe.optimizer.dense_lr)
@@ -171,7 +174,7 @@ class Training:
             if hasattr(self.optimizer, "skipped_steps"):
                 self.optimizer.skipped_steps = trainer["skipped_steps"]
             if self.dense_optimizer is not None:
-                self.dense_optimizer.load_state_dict(torch.load(checkpoint / DENSE_STATE, weights_only=False))
+                self.dense_optimizer.load_state_dict(torch.load(checkpoint / DENSE_STATE, weights_only=True))
         self.metrics = MetricsLog(self.run.metrics_path)
 
     # -- training -------------------------------------------------------------------------
@@ -294,6 +297,7 @@ class Training:
     # -- checkpoints and cleanup -------------------------------------------------------------
     def save_checkpoint(self) -> Path:
         trainer = {
+            "run_id": self.run.run_id,
             "step": self.step_count,
             "epoch": self.epoch,
             "batch": self.batch,
@@ -309,11 +313,38 @@ class Training:
             keep=self.recipe.train.keep_checkpoints, extra=extra,
         )  # fmt: skip
 
-    def close(self) -> None:
-        if hasattr(self, "metrics"):
-            self.metrics.close()
-        if hasattr(self, "optimizer"):
-            close_optimizer(self.optimizer)
+    def close(self, *, after_error: bool = False) -> None:
+        """Release the metrics log and the optimizer. ``after_error``: an error is already on
+        its way to the user, and a second one while closing (a full disk failing the flush,
+        say) must not hide it: it is reported as a note instead."""
+        try:
+            if hasattr(self, "metrics"):
+                self.metrics.close()
+            if hasattr(self, "optimizer"):
+                close_optimizer(self.optimizer)
+        except Exception as e:
+            if not after_error:
+                raise
+            self.reporter.note(f"warning: while stopping after the error below, closing also failed: {e}")
+
+
+TRAINER_FIELDS = {"step": int, "epoch": int, "batch": int, "optimizer_ram": int, "metrics_records": int, "skipped_steps": int}
+
+
+def _check_trainer_state(checkpoint: Path, trainer: dict, run_id: str) -> None:
+    """A checkpoint of this run with every field the loop reads, of the right type."""
+    if trainer.get("run_id") != run_id:
+        raise DsaError(
+            f"checkpoint '{checkpoint}' belongs to run {trainer.get('run_id')!r}, not to this run ({run_id})",
+            hint="resume the run folder the checkpoint was written in",
+        )
+    bad = [k for k, kind in TRAINER_FIELDS.items() if not isinstance(trainer.get(k), kind) or trainer[k] < 0]
+    bad += [k for k in ("window", "epoch_loss") if not (isinstance(trainer.get(k), list) and len(trainer[k]) == 2)]
+    if bad:
+        raise DsaError(
+            f"checkpoint '{checkpoint}' has missing or invalid trainer fields: {', '.join(bad)}",
+            hint="resume from an older checkpoint",
+        )
 
 
 def _allocated_bytes(folder: Path) -> int:

@@ -2,7 +2,10 @@
 
 DiskSparseAdam's moments live in the run's ``optimizer_state/``: a checkpoint flushes them
 and copies the directory (holes stay holes), and a resume copies it back before the optimizer
-opens it. SparseAdam's moments are tensors: they go into ``optimizer.pt``.
+opens it. SparseAdam's moments are tensors: they go into ``optimizer.pt``, read back with
+``weights_only=True`` (a checkpoint never runs code). Before a resume replaces the live
+directory, it proves that directory is this run's: its manifest names a state id the run
+recorded (or the checkpoint's copy has); only the files that manifest lists are replaced.
 """
 
 from __future__ import annotations
@@ -12,10 +15,9 @@ from pathlib import Path
 import torch
 
 from ..errors import StateError
-from ..fsutil import copy_sparse
+from ..fsutil import DirectoryLock, copy_sparse, fsync_directory, lock_holder
 from ..optim import DiskSparseAdam
-from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX
-from ..optim.inspect import live_holder
+from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, TABLE_LAYOUT, load_manifest
 from ..recipe import OptimizerConfig
 
 STATE_COPY = "optimizer_state"
@@ -39,40 +41,90 @@ def snapshot_optimizer(optimizer: torch.optim.Optimizer, target: Path) -> None:
         optimizer.flush()
         copy = target / STATE_COPY
         copy.mkdir()
-        for source in _state_files(optimizer.state_dir):
+        for source in owned_state_files(optimizer.state_dir, {optimizer.state_id}):
             copy_sparse(source, copy / source.name)
     torch.save(optimizer.state_dict(), target / STATE_DICT)
 
 
-def restore_state_dir(checkpoint: Path | None, state_dir: Path) -> None:
+def restore_state_dir(checkpoint: Path | None, state_dir: Path, *, owned: set[str | None] = frozenset()) -> None:
     """Make the live state directory the checkpoint's copy again (before the optimizer opens
-    it), or empty it when there is no checkpoint: what is there came after the checkpoint."""
-    holder = live_holder(state_dir) if state_dir.exists() else None
-    if holder:
-        raise StateError(
-            f"optimizer state directory '{state_dir}' is in use by {holder}",
-            hint="another training uses it: stop that one, or give this run its own optimizer.state_dir",
-        )
-    if state_dir.exists():
-        for stale in _state_files(state_dir):
-            stale.unlink()
+    it), or empty it when there is no checkpoint: what is there came after the checkpoint.
+
+    ``owned``: the state ids the run recorded as its own. The directory is changed only if it
+    is empty or its manifest names one of them (or the checkpoint copy's id); a directory of
+    someone else's files is refused before anything in it is touched.
+    """
     copy = checkpoint / STATE_COPY if checkpoint is not None else None
-    if copy is None or not copy.is_dir():
+    ids = {i for i in owned if i}
+    if copy is not None and copy.is_dir():
+        ids.add(load_manifest(copy / MANIFEST)["state_id"])
+    if not state_dir.exists():
+        stale = []
+    else:
+        holder = lock_holder(state_dir)
+        if holder:
+            raise StateError(
+                f"optimizer state directory '{state_dir}' is in use by {holder}",
+                hint="another training uses it: stop that one, or give this run its own optimizer.state_dir",
+            )
+        stale = owned_state_files(state_dir, ids)
+    has_copy = copy is not None and copy.is_dir()
+    if not stale and not has_copy:
         return
     state_dir.mkdir(parents=True, exist_ok=True)
-    for source in _state_files(copy):
-        copy_sparse(source, state_dir / source.name)
+    lock = DirectoryLock(state_dir, purpose="optimizer state directory")
+    lock.acquire()  # no optimizer may open it while its files are replaced
+    try:
+        for path in stale:
+            path.unlink()
+        for source in owned_state_files(copy, ids) if has_copy else ():
+            copy_sparse(source, state_dir / source.name)
+        fsync_directory(state_dir)
+    finally:
+        lock.release()
+
+
+def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
+    """The manifest and the row files it lists in ``directory``, after proving the directory
+    holds the state with one of the ``ids``; ``[]`` for an empty directory. A ``StateError``,
+    before anything is changed, for a directory that holds anything else."""
+    directory = Path(directory)
+    names = {p.name for p in directory.iterdir() if not p.name.startswith(DirectoryLock.FILE_NAME)}
+    if not names:
+        return []
+
+    def refuse(why: str) -> StateError:
+        return StateError(
+            f"optimizer state directory '{directory}' {why}; nothing in it was changed",
+            hint="point optimizer.state_dir at this run's state directory, an empty folder or a new path",
+        )
+
+    manifest_path = directory / MANIFEST
+    if manifest_path.is_symlink() or not manifest_path.is_file():
+        raise refuse(f"holds files ({', '.join(sorted(names)[:3])}) but no {MANIFEST} of a DiskSparseAdam state")
+    try:
+        manifest = load_manifest(manifest_path)
+    except StateError as e:
+        raise refuse(f"does not hold a DiskSparseAdam state this run can prove is its own ({e.message})") from None
+    if manifest["state_id"] not in ids:
+        raise refuse(f"holds the optimizer state {manifest['state_id']}, not this run's ({', '.join(sorted(ids)) or 'none recorded'})")
+    files = [manifest_path]
+    for entry in manifest["params"].values():
+        if entry.get("layout") == TABLE_LAYOUT:
+            continue  # the moments live in the run's disk table, restored with the tables
+        for name in (entry["file"], entry["file"].removesuffix(ROWS_SUFFIX) + PENDING_SUFFIX):
+            path = directory / name
+            if path.is_symlink() or (path.exists() and not path.is_file()):
+                raise refuse(f"has '{name}' as a link or a folder, not the row file its manifest lists")
+            if path.is_file():
+                files.append(path)
+    return files
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Path) -> None:
-    optimizer.load_state_dict(torch.load(checkpoint / STATE_DICT, weights_only=False))
+    optimizer.load_state_dict(torch.load(checkpoint / STATE_DICT, weights_only=True))
 
 
 def close_optimizer(optimizer: torch.optim.Optimizer) -> None:
     if isinstance(optimizer, DiskSparseAdam):
         optimizer.close()
-
-
-def _state_files(directory: Path) -> list[Path]:
-    return [p for p in Path(directory).iterdir() if p.name == MANIFEST or p.name.endswith((ROWS_SUFFIX, PENDING_SUFFIX))]
-

@@ -3,16 +3,25 @@
 ::
 
     runs/<recipe>-<timestamp>/
+      run.json             the marker: format, the run's id and its optimizer state's id
       config.yaml          the resolved recipe (with overrides), as run
       metrics.jsonl        one JSON object per logged step, epoch, evaluation and the summary
       optimizer_state/     the live DiskSparseAdam state directory
       checkpoints/<step>/  model weights, optimizer state, trainer state; see checkpoint.py
+      .lock                who holds the run (the lock itself is on the folder: fsutil.DirectoryLock)
+
+dsa-train recognises a run folder by its marker, never by a folder name, and never follows a
+symbolic link inside one: a run whose ``checkpoints/``, ``tables/`` or ``optimizer_state/``
+is a link is refused.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
+import uuid
 from pathlib import Path
 
 from ..errors import ConfigError, StateError
@@ -21,30 +30,68 @@ from ..recipe import Recipe, load_recipe, recipe_to_yaml
 
 
 TRAINER = "trainer.json"  # a checkpoint folder is complete when this is in it (checkpoint.py)
+CHECKPOINT_FORMAT = "dsa-train/checkpoint"  # what its trainer.json says it is
 PARTIAL = ".partial-"  # prefix of a checkpoint folder being written
 DOOMED = ".deleting-"  # prefix of an old checkpoint folder being removed
 
 
+RUN_FORMAT = "dsa-train/run"
+RUN_VERSION = 1
+INNER = ("checkpoints", "tables", "optimizer_state", "config.yaml", "metrics.jsonl", "run.json")  # never links
+
+
+def real_directories(folder: Path) -> list[Path]:
+    """The sub-folders of ``folder`` that are real directories (links are never entered)."""
+    try:
+        entries = list(os.scandir(folder))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(Path(e.path) for e in entries if e.is_dir(follow_symlinks=False))
+
+
 def scratch_folders(checkpoints: Path) -> list[Path]:
     """Checkpoint folders a killed save or prune left behind (never complete checkpoints)."""
-    if not checkpoints.is_dir():
+    if checkpoints.is_symlink():
         return []
-    return sorted(p for p in checkpoints.iterdir() if p.name.startswith((PARTIAL, DOOMED)) and p.is_dir())
+    return [p for p in real_directories(checkpoints) if p.name.startswith((PARTIAL, DOOMED))]
 
 
 def complete_checkpoints(checkpoints: Path) -> list[Path]:
     """Committed checkpoints, oldest first."""
-    if not checkpoints.is_dir():
+    if checkpoints.is_symlink():
         return []
-    return sorted(p for p in checkpoints.iterdir() if p.name.isdigit() and (p / TRAINER).is_file())
+    return [p for p in real_directories(checkpoints) if p.name.isdigit() and _is_regular(p / TRAINER)]
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def read_marker(folder: Path) -> dict | None:
+    """A run folder's ``run.json`` if it is a valid dsa-train run marker, else ``None``."""
+    path = Path(folder) / RunFolder.MARKER
+    if not _is_regular(path):
+        return None
+    try:
+        marker = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(marker, dict) or marker.get("format") != RUN_FORMAT or not isinstance(marker.get("run_id"), str):
+        return None
+    return marker
 
 
 class RunFolder:
     CONFIG = "config.yaml"
     METRICS = "metrics.jsonl"
+    MARKER = "run.json"
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self._lock: DirectoryLock | None = None
 
     @property
     def config_path(self) -> Path:
@@ -66,33 +113,87 @@ class RunFolder:
     def state_dir(self, recipe: Recipe) -> Path:
         return Path(recipe.optimizer.state_dir) if recipe.optimizer.state_dir else self.path / "optimizer_state"
 
+    @property
+    def marker(self) -> dict:
+        """The run's marker (``run.json``); a ``StateError`` if it is missing or not ours."""
+        marker = read_marker(self.path)
+        if marker is None:
+            raise StateError(
+                f"'{self.path}' has no valid {self.MARKER}, the marker dsa-train writes into every run folder",
+                hint="it was made by an older dsa-train or edited; start a new run",
+            )
+        return marker
+
+    @property
+    def run_id(self) -> str:
+        return self.marker["run_id"]
+
+    def record_state_id(self, state_id: str | None) -> None:
+        """Remember which optimizer state directory is this run's (checked before it is reset)."""
+        marker = self.marker
+        if marker.get("state_id") != state_id:
+            atomic_write_bytes(self.path / self.MARKER, json.dumps({**marker, "state_id": state_id}, indent=2).encode())
+
     @classmethod
     def create(cls, recipe: Recipe, path: Path | None = None) -> RunFolder:
-        """A new run folder (``path``, else ``<output.dir>/<name>-<timestamp>``)."""
+        """A new run folder (``path``, else ``<output.dir>/<name>-<timestamp>``), locked before
+        anything is written into it."""
         if path is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             name = recipe.output.run_name or f"{recipe.name}-{stamp}"
+            if name in (".", "..") or Path(name).name != name or "\0" in name:
+                raise ConfigError([f"run folder name {name!r} is not a plain folder name"], hint="set name or output.run_name to a plain name")
             path = Path(recipe.output.dir) / name
-        if path.exists() and any(path.iterdir()):
+        path = Path(path)
+        if path.is_symlink():
+            raise StateError(f"run folder '{path}' is a symbolic link", hint="pass a real folder with --output")
+        cls._refuse_non_empty(path)
+        path.mkdir(parents=True, exist_ok=True)
+        run = cls(path)
+        run.lock()  # before the first byte: a second process started at the same instant stops here
+        try:
+            cls._refuse_non_empty(path)
+            marker = {"format": RUN_FORMAT, "version": RUN_VERSION, "run_id": uuid.uuid4().hex, "state_id": None,
+                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
+            atomic_write_bytes(path / cls.MARKER, json.dumps(marker, indent=2).encode())
+            run.write_config(recipe)
+        except BaseException:
+            run.release()
+            raise
+        return run
+
+    @staticmethod
+    def _refuse_non_empty(path: Path) -> None:
+        if not path.is_dir():
+            return
+        ours = {DirectoryLock.FILE_NAME}
+        if any(p.name not in ours and not p.name.startswith(DirectoryLock.FILE_NAME + ".tmp-") for p in path.iterdir()):
             raise StateError(
                 f"run folder '{path}' already exists and is not empty",
                 hint="pass --resume to continue it, or choose another --output",
             )
-        path.mkdir(parents=True, exist_ok=True)
-        run = cls(path)
-        run.write_config(recipe)
-        return run
 
     @classmethod
     def find(cls, path: Path) -> RunFolder:
-        """An existing run folder; a ``StateError`` says what is missing."""
+        """An existing run folder; a ``StateError`` says what is missing or wrong."""
         run = cls(path)
         if not run.config_path.is_file():
             raise StateError(
                 f"'{path}' is not a run folder (it has no {cls.CONFIG})",
                 hint="pass the folder that `dsa-train run` created, for example runs/<recipe>-<timestamp>",
             )
+        run.check_layout()
         return run
+
+    def check_layout(self) -> None:
+        """Refuse a run folder whose own files or folders are symbolic links, or that has no marker."""
+        for name in INNER:
+            if (self.path / name).is_symlink():
+                raise StateError(
+                    f"'{self.path / name}' is a symbolic link; dsa-train never follows links inside a run folder",
+                    hint="replace it with the real folder or file (or move the whole run folder instead)",
+                )
+        self.marker  # noqa: B018  (raises without one)
 
     @classmethod
     def newest(cls, recipe: Recipe) -> RunFolder:
@@ -100,20 +201,28 @@ class RunFolder:
         parent = Path(recipe.output.dir)
         pattern = recipe.output.run_name or f"{recipe.name}-*"
         candidates = sorted(
-            (p for p in parent.glob(pattern) if (p / cls.CONFIG).is_file()), key=lambda p: p.stat().st_mtime
+            (p for p in parent.glob(pattern) if not p.is_symlink() and read_marker(p) is not None and (p / cls.CONFIG).is_file()),
+            key=lambda p: p.stat().st_mtime,
         )
         if not candidates:
             raise StateError(
                 f"no run of recipe '{recipe.name}' to resume under '{parent}' (looked for {pattern})",
                 hint="start it without --resume, or pass the run folder with --output",
             )
-        return cls(candidates[-1])
+        return cls.find(candidates[-1])
 
     def lock(self) -> DirectoryLock:
         """Hold the run folder for one training process (released by the kernel if it dies)."""
-        lock = DirectoryLock(self.path, purpose="run folder")
-        lock.acquire()
-        return lock
+        if self._lock is None:
+            lock = DirectoryLock(self.path, purpose="run folder")
+            lock.acquire()
+            self._lock = lock
+        return self._lock
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def write_config(self, recipe: Recipe) -> None:
         atomic_write_bytes(self.config_path, recipe_to_yaml(recipe).encode())
@@ -144,10 +253,31 @@ class MetricsLog:
     @staticmethod
     def truncate(path: Path, records: int) -> None:
         """Keep the first ``records`` records (what a resumed run's checkpoint had logged)."""
+        lines = Path(path).read_text(errors="replace").splitlines() if path.exists() else []
+        if len(lines) < records:
+            raise StateError(
+                f"'{path}' has {len(lines)} records, but the checkpoint was taken after {records}: "
+                "the metrics log was cut short behind the run's back",
+                hint="restore the metrics log, or start the run again without --resume",
+            )
         if path.exists():
-            kept = path.read_text().splitlines()[:records]
-            atomic_write_bytes(path, "".join(line + "\n" for line in kept).encode())
+            atomic_write_bytes(path, "".join(line + "\n" for line in lines[:records]).encode())
 
     @staticmethod
     def read(path: Path) -> list[dict]:
-        return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+        """The records; a ``StateError`` names the first line that is not a JSON object."""
+        records = []
+        for number, line in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict):
+                raise StateError(
+                    f"'{path}' line {number} is not a JSON record ({line[:60]!r}): the metrics log was edited or damaged",
+                    hint="restore the line or remove it and the lines after it; training only appends to this file",
+                )
+            records.append(record)
+        return records
