@@ -1,24 +1,29 @@
-"""A read-only look into a state directory: never locks, never reads a row file whole.
+"""A read-only look into a state directory: never locks, never holds a row file in memory.
 
-It reads the manifest, the row files' sizes and a sample of rows (one ``pread`` per row, so
-nothing is mapped and nothing else is read), which keeps it fast and small on tables of any
-size, and usable while a training run holds the directory (the values may then move). It
-needs numpy only, not torch, so ``dsa-train inspect-state`` starts in a fraction of a second.
+It reads the manifest, the row files' sizes and a sample of rows (one ``pread`` per run of
+consecutive rows, so nothing is mapped and nothing else is read), which keeps it fast and
+small on tables of any size, and usable while a training run holds the directory (the values
+may then move). Asked rows are streamed in chunks, and :meth:`StateInspector.check` scans
+every row that holds data the same way, a few thousand rows at a time. Each row file is
+checked against the manifest (size, header) before any row is read. It needs numpy only, not
+torch, so ``dsa-train inspect-state`` starts in a fraction of a second.
 """
 
 from __future__ import annotations
 
-import json
+import errno
 import math
 import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import StateError
-from ..fsutil import DirectoryLock
-from .format import HEADER_BYTES, LAYOUT, MANIFEST, RowSpec, load_manifest, moments_file, read_row_header
+from ..fsutil import lock_holder as live_holder  # noqa: F401  (re-exported: the CLI asks who holds a directory)
+from ..fsutil import data_extents
+from .format import HEADER_BYTES, LAYOUT, MANIFEST, TABLE_LAYOUT, RowSpec, load_manifest, moments_file, read_row_header
 
 _NUMPY = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": np.uint16}
 SAMPLE_SEED = 20_261_202  # not 0: a table trained with seed-0 lookups must not match its own sample
@@ -38,39 +43,13 @@ class ParamSummary:
     sampled_rows: int
 
 
-def live_holder(directory: Path) -> str | None:
-    """Who holds the directory's lock, or ``None``; looks without taking any lock."""
-    lock = Path(directory) / DirectoryLock.FILE_NAME
-    try:
-        info = json.loads(lock.read_text() or "{}")
-    except (OSError, ValueError):
-        return None
-    pid = info.get("pid")
-    if not pid or not _holds_flock(pid, lock):
-        return None
-    return f"pid {pid} ({info.get('command', '?')}, since {info.get('since', '?')})"
-
-
-def _holds_flock(pid: int, lock: Path) -> bool:
-    """Whether process ``pid`` holds an flock on ``lock`` (from /proc/locks; else: is it alive)."""
-    try:
-        inode = lock.stat().st_ino
-        with open("/proc/locks") as f:
-            for line in f:
-                fields = line.split()
-                if "FLOCK" in fields and str(pid) in fields and any(p.endswith(f":{inode}") for p in fields):
-                    return True
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-
-
 class StateInspector:
-    """The manifest and sampled rows of a state directory (or of a run folder's)."""
+    """The manifest and sampled rows of a state directory (or of a run folder's).
+
+    Every method that reads rows first checks the parameter's row file against the manifest
+    (present, its header, its size: see :meth:`row_file`), so a truncated or swapped file is a
+    :class:`StateError` that names it, never a numpy error.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -98,23 +77,97 @@ class StateInspector:
             raise StateError(f"state directory '{self.path}' has no parameter '{name}'", hint=f"it has {', '.join(self.params)}")
         return self.params[name]
 
-    def read_rows(self, name: str, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """``m`` and ``v`` of the given rows, as float64 ``(len(rows), W)`` arrays (a row-wise
-        v is repeated across the row)."""
+    def spec(self, name: str) -> RowSpec:
+        """The record layout the manifest gives the parameter ``name``."""
         entry = self._entry(name)
-        num_rows, width = entry["shape"][0], math.prod(entry["shape"][1:])
-        bad = [r for r in rows if not 0 <= r < num_rows]
-        if bad:
-            raise StateError(f"parameter '{name}' has {num_rows} rows; rows {bad[:5]} are out of range")
+        return RowSpec(name, tuple(entry["shape"]), entry["dtype"], "", entry.get("layout", LAYOUT))
+
+    def row_file(self, name: str) -> tuple[Path, RowSpec, os.stat_result]:
+        """The parameter's row file (for a disk table: the table file), its layout and its
+        ``stat``, once checked: present, a valid header that agrees with the manifest, and
+        exactly the size the manifest's shape and layout need."""
+        entry = self._entry(name)
+        spec = self.spec(name)
         path = moments_file(self.path, entry)
-        read_row_header(path)
-        spec = RowSpec(name, tuple(entry["shape"]), entry["dtype"], "", entry.get("layout", LAYOUT))
-        record = entry["row_bytes"]
+        restore = (
+            "restore the state directory (and its disk table) from a checkpoint"
+            if spec.layout == TABLE_LAYOUT
+            else "restore the state directory from a checkpoint"
+        ) + ", or start a fresh one"
+        if entry.get("row_bytes") != spec.row_bytes:
+            raise StateError(
+                f"manifest '{self.path / MANIFEST}' gives parameter '{name}' records of {entry.get('row_bytes')!r} bytes, "
+                f"but its shape {list(spec.shape)} and layout '{spec.layout}' make {spec.row_bytes}",
+                hint=restore,
+            )
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            raise StateError(f"row file '{path}' of parameter '{name}' is missing", hint=restore) from None
+        except OSError as e:
+            raise StateError(f"cannot read row file '{path}' of parameter '{name}': {e.strerror}", hint=restore) from e
+        if info.st_size != spec.file_bytes:
+            raise StateError(
+                f"row file '{path}' of parameter '{name}' is {info.st_size:,} bytes, but {spec.num_rows:,} rows of "
+                f"{spec.row_bytes:,} bytes (shape {list(spec.shape)}, layout '{spec.layout}') need {spec.file_bytes:,} "
+                f"({'truncated' if info.st_size < spec.file_bytes else 'longer than its manifest says'})",
+                hint=restore,
+            )
+        meta = read_row_header(path)
+        theirs = (meta.get("shape"), meta.get("layout", LAYOUT), meta.get("row_bytes"))
+        if theirs != (list(spec.shape), spec.layout, spec.row_bytes):
+            raise StateError(
+                f"row file '{path}' holds shape {theirs[0]}, layout '{theirs[1]}', records of {theirs[2]} bytes, but the "
+                f"manifest gives parameter '{name}' shape {list(spec.shape)}, layout '{spec.layout}', {spec.row_bytes}",
+                hint=restore,
+            )
+        return path, spec, info
+
+    def check_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> None:
+        """Refuse any ``[start, stop)`` range outside the parameter's rows, before reading."""
+        num_rows = self.spec(name).num_rows
+        for start, stop in ranges:
+            if not 0 <= start < stop <= num_rows:
+                shown = f"{start}" if stop == start + 1 else f"{start}:{stop}"
+                raise StateError(
+                    f"parameter '{name}' has {num_rows:,} rows (0 to {num_rows - 1:,}); rows [{shown}] are out of range",
+                    hint=f"ask for rows in 0:{num_rows} (a range stops before its end)",
+                )
+
+    def read_rows(self, name: str, rows: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``m`` and ``v`` of the given rows, as float64 ``(len(rows), W)`` arrays (a row-wise
+        v is repeated across the row). Each run of consecutive rows is one ``pread``."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        spec = self.spec(name)
+        if len(rows) and (rows.min() < 0 or rows.max() >= spec.num_rows):
+            bad = rows[(rows < 0) | (rows >= spec.num_rows)][:5].tolist()
+            raise StateError(
+                f"parameter '{name}' has {spec.num_rows:,} rows; rows {bad} are out of range",
+                hint=f"ask for rows in 0:{spec.num_rows} (a range stops before its end)",
+            )
+        path, spec, _ = self.row_file(name)
+        record = spec.row_bytes
+        raw = bytearray(len(rows) * record)
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
         with open(path, "rb") as f:
-            raw = b"".join(os.pread(f.fileno(), record, HEADER_BYTES + r * record) for r in rows)
-        records = np.frombuffer(raw, dtype=np.uint8).reshape(len(rows), record)
-        fields = {slot.name: _decode(records[:, slot.offset : slot.offset + slot.nbytes], slot.dtype) for slot in spec.fields}
-        return fields["m"], np.broadcast_to(fields["v"], (len(rows), width))
+            for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), len(rows)]):
+                for a in range(lo, hi, CHUNK_ROWS):
+                    b = min(hi, a + CHUNK_ROWS)
+                    raw[a * record : b * record] = _pread(f.fileno(), (b - a) * record, HEADER_BYTES + int(rows[a]) * record, path)
+        return _moments(np.frombuffer(raw, dtype=np.uint8).reshape(len(rows), record), spec)
+
+    def iter_rows(self, name: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[range, np.ndarray, np.ndarray]]:
+        """The rows of ``[start, stop)`` ranges, streamed: ``(rows, m, v)`` per chunk of at most
+        a few thousand rows (and a few MiB), never the whole selection at once."""
+        self.check_ranges(name, ranges)
+        path, spec, _ = self.row_file(name)
+        chunk = _chunk_rows(spec.row_bytes)
+        with open(path, "rb") as f:
+            for start, stop in ranges:
+                for a in range(start, stop, chunk):
+                    b = min(stop, a + chunk)
+                    raw = _pread(f.fileno(), (b - a) * spec.row_bytes, HEADER_BYTES + a * spec.row_bytes, path)
+                    yield (range(a, b), *_moments(np.frombuffer(raw, dtype=np.uint8).reshape(b - a, spec.row_bytes), spec))
 
     def sample_rows(self, name: str, count: int, seed: int = SAMPLE_SEED) -> list[int]:
         num_rows = self._entry(name)["shape"][0]
@@ -124,7 +177,7 @@ class StateInspector:
 
     def summary(self, name: str, *, sample: int = 2048) -> ParamSummary:
         entry = self._entry(name)
-        stat = moments_file(self.path, entry).stat()
+        _, _, stat = self.row_file(name)
         rows = self.sample_rows(name, sample)
         _, v = self.read_rows(name, rows)
         touched = float((v != 0).any(axis=1).mean()) if len(rows) else 0.0
@@ -161,13 +214,118 @@ class StateInspector:
             result["effective_lr"] = _describe((step_size / (np.sqrt(v) + group["eps"])).mean(axis=1))
         return result
 
+    def check(self, name: str, *, progress: Callable[[int], None] | None = None, first: int = 5) -> dict:
+        """Scan every row of the parameter for values Adam cannot have produced.
 
-def _decode(raw: np.ndarray, dtype: str) -> np.ndarray:
-    """Bytes of one slot, ``(rows, nbytes)`` uint8, as float64 values."""
-    values = np.ascontiguousarray(raw).view(_NUMPY[dtype])
-    if dtype == "bfloat16":  # the top half of a float32
+        Reports rows whose ``m`` or ``v`` is NaN or infinite, whose ``v`` is negative (a
+        running mean of squares never is) and, in a disk table, whose weight is not finite.
+        Rows are read in chunks of a few thousand with ``pread``; holes (rows never touched:
+        zeros) are skipped, not read. ``progress(rows)`` is called as the scan moves on (in
+        row numbers passed, read or skipped). A flipped bit that leaves a value finite and
+        plausible is not detectable here: checkpoints carry digests for that.
+
+        Returns ``{"rows", "rows_read", "bad_rows", "problems": {kind: {"rows", "first"}}}``,
+        ``kind`` one of :data:`PROBLEMS` (only those found).
+        """
+        path, spec, info = self.row_file(name)
+        slots = {slot.name: slot for slot in spec.fields}
+        record, chunk = spec.row_bytes, _chunk_rows(spec.row_bytes)
+        counts = dict.fromkeys(PROBLEMS, 0)
+        firsts: dict[str, list[int]] = {kind: [] for kind in PROBLEMS}
+        rows_read = bad_rows = position = 0
+        with open(path, "rb") as f:
+            for lo, hi in _data_rows(f.fileno(), info.st_size, spec):
+                for a in range(lo, hi, chunk):
+                    b = min(hi, a + chunk)
+                    raw = _pread(f.fileno(), (b - a) * record, HEADER_BYTES + a * record, path)
+                    records = np.frombuffer(raw, dtype=np.uint8).reshape(b - a, record)
+                    values = {key: _values(records, slot) for key, slot in slots.items()}
+                    found = {
+                        "m_not_finite": ~np.isfinite(values["m"]).all(axis=1),
+                        "v_not_finite": ~np.isfinite(values["v"]).all(axis=1),
+                        "v_negative": (values["v"] < 0).any(axis=1),
+                    }
+                    if "w" in values:
+                        found["w_not_finite"] = ~np.isfinite(values["w"]).all(axis=1)
+                    any_bad = np.zeros(b - a, dtype=bool)
+                    for kind, mask in found.items():
+                        hits = np.flatnonzero(mask)
+                        counts[kind] += len(hits)
+                        if len(firsts[kind]) < first:
+                            firsts[kind] += (hits[: first - len(firsts[kind])] + a).tolist()
+                        any_bad |= mask
+                    bad_rows += int(any_bad.sum())
+                    rows_read += b - a
+                    if progress is not None:
+                        progress(b - position)
+                    position = b
+        if progress is not None and position < spec.num_rows:
+            progress(spec.num_rows - position)
+        problems = {kind: {"rows": counts[kind], "first": firsts[kind]} for kind in PROBLEMS if counts[kind]}
+        return {"rows": spec.num_rows, "rows_read": rows_read, "bad_rows": bad_rows, "problems": problems}
+
+
+#: What :meth:`StateInspector.check` looks for, and how to say it.
+PROBLEMS = {
+    "m_not_finite": "m is NaN or infinite",
+    "v_not_finite": "v is NaN or infinite",
+    "v_negative": "v is negative",
+    "w_not_finite": "the weight is NaN or infinite",
+}
+CHUNK_ROWS = 4096  # rows per pread when streaming or scanning
+CHUNK_BYTES = 4 << 20  # and at most this many bytes
+
+
+def _chunk_rows(record: int) -> int:
+    return max(1, min(CHUNK_ROWS, CHUNK_BYTES // record))
+
+
+def _pread(fd: int, size: int, offset: int, path: Path) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:  # the file shrank since it was checked
+        raise StateError(
+            f"row file '{path}' ended at byte {offset + len(data):,} while it was read (it needs {offset + size:,})",
+            hint="something truncated it while it was read; restore the state directory from a checkpoint",
+        )
+    return data
+
+
+def _data_rows(fd: int, size: int, spec: RowSpec) -> Iterator[tuple[int, int]]:
+    """``[lo, hi)`` row ranges that hold data, in order and merged; rows in holes are skipped.
+    Where the file system cannot tell holes apart, every row."""
+    try:
+        os.lseek(fd, 0, os.SEEK_DATA)
+        extents = data_extents(fd, size)
+    except OSError as e:
+        extents = iter(() if e.errno == errno.ENXIO else [(0, size)])  # ENXIO: all hole
+    record, current = spec.row_bytes, None
+    for start, end in extents:
+        lo = max(0, (start - HEADER_BYTES) // record)
+        hi = min(spec.num_rows, max(0, -(-(end - HEADER_BYTES) // record)))
+        if lo >= hi:
+            continue
+        if current is not None and lo <= current[1]:
+            current = (current[0], max(current[1], hi))
+            continue
+        if current is not None:
+            yield current
+        current = (lo, hi)
+    if current is not None:
+        yield current
+
+
+def _values(records: np.ndarray, slot) -> np.ndarray:
+    """One slot of ``(rows, record)`` uint8 records, in its own dtype (bfloat16 as float32)."""
+    values = np.ascontiguousarray(records[:, slot.offset : slot.offset + slot.nbytes]).view(_NUMPY[slot.dtype])
+    if slot.dtype == "bfloat16":  # the top half of a float32
         values = (values.astype(np.uint32) << 16).view(np.float32)
-    return values.astype(np.float64)
+    return values
+
+
+def _moments(records: np.ndarray, spec: RowSpec) -> tuple[np.ndarray, np.ndarray]:
+    """``m`` and ``v`` (float64, ``(rows, W)``) of ``(rows, record)`` uint8 records."""
+    fields = {slot.name: _values(records, slot).astype(np.float64) for slot in spec.fields}
+    return fields["m"], np.broadcast_to(fields["v"], (len(records), spec.row_width))
 
 
 def _describe(values: np.ndarray) -> dict:
