@@ -51,7 +51,7 @@ def clean(
         return
     plan = plan_clean(targets, keep_last=keep_last, older_than=age)
     for path, why in plan.kept:
-        stderr.print(f"keeping {_shown(path)}: {why}", highlight=False)
+        stderr.print(f"keeping {_shown(path)}: {why}", highlight=False, soft_wrap=True)
     if not plan.candidates:
         stdout.print("Nothing to clean.")
         return
@@ -74,7 +74,7 @@ def clean(
             remove(candidate)
             freed += candidate.bytes
         except DsaError as e:
-            stderr.print(str(e), highlight=False)
+            stderr.print(str(e), highlight=False, soft_wrap=True)
     stdout.print(f"Removed {sum(1 for c in plan.candidates if not c.path.exists())} items, freed {_bytes(freed)}.")
 
 

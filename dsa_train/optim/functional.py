@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import torch
@@ -132,7 +132,11 @@ class Workspace:
         return self._buffers[key]
 
     def run(self, work: Callable[[int], None], parts: int) -> None:
-        """``work(0) ... work(parts - 1)``, in parallel when ``parts > 1``."""
+        """``work(0) ... work(parts - 1)``, in parallel when ``parts > 1``.
+
+        If a part raises, the parts not yet started are cancelled and the running ones are
+        waited for before the first error is raised, so no thread writes after this returns.
+        """
         if parts == 1:
             work(0)
             return
@@ -140,7 +144,15 @@ class Workspace:
             self.close_pool()
             self._pool = ThreadPoolExecutor(max_workers=parts, thread_name_prefix="dsa-rows")
             self._pool_size = parts
-        for future in [self._pool.submit(work, k) for k in range(parts)]:
+        futures = [self._pool.submit(work, k) for k in range(parts)]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        failed = next((f for f in futures if f in done and f.exception() is not None), None)
+        if failed is not None:
+            for future in futures:
+                future.cancel()
+            wait(futures)
+            raise failed.exception()
+        for future in futures:
             future.result()
 
     def close_pool(self) -> None:

@@ -145,7 +145,7 @@ def plan_clean(paths: list[Path], *, keep_last: int = 1, older_than: float | Non
         if run is not None:
             _plan_inside_run(run, path, inside, plan, keep_last)
             continue
-        if inside is not None:
+        if inside is not None and Path(os.path.abspath(inside)) != Path(os.path.abspath(path)):
             raise DsaError(
                 f"'{path}' is part of the checkpoint '{inside}', which is not in its run's checkpoints/ folder "
                 "(a copy); clean never removes a checkpoint's contents",

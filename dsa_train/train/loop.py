@@ -30,7 +30,7 @@ import torch
 from ..errors import DsaError
 from ..memory import PeakRssAnon, peak_rss_bytes, rss_anon_bytes
 from ..recipe import Recipe
-from .checkpoint import TABLES, find_checkpoint, load_model_state, restore_tables, save_checkpoint
+from .checkpoint import TABLES, find_checkpoint, load_model_state, load_tensors, restore_tables, save_checkpoint
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, restore_state_dir
 from .run_folder import MetricsLog, RunFolder, complete_checkpoints
 from .tasks import TableSite, Task, make_task
@@ -174,7 +174,7 @@ class Training:
             if hasattr(self.optimizer, "skipped_steps"):
                 self.optimizer.skipped_steps = trainer["skipped_steps"]
             if self.dense_optimizer is not None:
-                self.dense_optimizer.load_state_dict(torch.load(checkpoint / DENSE_STATE, weights_only=True))
+                self.dense_optimizer.load_state_dict(load_tensors(checkpoint / DENSE_STATE))
         self.metrics = MetricsLog(self.run.metrics_path)
 
     # -- training -------------------------------------------------------------------------

@@ -122,7 +122,9 @@ def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Path) -> None:
-    optimizer.load_state_dict(torch.load(checkpoint / STATE_DICT, weights_only=True))
+    from .checkpoint import load_tensors  # checkpoint.py imports this module
+
+    optimizer.load_state_dict(load_tensors(checkpoint / STATE_DICT))
 
 
 def close_optimizer(optimizer: torch.optim.Optimizer) -> None:
