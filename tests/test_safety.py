@@ -414,3 +414,14 @@ def test_a_full_disk_error_is_not_masked_by_closing(tmp_path, monkeypatch):
     assert result.exit_code == 1
     errors = [line for line in result.raw_stderr.splitlines() if line.startswith("Error:")]
     assert errors == ["Error: the disk is full: no room for the rows this step writes"]
+
+
+def test_a_link_planted_at_a_pending_row_file_is_never_written_through(tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("precious")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "param0.rows.pending").symlink_to(precious)  # the name a new row file is written under
+    with pytest.raises(StateError, match="is in the way of a new row file and is not a regular file"):
+        DiskSparseAdam(nn.Embedding(4, 2, sparse=True).parameters(), state_dir=state)
+    assert precious.read_text() == "precious" and (state / "param0.rows.pending").is_symlink()
