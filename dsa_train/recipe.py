@@ -6,12 +6,22 @@ whose fields carry their help text and checks. :func:`load_recipe` reports every
 once in one :class:`~dsa_train.errors.ConfigError`, each with its dotted path, the YAML line
 and, for a misspelt key, the closest valid one. ``key=value`` overrides (``--set``) are
 applied before validation, so they are checked the same way.
+
+Hostile or careless input ends in a ``ConfigError`` too, never a crash, a hang or a blown-up
+process: the file must be UTF-8 and at most ``MAX_RECIPE_BYTES``; YAML is composed by a
+loader that refuses an alias inside its own anchor, nesting deeper than ``MAX_DEPTH`` and
+more than ``MAX_VALUES`` values once aliases are expanded (a "billion laughs" bomb), before
+anything walks the values; duplicate keys are reported; seeds, names and paths are checked
+against what torch and the file system accept.
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import difflib
+import os
+import stat
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +31,12 @@ from typing import Any, Literal
 import yaml
 
 from .errors import ConfigError
+
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a few dozen lines: this refuses a wrong file or a generated one
+MAX_DEPTH = 32  # nesting of sections and lists; a recipe needs 4 (model.sage.fanout.0)
+MAX_VALUES = 10_000  # values once aliases are expanded; a 400-byte "billion laughs" expands to 9**9
+MAX_NAME_BYTES = 200  # the run folder <name>-<YYYYmmdd-HHMMSS> stays under NAME_MAX (255 bytes)
+SEED_MAX = 2**63 - 1  # torch and numpy take seeds as 64-bit integers
 
 
 def _help(text: str, check=None, **kwargs):
@@ -44,6 +60,37 @@ def _betas(v):
     return None if all(0 <= b < 1 for b in v) else "each beta must be in [0, 1)"
 
 
+def _seed(v):
+    return None if 0 <= v <= SEED_MAX else "must be a whole number in [0, 2**63 - 1] (torch and numpy take 64-bit seeds)"
+
+
+def _folder_name(v):
+    """A name that becomes one folder: nothing that climbs out of, or hides in, its parent."""
+    if not v or v.startswith(".") or any(c in "/\\" or c < " " for c in v):
+        return "must be a plain folder name (no '/', '\\', NUL or control characters; not '.', '..' or starting with '.')"
+    try:
+        size = len(v.encode())
+    except UnicodeEncodeError:
+        return "must be valid Unicode text (it holds an unpaired surrogate escape)"
+    if size > MAX_NAME_BYTES:
+        return (
+            f"is {size} bytes long; at most {MAX_NAME_BYTES} (the run folder adds -YYYYmmdd-HHMMSS, "
+            "and a folder name has at most 255 bytes)"
+        )
+    return None
+
+
+def _inside_data_root(v):
+    if "\0" in v:
+        return "must not contain a NUL character"
+    if os.path.isabs(v) or Path(os.path.normpath(v)).parts[:1] != ("..",):
+        return None
+    return (
+        "climbs out of the data root (a relative path is read under dataset.root, $DSA_DATA_ROOT or ./datasets); "
+        "write an absolute path if a folder outside it is really meant"
+    )
+
+
 @dataclass
 class SyntheticConfig:
     """A generated knowledge graph: power-law entity degrees and a latent cluster structure
@@ -57,7 +104,7 @@ class SyntheticConfig:
     clusters: int = _help("latent entity clusters that relations map between", _positive, default=64)
     noise: float = _help("fraction of triples whose tail is uniformly random", _fraction, default=0.1)
     zipf: float = _help("power-law exponent of entity popularity (0: uniform)", _non_negative, default=1.0)
-    seed: int = _help("random seed of the generator", default=0)
+    seed: int = _help("random seed of the generator", _seed, default=0)
 
     def problems(self) -> list[tuple[str, str]]:
         found = []
@@ -77,7 +124,7 @@ class GraphSyntheticConfig:
     average_degree: int = _help("edges per node, on average (each edge counts for both ends)", _positive, default=10)
     homophily: float = _help("probability that an edge stays inside its community", _fraction, default=0.8)
     zipf: float = _help("power-law exponent of node popularity (0: uniform)", _non_negative, default=1.0)
-    seed: int = _help("random seed of the generator and of the edge split", default=0)
+    seed: int = _help("random seed of the generator and of the edge split", _seed, default=0)
 
 
 KG_DATASETS = ("tsv", "fb15k237", "wn18rr", "synthetic")
@@ -96,7 +143,7 @@ class DatasetConfig:
         "knowledge graphs: tsv (a folder of train/valid/test.txt), fb15k237, wn18rr (PyG), synthetic; "
         "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph"
     )
-    path: str | None = _help("tsv: the folder, relative to the data root or absolute", default=None)
+    path: str | None = _help("tsv: the folder, relative to the data root or absolute", _inside_data_root, default=None)
     name: str | None = _help("planetoid: Cora, CiteSeer or PubMed", default=None)
     root: str | None = _help("data root (default: $DSA_DATA_ROOT, else ./datasets)", default=None)
     synthetic: SyntheticConfig = _help("synthetic: the knowledge-graph generator's settings", default_factory=SyntheticConfig)
@@ -186,7 +233,7 @@ class TrainConfig:
     )
     margin: float = _help("margin of the margin loss", _positive, default=1.0)
     regularization: float = _help("weight of the N3 penalty on the step's embeddings", _non_negative, default=0.0)
-    seed: int = _help("seed of initialisation, data order, negatives and dropout", default=0)
+    seed: int = _help("seed of initialisation, data order, negatives and dropout", _seed, default=0)
     device: Literal["auto", "cpu", "cuda"] = _help("where the model computes (the optimizer state stays on disk)", default="auto")
     log_every: int = _help("log the loss to metrics.jsonl every this many steps", _positive, default=50)
     checkpoint_every: int = _help("checkpoint every this many steps (0: at the end only)", _non_negative, default=0)
@@ -253,13 +300,7 @@ class OutputConfig:
     """Where runs go."""
 
     dir: str = _help("parent folder of run folders", default="runs")
-    run_name: str | None = _help("run folder name (default: <recipe name>-<timestamp>)", default=None)
-
-    def problems(self) -> list[tuple[str, str]]:
-        name = self.run_name
-        if name is not None and (not name or "/" in name or "\\" in name or name.startswith(".")):
-            return [("run_name", f"must be a plain folder name (no '/', not starting with '.'), got {name!r}")]
-        return []
+    run_name: str | None = _help("run folder name (default: <recipe name>-<timestamp>)", _folder_name, default=None)
 
 
 @dataclass
@@ -268,7 +309,7 @@ class Recipe:
 
     dataset: DatasetConfig = _help("the knowledge graph")
     model: ModelConfig = _help("the embedding model")
-    name: str = _help("the recipe's name (default: its file name)", default="recipe")
+    name: str = _help("the recipe's name (default: its file name), the run folders' prefix", _folder_name, default="recipe")
     description: str = _help("one line saying what the recipe is for", default="")
     train: TrainConfig = _help("the training loop", default_factory=TrainConfig)
     optimizer: OptimizerConfig = _help("the optimizer", default_factory=OptimizerConfig)
@@ -295,26 +336,59 @@ _MISSING = object()
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Read, override and validate a recipe file; a :class:`ConfigError` lists every problem."""
     path = Path(path)
+    source = f"recipe '{path}'"
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            raw = f.read(MAX_RECIPE_BYTES + 1)  # never more: the path may be /dev/zero or a huge file
+            if len(raw) > MAX_RECIPE_BYTES:
+                st = os.fstat(f.fileno())
+                size = f"{st.st_size:,} bytes, over the limit of" if stat.S_ISREG(st.st_mode) else "more than"
+                raise ConfigError(
+                    [f"the file is {size} {MAX_RECIPE_BYTES:,} bytes ({MAX_RECIPE_BYTES >> 20} MiB)"],
+                    source=source,
+                    hint="a recipe is a short YAML file; check that this is the right one",
+                )
     except OSError as e:
         raise ConfigError(
             [f"cannot read '{path}': {e.strerror}"],
-            source=f"recipe '{path}'",
+            source=source,
             hint="check the path; the shipped recipes are in recipes/, for example recipes/quickstart.yaml",
         ) from None
-    return parse_recipe(text, source=f"recipe '{path}'", overrides=overrides, default_name=path.stem)
+    return parse_recipe(_decode(raw, source), source=source, overrides=overrides, default_name=path.stem)
+
+
+def _decode(raw: bytes, source: str) -> str:
+    """The file's text: UTF-8 (a byte-order mark is fine), else a ConfigError saying where it is not."""
+    hint = "save it as UTF-8 (in most editors: File > Save with Encoding > UTF-8)"
+    for bom, name in ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+                      (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16")):  # fmt: skip
+        if raw.startswith(bom):
+            problem = f"the file is {name} (it starts with a {name} byte-order mark), not UTF-8; save it as UTF-8"
+            raise ConfigError([problem], source=source, hint=hint)
+    nul = raw.find(b"\0")
+    if nul >= 0:  # valid UTF-8, but YAML refuses it: a binary file, or UTF-16 without a byte-order mark
+        line = raw.count(b"\n", 0, nul) + 1
+        problem = f"NUL byte at offset {nul} (line {line}): the file is binary or UTF-16, not UTF-8 text; save it as UTF-8"
+        raise ConfigError([problem], source=source, hint=hint)
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        offset = e.start + (len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0)
+        line = raw.count(b"\n", 0, offset) + 1
+        problem = f"not UTF-8: byte 0x{raw[offset]:02x} at offset {offset} (line {line}) cannot be decoded; save it as UTF-8"
+        raise ConfigError([problem], source=source, hint=hint) from None
 
 
 def parse_recipe(
     text: str, *, source: str = "recipe", overrides: list[str] | tuple[str, ...] = (), default_name: str = "recipe"
 ) -> Recipe:
     """Parse YAML text into a :class:`Recipe` (see :func:`load_recipe`)."""
-    data, lines = _parse_yaml(text, source)
-    problems: list[str] = []
+    data, lines, problems = _parse_yaml(text, source)
     for override in overrides:
         _apply_override(data, lines, override, problems)
-    data.setdefault("name", default_name)
+    if "name" not in data:
+        data["name"] = default_name
+        lines[("name",)] = "the file name"
     recipe = _build(Recipe, data, (), lines, problems)
     if problems:
         raise ConfigError(problems, source=source)
@@ -352,46 +426,240 @@ def _plain(value):
     return value
 
 
-def _parse_yaml(text: str, source: str) -> tuple[dict, dict[tuple, int]]:
+def _size_problem(text: str, what: str) -> str | None:
+    size = len(text) if len(text) > MAX_RECIPE_BYTES else len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_RECIPE_BYTES:
+        return f"{what} is {size:,} bytes, over the limit of {MAX_RECIPE_BYTES:,} bytes ({MAX_RECIPE_BYTES >> 20} MiB)"
+    return None
+
+
+def _parse_yaml(text: str, source: str) -> tuple[dict, dict[tuple, Any], list[str]]:
+    """The data, the line of every key, and the problems of the YAML itself (duplicate keys)."""
+    too_big = _size_problem(text, "the recipe")
+    if too_big:
+        raise ConfigError([too_big], source=source, hint="a recipe is a short YAML file; check that this is the right one")
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        data, lines, duplicates = _load_bounded(text)
+    except _Refused as e:
+        raise ConfigError([f"{_dotted(e.path)} (line {e.line}): {e.problem}"], source=source) from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise ConfigError([f"not valid YAML{where}: {getattr(e, 'problem', None) or e}"], source=source) from None
+        raise ConfigError([f"not valid YAML{_yaml_where(e, text)}: {_yaml_problem(e)}"], source=source) from None
     if data is None:
-        data, node = {}, None
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError([f"the top level must be a mapping of sections, got {_kind(data)}"], source=source)
-    lines: dict[tuple, int] = {}
-    _collect_lines(node, (), lines)
-    return data, lines
+    problems = [f"{_dotted(key)} (line {line}): duplicate key, first at line {first}; keep one" for key, line, first in duplicates]
+    return data, lines, problems
 
 
-def _collect_lines(node, path: tuple, lines: dict[tuple, int]) -> None:
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = (*path, key_node.value)
-            lines[key] = key_node.start_mark.line + 1
-            _collect_lines(value_node, key, lines)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines[(*path, i)] = item.start_mark.line + 1
-            _collect_lines(item, (*path, i), lines)
+def _yaml_where(e: yaml.YAMLError, text: str) -> str:
+    mark = getattr(e, "problem_mark", None)
+    if mark:
+        return f" (line {mark.line + 1})"
+    if isinstance(e, yaml.reader.ReaderError) and isinstance(e.position, int):
+        return f" (line {text.count(chr(10), 0, e.position) + 1})"
+    return ""
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    if isinstance(e, yaml.reader.ReaderError) and isinstance(e.character, int):
+        reason = f"character #x{e.character:04x} is not allowed in YAML ({e.reason})"
+        return f"{reason}; remove it, or write it as an escape inside double quotes"
+    return str(getattr(e, "problem", None) or e)
+
+
+class _Refused(Exception):
+    """YAML the loader will not build: ``problem`` at ``path`` (line ``line``)."""
+
+    def __init__(self, path: tuple, line: int, problem: str) -> None:
+        super().__init__(problem)
+        self.path, self.line, self.problem = path, line, problem
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _guarded(construct):
+    """A constructor whose ValueError & co. (``2020-13-45``, 5000 digits, ``!!bool maybe``) is a YAML error."""
+
+    def guarded(loader, node):
+        try:
+            return construct(loader, node)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, AttributeError, KeyError, OverflowError) as e:
+            kind = node.tag.rpartition(":")[2] or "a value"
+            article = "an" if kind[:1] in "aeiou" else "a"
+            value = repr(_short(node.value)) if isinstance(node.value, str) else "this value"
+            reason = str(e).partition("; use sys.set_int_max_str_digits")[0]
+            raise yaml.constructor.ConstructorError(
+                None, None, f"cannot read {value} as {article} {kind} ({reason})", node.start_mark
+            ) from None
+
+    return guarded
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing while it composes what would blow up whatever walks the
+    result: an alias inside its own anchor (a cycle), nesting deeper than ``MAX_DEPTH`` (also
+    through aliases) and more than ``MAX_VALUES`` values once aliases are expanded (a bomb;
+    merge keys ``<<`` count the same, PyYAML copies the pairs they merge). Composing stays
+    linear in the text: an alias adds its anchor's precomputed size and depth."""
+
+    yaml_constructors = {tag: _guarded(f) for tag, f in yaml.SafeLoader.yaml_constructors.items()}
+
+    def __init__(self, stream, what: str) -> None:
+        super().__init__(stream)
+        self._what = what  # "the recipe", "the value" (of --set)
+        self._path: list = []  # where the composer is, for messages
+        self._level = 0  # collections open around it
+        self._shape: dict[int, tuple[int, int]] = {}  # id(complete node) -> (values, depth) it expands to
+        self._values = 0  # values composed so far, aliases expanded
+
+    def _refuse(self, problem: str, event) -> None:
+        raise _Refused(tuple(self._path), event.start_mark.line + 1, problem)
+
+    def _count(self, values: int, event) -> None:
+        self._values += values
+        if self._values > MAX_VALUES:
+            self._refuse(
+                f"{self._what} has more than {MAX_VALUES} values once aliases are expanded (each use of an alias "
+                "counts its anchor's values again); a recipe needs a few dozen: write fewer values or aliases",
+                event,
+            )
+
+    def compose_node(self, parent, index):
+        if parent is not None:  # a mapping's key (index None) or value (index: the key), or a list item
+            part = index if isinstance(index, int) else index.value if isinstance(index, yaml.ScalarNode) else "?"
+            self._path.append(part)
+        try:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent):
+                target = self.anchors.get(event.anchor)
+                if target is not None and id(target) not in self._shape:
+                    self._refuse(f"an alias refers to itself: *{event.anchor} is inside &{event.anchor}; write the values out", event)
+                node = super().compose_node(parent, index)  # the anchored node (or PyYAML's error)
+                values, depth = self._shape[id(node)]
+                if self._level + depth > MAX_DEPTH:
+                    self._refuse(f"nested deeper than {MAX_DEPTH} levels (counting what aliases bring in); a recipe needs 4", event)
+                self._count(values, event)
+                return node
+            collection = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
+            if collection:
+                if self._level >= MAX_DEPTH:
+                    self._refuse(f"nested deeper than {MAX_DEPTH} levels; a recipe needs 4", event)
+                self._level += 1
+            self._count(1, event)
+            try:
+                node = super().compose_node(parent, index)
+            finally:
+                self._level -= collection
+            if isinstance(node, yaml.MappingNode):
+                children = [self._shape[id(n)] for pair in node.value for n in pair]
+            elif isinstance(node, yaml.SequenceNode):
+                children = [self._shape[id(n)] for n in node.value]
+            else:
+                children = []
+            self._shape[id(node)] = (1 + sum(v for v, _ in children), collection + max((d for _, d in children), default=0))
+            return node
+        finally:
+            if parent is not None:
+                self._path.pop()
+
+
+def _load_bounded(text: str, what: str = "the recipe") -> tuple[Any, dict[tuple, Any], list[tuple[tuple, int, int]]]:
+    """``text``'s data, the line of each key and the duplicate keys (path, line, first line);
+    raises ``yaml.YAMLError`` for invalid YAML and ``_Refused`` past the loader's bounds."""
+    loader = _BoundedLoader(text, what)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}, []
+        lines: dict[tuple, Any] = {}
+        duplicates = _collect_lines(node, lines)  # before constructing: that rewrites merge keys
+        return loader.construct_document(node), lines, duplicates
+    except RecursionError:  # cannot happen within MAX_DEPTH; kept so it can never be a crash
+        raise _Refused((), 1, f"nested too deeply to read (more than {MAX_DEPTH} levels)") from None
+    finally:
+        loader.dispose()
+
+
+class _Alias(int):
+    """The line of a key whose value is an alias: also where the aliased values were first seen."""
+
+    target: tuple
+
+    def __new__(cls, line: int, target: tuple):
+        obj = super().__new__(cls, line)
+        obj.target = target
+        return obj
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _collect_lines(root, lines: dict[tuple, Any]) -> list[tuple[tuple, int, int]]:
+    """Record the line of every key and list item; return the duplicate keys (path, line, first line).
+
+    Walks each node once (an alias is the same node object as its anchor: under the alias's
+    path it is recorded as an :class:`_Alias` to where it was first seen), without recursion."""
+    duplicates = []
+    first_path: dict[int, tuple] = {id(root): ()}
+    stack = [(root, ())]
+    while stack:
+        node, path = stack.pop()
+        children = []
+        if isinstance(node, yaml.MappingNode):
+            first_line: dict[tuple, int] = {}
+            for key_node, value_node in node.value:
+                scalar = isinstance(key_node, yaml.ScalarNode)
+                key, line = (*path, key_node.value if scalar else "?"), key_node.start_mark.line + 1
+                if scalar and key_node.tag != _MERGE:
+                    name = (key_node.tag, key_node.value)
+                    if name in first_line:
+                        duplicates.append((key, line, first_line[name]))
+                    else:
+                        first_line[name] = line
+                children.append((key, line, value_node))
+        elif isinstance(node, yaml.SequenceNode):
+            children = [((*path, i), item.start_mark.line + 1, item) for i, item in enumerate(node.value)]
+        walk = []
+        for key, line, child in children:
+            if not isinstance(child, yaml.CollectionNode):
+                lines[key] = line
+            elif id(child) in first_path:  # met before: an alias
+                lines[key] = _Alias(line, first_path[id(child)])
+            else:
+                lines[key], first_path[id(child)] = line, key
+                walk.append((child, key))
+        stack.extend(reversed(walk))
+    return duplicates
 
 
 def _apply_override(data: dict, lines: dict, override: str, problems: list[str]) -> None:
     key, sep, raw = override.partition("=")
     key = key.strip()
     if not sep or not key:
-        problems.append(f"--set {override!r}: expected key=value, for example train.epochs=5")
+        problems.append(f"--set {_short(override)!r}: expected key=value, for example train.epochs=5")
+        return
+    too_big = _size_problem(override, "the override")
+    if too_big:
+        problems.append(f"--set {_short(key)}: {too_big}")
+        return
+    parts = key.split(".")
+    if len(parts) > MAX_DEPTH:
+        problems.append(f"--set {_short(key)}: a key of {len(parts)} parts is deeper than any recipe key (at most {MAX_DEPTH})")
         return
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value, _, duplicates = _load_bounded(raw, "the value") if raw.strip() else ("", {}, [])
+    except _Refused as e:
+        problems.append(f"--set {key}: {e.problem}")
+        return
     except yaml.YAMLError:
-        value = raw
-    parts = key.split(".")
+        value, duplicates = raw, []
+    for path, _, _ in duplicates:
+        problems.append(f"--set {key}: duplicate key '{_dotted(path)}' in the value; keep one")
     target = data
     for i, part in enumerate(parts[:-1]):
         existing = target.get(part)
@@ -411,11 +679,31 @@ def _part(part) -> str:
     return part if isinstance(part, str) and part.isidentifier() else repr(part)
 
 
+def _dotted(path: tuple) -> str:
+    return ".".join(_part(p) if not isinstance(p, int) or isinstance(p, bool) else str(p) for p in path) or "(top level)"
+
+
+def _line(path: tuple, lines: dict):
+    """The line of ``path``; inside an alias, the line where the aliased values are written."""
+    for _ in range(MAX_DEPTH):  # each round follows one alias
+        line = lines.get(path)
+        if line is not None:
+            return line
+        for depth in range(len(path) - 1, 0, -1):
+            ref = lines.get(path[:depth])
+            if isinstance(ref, _Alias):
+                path = ref.target + path[depth:]
+                break
+        else:
+            return None
+    return None
+
+
 def _where(path: tuple, lines: dict) -> str:
-    dotted = ".".join(_part(p) if not isinstance(p, int) or isinstance(p, bool) else str(p) for p in path) or "(top level)"
-    line = lines.get(path)
-    if line == "--set":
-        return f"{dotted} (from --set)"
+    dotted = _dotted(path)
+    line = _line(path, lines)
+    if isinstance(line, str):  # "--set", "the file name"
+        return f"{dotted} (from {line})"
     if line:
         return f"{dotted} (line {line})"
     for depth in range(len(path) - 1, 0, -1):  # a missing key: point at its section
