@@ -17,6 +17,7 @@ is a link is refused.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import stat
@@ -199,7 +200,7 @@ class RunFolder:
     def newest(cls, recipe: Recipe) -> RunFolder:
         """The newest run folder of this recipe under ``output.dir`` (for ``--resume``)."""
         parent = Path(recipe.output.dir)
-        pattern = recipe.output.run_name or f"{recipe.name}-*"
+        pattern = glob.escape(recipe.output.run_name) if recipe.output.run_name else f"{glob.escape(recipe.name)}-*"
         candidates = sorted(
             (p for p in parent.glob(pattern) if not p.is_symlink() and read_marker(p) is not None and (p / cls.CONFIG).is_file()),
             key=lambda p: p.stat().st_mtime,
