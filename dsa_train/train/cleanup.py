@@ -99,7 +99,10 @@ def state_manifest(path: Path) -> dict | None:
 
 
 def is_state_dir(path: Path) -> bool:
-    return not path.is_symlink() and path.is_dir() and state_manifest(path) is not None
+    try:
+        return stat.S_ISDIR(path.lstat().st_mode) and state_manifest(path) is not None
+    except OSError:
+        return False
 
 
 def checkpoint_state(path: Path) -> dict | None:
@@ -185,7 +188,7 @@ def _recognised(path: Path, depth: int, plan: CleanPlan):
         yield "state", path
     elif checkpoint_state(path) is not None:
         plan.kept.append((path, "a checkpoint outside its run's checkpoints/ folder (a copy): never removed by clean"))
-    elif (path / RunFolder.CONFIG).is_file() and not (path / RunFolder.MARKER).exists():
+    elif _regular(path / RunFolder.CONFIG) and not os.path.lexists(path / RunFolder.MARKER):
         plan.kept.append((path, f"looks like a run of an older dsa-train (no {RunFolder.MARKER}): left alone"))
     elif depth > 0:
         try:
