@@ -381,11 +381,13 @@ def test_a_step_that_stops_half_way_leaves_the_state_unclean(state_dir, monkeypa
 
 def test_a_failing_update_thread_stops_the_step_only_after_the_others(monkeypatch):
     workspace = functional.Workspace()
-    finished = []
+    finished, started = [], threading.Event()
 
     def work(part):
-        if part == 1:
+        if part == 0:
+            started.wait(5)  # the other part is writing when this one fails
             raise OSError(errno.EIO, "Input/output error")
+        started.set()
         time.sleep(0.3)
         finished.append(threading.current_thread().name)
 
