@@ -238,6 +238,25 @@ def _describe(info: dict) -> str:
     return who
 
 
+def is_regular_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file itself (a link to one is not)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_json_object(path: Path) -> dict | None:
+    """The JSON object in the regular file ``path`` (never read through a link), else ``None``."""
+    if not is_regular_file(path):
+        return None
+    try:
+        value = json.loads(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def data_extents(fd: int, size: int):
     """``(start, end)`` byte ranges of a file that hold data; holes are skipped."""
     offset = 0

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DsaError, StateError
-from ..fsutil import DirectoryLock, lock_holder
+from ..fsutil import DirectoryLock, is_regular_file, lock_holder, read_json_object
 from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, STATE_FORMAT, TABLE_LAYOUT
 from .run_folder import CHECKPOINT_FORMAT, DOOMED, PARTIAL, TRAINER, RunFolder, read_marker, real_directories
 
@@ -75,26 +75,8 @@ def parse_age(text: str) -> float:
 
 
 # -- recognising ---------------------------------------------------------------------------------
-def _regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.lstat().st_mode)
-    except OSError:
-        return False
-
-
-def _json(path: Path) -> dict | None:
-    """A regular file's JSON object (never read through a link), else ``None``."""
-    if not _regular(path):
-        return None
-    try:
-        value = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 def state_manifest(path: Path) -> dict | None:
-    manifest = _json(path / MANIFEST)
+    manifest = read_json_object(path / MANIFEST)
     return manifest if manifest and manifest.get("format") == STATE_FORMAT and isinstance(manifest.get("state_id"), str) else None
 
 
@@ -106,7 +88,7 @@ def is_state_dir(path: Path) -> bool:
 
 
 def checkpoint_state(path: Path) -> dict | None:
-    state = _json(path / TRAINER)
+    state = read_json_object(path / TRAINER)
     return state if state and state.get("format") == CHECKPOINT_FORMAT else None
 
 
@@ -188,7 +170,7 @@ def _recognised(path: Path, depth: int, plan: CleanPlan):
         yield "state", path
     elif checkpoint_state(path) is not None:
         plan.kept.append((path, "a checkpoint outside its run's checkpoints/ folder (a copy): never removed by clean"))
-    elif _regular(path / RunFolder.CONFIG) and not os.path.lexists(path / RunFolder.MARKER):
+    elif is_regular_file(path / RunFolder.CONFIG) and not os.path.lexists(path / RunFolder.MARKER):
         plan.kept.append((path, f"looks like a run of an older dsa-train (no {RunFolder.MARKER}): left alone"))
     elif depth > 0:
         try:
@@ -278,7 +260,7 @@ def _plan_run(path: Path, plan: CleanPlan, keep_last: int) -> None:
 def _finished(run: Path) -> bool:
     """A summary record is the last thing a run logs."""
     metrics = run / RunFolder.METRICS
-    if not _regular(metrics):
+    if not is_regular_file(metrics):
         return False
     try:
         lines = metrics.read_text(errors="replace").splitlines()

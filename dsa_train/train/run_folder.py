@@ -20,13 +20,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import stat
 import time
 import uuid
 from pathlib import Path
 
 from ..errors import ConfigError, StateError
-from ..fsutil import DirectoryLock, atomic_write_bytes
+from ..fsutil import DirectoryLock, atomic_write_bytes, is_regular_file, read_json_object
 from ..recipe import Recipe, load_recipe, recipe_to_yaml
 
 
@@ -61,26 +60,13 @@ def complete_checkpoints(checkpoints: Path) -> list[Path]:
     """Committed checkpoints, oldest first."""
     if checkpoints.is_symlink():
         return []
-    return [p for p in real_directories(checkpoints) if p.name.isdigit() and _is_regular(p / TRAINER)]
-
-
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(path.lstat().st_mode)
-    except OSError:
-        return False
+    return [p for p in real_directories(checkpoints) if p.name.isdigit() and is_regular_file(p / TRAINER)]
 
 
 def read_marker(folder: Path) -> dict | None:
     """A run folder's ``run.json`` if it is a valid dsa-train run marker, else ``None``."""
-    path = Path(folder) / RunFolder.MARKER
-    if not _is_regular(path):
-        return None
-    try:
-        marker = json.loads(path.read_bytes())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(marker, dict) or marker.get("format") != RUN_FORMAT or not isinstance(marker.get("run_id"), str):
+    marker = read_json_object(Path(folder) / RunFolder.MARKER)
+    if marker is None or marker.get("format") != RUN_FORMAT or not isinstance(marker.get("run_id"), str):
         return None
     return marker
 
