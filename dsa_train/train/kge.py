@@ -15,7 +15,46 @@ from ..eval import RankingMetrics, TripleIndex, evaluate_link_prediction
 from ..models import KGEModel, build_kge_model
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
-from .tasks import TableSite, disk_table
+from .tasks import FLOAT_BYTES, TableSite, Working, check_sizes, disk_table, keys_of
+
+
+def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entities: int) -> list[Working]:
+    """What a training step and an evaluation batch hold at once (see :meth:`KGETask.loss` and
+    :func:`~dsa_train.eval.ranking.query_ranks`), from the recipe's sizes.
+
+    A step scores ``2 n`` queries (``n`` triples, at most the training set) against ``K``
+    candidates (``train.negatives``, plus the step's ``2 n`` answers with
+    ``train.batch_negatives``): the ``2n x K`` scores, their intermediates, the loss's copies
+    and the gradients of each come to at most 8 such matrices (measured: 4.3 to 7.5), plus the
+    gathered rows of ``model.dim`` floats and their gradients (4 copies)."""
+    t, e, dim = recipe.train, recipe.eval, recipe.model.dim
+    n = min(t.batch_size, max(train_triples, 1))
+    queries = 2 * n
+    candidates = t.negatives + (queries if t.batch_negatives else 0)
+    rows = 4 * n + t.negatives + candidates + queries  # anchors, answers, negatives, their concat, relation rows
+    step = FLOAT_BYTES * (8 * queries * candidates + 4 * rows * dim)
+    per_step = f" (at most {n:,} triples per step)" if n < t.batch_size else ""
+    step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + keys_of(train__negatives=t.negatives, model__dim=dim)
+    step_hint = (
+        "lower train.batch_size or train.negatives: a step scores 2 x batch_size queries against negatives"
+        + (" + 2 x batch_size candidates (train.batch_negatives: false drops the 2 x batch_size)" if t.batch_negatives else " candidates")
+        + "; or lower model.dim (a step gathers model.dim floats for each of them)"
+    )
+    working = [Working(f"one training step ({queries:,} queries x {candidates:,} candidates)", step, step_keys, step_hint)]
+    b = min(e.batch_size, max(eval_triples, 1))
+    if e.sampled_negatives is not None:
+        chunk, chunk_key = min(e.sampled_negatives + b, num_entities), keys_of(eval__sampled_negatives=e.sampled_negatives)
+    else:
+        chunk, chunk_key = min(e.entity_chunk, num_entities), keys_of(eval__entity_chunk=e.entity_chunk)
+    ranking = FLOAT_BYTES * (6 * b * chunk + 3 * chunk * dim + 2 * b * dim)
+    working.append(
+        Working(
+            f"one evaluation batch ({b:,} queries x {chunk:,} entities)", ranking,
+            f"{keys_of(eval__batch_size=e.batch_size)}, {chunk_key}, {keys_of(model__dim=dim)}",
+            "lower eval.batch_size or eval.entity_chunk (or eval.sampled_negatives): an evaluation batch scores batch_size queries against a chunk of entities",
+        )  # fmt: skip
+    )
+    return working
 
 
 class KGETask:
@@ -25,6 +64,14 @@ class KGETask:
         self.recipe, self.device = recipe, device
         self.kg: KnowledgeGraph = load_knowledge_graph(recipe.dataset)
         self.description = str(self.kg)
+        kg, dim = self.kg, recipe.model.dim
+        relation_rows = (2 if recipe.model.reciprocal else 1) * kg.num_relations + (1 if recipe.model.embedding_storage == "disk" else 0)
+        relation_state = 3 if recipe.optimizer.kind == "sparse_adam" else 1
+        check_sizes(
+            recipe, device, tables, table="entities", rows=kg.num_entities,
+            other=relation_rows * dim * FLOAT_BYTES * relation_state, other_what="the relation table",
+            working=kge_working(recipe, len(kg.train), max(len(kg.valid), len(kg.test)), kg.num_entities),
+        )  # fmt: skip
         entities = disk_table(recipe, tables, "entities", self.kg.num_entities, std=recipe.model.init_std)
         self.model: KGEModel = build_kge_model(recipe.model, self.kg.num_entities, self.kg.num_relations, entities).to(device)
         self.index: TripleIndex | None = None

@@ -16,9 +16,40 @@ from torch import Tensor
 from ..data.graphs import Graph, load_graph
 from ..data.walks import WalkSampler
 from ..eval.node import link_prediction, probe_accuracy
-from ..models.node import SkipGram, windows
+from ..models.node import GRAM_LIMIT, SkipGram, windows
 from ..recipe import Recipe
-from .tasks import TableSite, disk_table
+from .tasks import FLOAT_BYTES, TableSite, Working, check_sizes, disk_table, keys_of
+
+
+def node2vec_working(recipe: Recipe, num_nodes: int) -> Working:
+    """What a step holds at once (see :meth:`Node2VecTask.loss` and :meth:`SkipGram.loss`), from
+    the recipe's sizes: the walks and their windows (int64, with ``torch.unique``'s copies),
+    and, where the windows name more than 4,096 distinct nodes, the gathered
+    ``windows x (context_size - 1) x dim`` rows, their product and gradients (measured: at
+    most 3 copies; 3.5 counted)."""
+    c, dim = recipe.model.node2vec, recipe.model.dim
+    b = min(recipe.train.batch_size, max(num_nodes, 1))
+    walks = b * c.walks_per_node
+    per_walk = c.walk_length - c.context_size + 2  # windows of a walk of walk_length + 1 nodes
+    count = walks * (1 + c.negatives) * per_walk  # positive and negative windows
+    ids = count * c.context_size
+    distinct = min(num_nodes, ids)
+    pairs = count * (c.context_size - 1)
+    if distinct * distinct <= GRAM_LIMIT:
+        floats = distinct * distinct * 2 + 3 * pairs + 3 * distinct * dim
+    else:
+        floats = 7 * pairs * dim // 2 + 3 * pairs + 3 * distinct * dim
+    step = 8 * (5 * ids + 3 * walks * (1 + c.negatives) * (c.walk_length + 1)) + FLOAT_BYTES * floats
+    keys = keys_of(train__batch_size=recipe.train.batch_size) + (f" (at most {b:,} start nodes per step)" if b < recipe.train.batch_size else "")
+    keys += ", " + keys_of(
+        model__node2vec__walks_per_node=c.walks_per_node, model__node2vec__negatives=c.negatives,
+        model__node2vec__walk_length=c.walk_length, model__node2vec__context_size=c.context_size, model__dim=dim,
+    )  # fmt: skip
+    return Working(
+        f"one training step ({count:,} windows of {c.context_size} nodes)", step, keys,
+        "lower train.batch_size (start nodes per step), model.node2vec.walks_per_node or model.node2vec.negatives, "
+        "or model.dim: a step scores batch_size x walks_per_node x (1 + negatives) walks' windows",
+    )  # fmt: skip
 
 
 class Node2VecTask:
@@ -30,6 +61,8 @@ class Node2VecTask:
         self.graph: Graph = load_graph(recipe.dataset)
         self.description = str(self.graph)
         self.sampler = WalkSampler(self.graph.rowptr, self.graph.col, p=self.config.p, q=self.config.q)
+        working = [node2vec_working(recipe, self.graph.num_nodes)]
+        check_sizes(recipe, device, tables, table="nodes", rows=self.graph.num_nodes, other=0, working=working)
         nodes = disk_table(recipe, tables, "nodes", self.graph.num_nodes, std=SkipGram.INIT_STD)
         self.model = SkipGram(self.graph.num_nodes, recipe.model.dim, embedding=nodes).to(device)
 

@@ -18,8 +18,39 @@ from ..errors import ConfigError
 from ..data.neighbors import sample_subgraph
 from ..models.node import SageOverEmbeddings
 from ..recipe import Recipe
-from .tasks import TableSite, disk_table
+from .tasks import FLOAT_BYTES, TableSite, Working, check_sizes, disk_table, keys_of
 from .node2vec import evaluate_node_embeddings, headline
+
+
+def sage_working(recipe: Recipe, num_nodes: int, num_edges: int, items: int) -> list[Working]:
+    """What a step (a sampled neighbourhood, with gradients) and an evaluation (every node
+    encoded on the whole graph, see :meth:`SageTask.encode_all`) hold at once, from the
+    recipe's sizes. A sampled subgraph is bounded by the full fanout tree and by the graph;
+    the messages of an edge are ``max(dim, hidden)`` floats."""
+    c, dim, b = recipe.model.sage, recipe.model.dim, min(recipe.train.batch_size, max(items, 1))
+    width = max(dim, c.hidden)
+    seeds = b if c.task == "node" else 3 * b
+    tree_nodes, tree_edges, level = 1, 0, 1
+    for fanout in c.fanout:
+        level *= fanout
+        tree_nodes, tree_edges = tree_nodes + level, tree_edges + level
+    sub_nodes, sub_edges = min(num_nodes, seeds * tree_nodes), min(num_edges, seeds * tree_edges)
+    # The fanout tree overestimates a real sample several times over (measured: 6 to 8), so the
+    # activations and messages are counted once, without their gradients.
+    step = FLOAT_BYTES * (sub_nodes * (dim + c.hidden * c.layers) + sub_edges * width) + 24 * sub_edges
+    whole = FLOAT_BYTES * (3 * num_edges * width // 2 + 2 * num_nodes * (dim + 2 * c.hidden)) + 32 * num_edges
+    shape = keys_of(model__dim=dim, model__sage__hidden=c.hidden)
+    return [
+        Working(
+            f"one training step (up to {sub_nodes:,} sampled nodes, {sub_edges:,} edges)", step,
+            f"{keys_of(train__batch_size=recipe.train.batch_size)}, model.sage.fanout={c.fanout}, {shape}",
+            "lower train.batch_size, model.sage.fanout, model.dim or model.sage.hidden",
+        ),
+        Working(
+            f"encoding the whole graph for evaluation ({num_nodes:,} nodes, {num_edges:,} edges)", whole, shape,
+            "lower model.dim or model.sage.hidden: evaluation encodes every node of the graph at once",
+        ),
+    ]  # fmt: skip
 
 
 class SageTask:
@@ -36,6 +67,14 @@ class SageTask:
         u, v = keys // self.graph.num_nodes, keys % self.graph.num_nodes
         self.train_edges = torch.stack([u[u < v], v[u < v]], 1)
         self.train_nodes = self.graph.train_mask.nonzero().squeeze(1) if node_task else None
+        c, dim, num_classes = self.config, recipe.model.dim, self.graph.num_classes if node_task else 0
+        encoder = 2 * (dim * c.hidden + (c.layers - 1) * c.hidden * c.hidden) + (c.layers + 1) * c.hidden + (c.hidden + 1) * num_classes
+        check_sizes(
+            recipe, device, tables, table="nodes", rows=self.graph.num_nodes,
+            other=4 * encoder * FLOAT_BYTES, other_keys=keys_of(model__sage__hidden=c.hidden),
+            other_what="the SAGE layers (weights, gradients and Adam's moments)",
+            working=sage_working(recipe, self.graph.num_nodes, len(self.graph.col), self.epoch_items()),
+        )  # fmt: skip
         nodes = disk_table(recipe, tables, "nodes", self.graph.num_nodes, std=SageOverEmbeddings.INIT_STD)
         self.model = SageOverEmbeddings(
             self.graph.num_nodes, recipe.model.dim, self.config.hidden, self.config.layers,
