@@ -375,9 +375,7 @@ def clean_and_check(tree: dict, *, live_checkpoint_states: bool = False) -> None
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(tree=trees)
 def test_clean_removes_only_what_it_planned(tree):
-    # live_checkpoint_states=True (a live process holding a checkpoint's optimizer_state/) fails
-    # property 3 today, minimal tree: one idle run, one checkpoint, keep_last=0; see BUG 1 below.
-    clean_and_check(tree)
+    clean_and_check(tree, live_checkpoint_states=True)
 
 
 # -- the nastiest cases, written out -------------------------------------------------------------
@@ -447,26 +445,18 @@ def test_a_live_runs_folder_is_refused(tmp_path, held):
         assert not plan_clean([run], keep_last=0).candidates
         with pytest.raises(DsaError, match="in progress"):
             plan_clean([run / "checkpoints"], keep_last=0)
-        # the stale plan's candidates: each refused while the run folder is held; while only its
-        # optimizer_state is, that state is refused (the checkpoints: see the second BUG below)
+        # the stale plan's candidates: each refused, whether the run folder or only its state is held
         for candidate in stale.candidates:
-            if held == "run" or candidate.kind != "checkpoint":
-                with pytest.raises(DsaError, match="left alone"):
-                    remove(candidate)
+            with pytest.raises(DsaError, match="left alone"):
+                remove(candidate)
         record = run / DirectoryLock.FILE_NAME  # remove() records itself there while it holds the run folder
         assert {p: v for p, v in snapshot(tmp_path).items() if p != record} == {p: v for p, v in before.items() if p != record}
     finally:
         lock.release()
 
 
-# BUG 1 (found by this file's property test, left unfixed here): a checkpoint whose
-# optimizer_state/ a live process holds (DiskSparseAdam(state_dir=<run>/checkpoints/<step>/
-# optimizer_state) keeps its flock) is still planned and removed whole: _plan_run checks only
-# the run folder's and the run's own optimizer_state/'s locks, and remove() takes only the run
-# folder's. The module docstring promises "anything in a run or state directory whose lock a
-# live process holds" is never removed. Remove the xfail (and pass live_checkpoint_states=True
-# in the property test) once cleanup.py checks each checkpoint's optimizer_state lock.
-@pytest.mark.xfail(strict=True, reason="clean removes a checkpoint whose optimizer_state a live process holds")
+# Found by the property test above: a checkpoint whose optimizer_state/ a live process holds
+# (DiskSparseAdam opened on a checkpoint's copy) was planned and removed whole.
 def test_a_checkpoint_whose_state_a_live_process_holds_is_left_alone(tmp_path):
     run = one_run(tmp_path, finished=False)
     held = run / "checkpoints" / "0000000010" / "optimizer_state"
@@ -484,12 +474,8 @@ def test_a_checkpoint_whose_state_a_live_process_holds_is_left_alone(tmp_path):
         lock.release()
 
 
-# BUG 2 (same cause, after a stale plan): a plan made while the run was idle, removed after a
-# process opened DiskSparseAdam on <run>/optimizer_state without holding the run folder (a
-# library user resuming by hand): plan_clean would now keep the whole run ("run in progress"),
-# but remove() of each checkpoint candidate takes only the run folder's lock and removes it.
-# (dsa-train's own `run --resume` holds the run folder first, so the CLI is not affected.)
-@pytest.mark.xfail(strict=True, reason="remove() does not re-check the run's optimizer_state lock for checkpoints")
+# Also found by it: a plan made while the run was idle, carried out after a process opened
+# DiskSparseAdam on <run>/optimizer_state without holding the run folder: every removal is refused.
 def test_a_stale_plans_checkpoints_are_refused_while_the_runs_state_is_held(tmp_path):
     run = one_run(tmp_path)
     stale = plan_clean([tmp_path / "area"], keep_last=0)

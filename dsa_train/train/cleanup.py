@@ -243,7 +243,10 @@ def _plan_run(path: Path, plan: CleanPlan, keep_last: int) -> None:
                 plan.kept.append((folder, "a checkpoint of another run (its trainer.json names another run id)"))
     keep = complete[len(complete) - keep_last :] if keep_last else []
     for checkpoint in complete:
-        if checkpoint in keep:
+        holder = lock_holder(checkpoint / STATE) if (checkpoint / STATE).is_dir() and not (checkpoint / STATE).is_symlink() else None
+        if holder:
+            plan.kept.append((checkpoint, f"its optimizer state is open in {holder}"))
+        elif checkpoint in keep:
             plan.kept.append((checkpoint, f"one of the newest {keep_last} checkpoints (--keep-last)"))
         else:
             plan.candidates.append(
@@ -278,17 +281,36 @@ def remove(candidate: Candidate) -> None:
         lock.acquire()  # a live run or optimizer holds it: refused, nothing removed
     except StateError as e:
         raise DsaError(f"'{candidate.path}' left alone: {e.message}") from None
+    guard = None
     try:
         if candidate.kind == "state directory":
             _remove_state_dir(lock.fd, candidate)
         elif candidate.kind == "finished run's optimizer state":
             _remove_run_state(lock.fd, candidate)
         else:
+            guard = _hold(STATE, lock.fd, candidate)  # an optimizer open on the run's state: a live run
             _remove_checkpoint(lock.fd, candidate)
     except OSError as e:
         raise DsaError(f"'{candidate.path}' could not be removed: {e.strerror or e}") from None
     finally:
+        if guard is not None:
+            os.close(guard)
         lock.release()
+
+
+def _hold(name: str, parent_fd: int, candidate: Candidate) -> int | None:
+    """Lock the state directory ``name`` in ``parent_fd`` (if it is one) for the removal; a
+    ``DsaError`` when a live optimizer holds it. Returns the descriptor to close."""
+    try:
+        fd = _open_dir(name, parent_fd)
+    except OSError:
+        return None  # absent, or not a real folder: nothing to hold
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DsaError(f"'{candidate.path}' left alone: an optimizer holds its run's (or its own) {name}/") from None
+    return fd
 
 
 def _changed(candidate: Candidate, why: str) -> DsaError:
@@ -328,7 +350,9 @@ def _remove_checkpoint(run_fd: int, candidate: Candidate) -> None:
             checkpoint_fd = _open_dir(name, checkpoints_fd)
         except OSError:
             raise _changed(candidate, "it is no longer a real folder") from None
+        inner = None
         try:
+            inner = _hold(STATE, checkpoint_fd, candidate)  # someone opened the checkpoint's copy: leave it
             if candidate.kind == "checkpoint":
                 state = _json_at(TRAINER, checkpoint_fd)
                 if not (marker and state and state.get("format") == CHECKPOINT_FORMAT and state.get("run_id") == marker.get("run_id")):
@@ -340,9 +364,11 @@ def _remove_checkpoint(run_fd: int, candidate: Candidate) -> None:
                 raise _changed(candidate, "not a scratch folder")
             if not os.path.samestat(os.fstat(checkpoint_fd), os.lstat(name, dir_fd=checkpoints_fd)):
                 raise _changed(candidate, "it was replaced")
+            shutil.rmtree(name, dir_fd=checkpoints_fd)  # descriptor-based: never follows a link
         finally:
+            if inner is not None:
+                os.close(inner)
             os.close(checkpoint_fd)
-        shutil.rmtree(name, dir_fd=checkpoints_fd)  # descriptor-based: never follows a link
     finally:
         os.close(checkpoints_fd)
 
