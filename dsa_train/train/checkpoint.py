@@ -19,7 +19,6 @@ import errno
 import hashlib
 import json
 import os
-import pickle
 import shutil
 import stat
 from pathlib import Path
@@ -30,7 +29,7 @@ from ..errors import StateError
 from ..fsutil import copy_sparse, file_digest, fsync_directory
 from ..nn import DiskTable
 from ..optim.format import TABLE_LAYOUT, read_row_header
-from .optimizers import snapshot_optimizer
+from .optimizers import load_tensors, snapshot_optimizer
 from .run_folder import CHECKPOINT_FORMAT as FORMAT
 from .run_folder import DOOMED, PARTIAL, TRAINER, complete_checkpoints, scratch_folders
 
@@ -233,16 +232,3 @@ def is_table_file(path: Path) -> bool:
 def load_model_state(checkpoint: Path, model: torch.nn.Module) -> None:
     model.load_state_dict(load_tensors(checkpoint / MODEL))
 
-
-def load_tensors(path: Path):
-    """A checkpoint's torch file, read with ``weights_only=True``: tensors and plain containers
-    only, so a tampered file can never run code; anything else is a ``StateError``."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, AttributeError, EOFError, ValueError) as e:
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise StateError(
-            f"checkpoint file '{path}' holds something other than tensors and plain values, or is damaged "
-            f"({first}); it was not loaded, so nothing in it ran",
-            hint="resume from another checkpoint; never load a checkpoint you did not write",
-        ) from None

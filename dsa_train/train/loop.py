@@ -30,8 +30,8 @@ import torch
 from ..errors import DsaError
 from ..memory import PeakRssAnon, peak_rss_bytes, rss_anon_bytes
 from ..recipe import Recipe
-from .checkpoint import TABLES, find_checkpoint, load_model_state, load_tensors, restore_tables, save_checkpoint
-from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, restore_state_dir
+from .checkpoint import TABLES, find_checkpoint, load_model_state, restore_tables, save_checkpoint
+from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, load_tensors, restore_state_dir
 from .run_folder import MetricsLog, RunFolder, complete_checkpoints
 from .tasks import TableSite, Task, make_task
 

@@ -10,6 +10,7 @@ recorded (or the checkpoint's copy has); only the files that manifest lists are 
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
@@ -122,11 +123,23 @@ def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Path) -> None:
-    from .checkpoint import load_tensors  # checkpoint.py imports this module
-
     optimizer.load_state_dict(load_tensors(checkpoint / STATE_DICT))
 
 
 def close_optimizer(optimizer: torch.optim.Optimizer) -> None:
     if isinstance(optimizer, DiskSparseAdam):
         optimizer.close()
+
+
+def load_tensors(path: Path):
+    """A checkpoint's torch file, read with ``weights_only=True``: tensors and plain containers
+    only, so a tampered file can never run code; anything else is a ``StateError``."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, AttributeError, EOFError, ValueError) as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise StateError(
+            f"checkpoint file '{path}' holds something other than tensors and plain values, or is damaged "
+            f"({first}); it was not loaded, so nothing in it ran",
+            hint="resume from another checkpoint; never load a checkpoint you did not write",
+        ) from None
