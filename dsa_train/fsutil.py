@@ -211,19 +211,7 @@ def _flock_pids(info: os.stat_result) -> list[int] | None:
 
 
 def _read_record(directory: Path) -> dict:
-    try:
-        fd = os.open(directory / DirectoryLock.FILE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return {}
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return {}
-        record = json.loads(os.read(fd, 4096) or b"{}")
-    except (OSError, ValueError):
-        return {}
-    finally:
-        os.close(fd)
-    return record if isinstance(record, dict) else {}
+    return read_json_object(Path(directory) / DirectoryLock.FILE_NAME) or {}
 
 
 def _describe(info: dict) -> str:
@@ -246,14 +234,22 @@ def is_regular_file(path: Path) -> bool:
         return False
 
 
-def read_json_object(path: Path) -> dict | None:
-    """The JSON object in the regular file ``path`` (never read through a link), else ``None``."""
-    if not is_regular_file(path):
+def read_json_object(path: Path | str, *, dir_fd: int | None = None) -> dict | None:
+    """The JSON object in the regular file ``path`` (relative to ``dir_fd`` if given), else
+    ``None``; opened with ``O_NOFOLLOW``, so never read through a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError:
         return None
     try:
-        value = json.loads(Path(path).read_bytes())
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            value = json.loads(f.read())
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     return value if isinstance(value, dict) else None
 
 

@@ -321,25 +321,8 @@ def _open_dir(name: str, parent_fd: int) -> int:
     return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
 
 
-def _json_at(name: str, dir_fd: int) -> dict | None:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        with os.fdopen(os.dup(fd), "rb") as f:
-            value = json.loads(f.read())
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    return value if isinstance(value, dict) else None
-
-
 def _remove_checkpoint(run_fd: int, candidate: Candidate) -> None:
-    marker = _json_at(RunFolder.MARKER, run_fd)
+    marker = read_json_object(RunFolder.MARKER, dir_fd=run_fd)
     folder, name = candidate.parts
     try:
         checkpoints_fd = _open_dir(folder, run_fd)
@@ -354,7 +337,7 @@ def _remove_checkpoint(run_fd: int, candidate: Candidate) -> None:
         try:
             inner = _hold(STATE, checkpoint_fd, candidate)  # someone opened the checkpoint's copy: leave it
             if candidate.kind == "checkpoint":
-                state = _json_at(TRAINER, checkpoint_fd)
+                state = read_json_object(TRAINER, dir_fd=checkpoint_fd)
                 if not (marker and state and state.get("format") == CHECKPOINT_FORMAT and state.get("run_id") == marker.get("run_id")):
                     raise _changed(candidate, "it is no longer a checkpoint of this run")
                 doomed = DOOMED + name
@@ -374,19 +357,14 @@ def _remove_checkpoint(run_fd: int, candidate: Candidate) -> None:
 
 
 def _remove_run_state(run_fd: int, candidate: Candidate) -> None:
-    marker = _json_at(RunFolder.MARKER, run_fd)
+    marker = read_json_object(RunFolder.MARKER, dir_fd=run_fd)
+    state_fd = _hold(STATE, run_fd, candidate)  # an optimizer has it open: refused
+    if state_fd is None:
+        raise _changed(candidate, "it is no longer a real folder")
     try:
-        state_fd = _open_dir(STATE, run_fd)
-    except OSError:
-        raise _changed(candidate, "it is no longer a real folder") from None
-    try:
-        manifest = _json_at(MANIFEST, state_fd)
+        manifest = read_json_object(MANIFEST, dir_fd=state_fd)
         if not (marker and manifest and manifest.get("format") == STATE_FORMAT and manifest.get("state_id") == marker.get("state_id")):
             raise _changed(candidate, "its manifest no longer names this run's state")
-        try:
-            fcntl.flock(state_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # an optimizer has it open: refuse
-        except BlockingIOError:
-            raise DsaError(f"'{candidate.path}' left alone: an optimizer has it open") from None
         shutil.rmtree(STATE, dir_fd=run_fd)
     finally:
         os.close(state_fd)
@@ -394,7 +372,7 @@ def _remove_run_state(run_fd: int, candidate: Candidate) -> None:
 
 def _remove_state_dir(state_fd: int, candidate: Candidate) -> None:
     """The manifest's row files, then the manifest, then the folder if nothing else is in it."""
-    manifest = _json_at(MANIFEST, state_fd)
+    manifest = read_json_object(MANIFEST, dir_fd=state_fd)
     if not (manifest and manifest.get("format") == STATE_FORMAT and isinstance(manifest.get("params"), dict)):
         raise _changed(candidate, "it has no DiskSparseAdam manifest any more")
     names = []
