@@ -16,7 +16,6 @@ a save removes the partial folder and raises a ``StateError``; earlier checkpoin
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from ..errors import StateError
 from ..fsutil import copy_sparse, file_digest, fsync_directory
 from ..nn import DiskTable
 from ..optim.format import TABLE_LAYOUT, read_row_header
+from ..optim.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
 from .optimizers import load_tensors, snapshot_optimizer
 from .run_folder import CHECKPOINT_FORMAT as FORMAT
 from .run_folder import DOOMED, PARTIAL, TRAINER, complete_checkpoints, scratch_folders
@@ -98,12 +98,6 @@ def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
         os.fsync(f.fileno())
     for directory in [p for p in partial.rglob("*") if p.is_dir()] + [partial]:
         fsync_directory(directory)
-
-
-def trainer_checksum(state: dict) -> str:
-    """BLAKE2b of ``trainer.json``'s canonical JSON without its own ``checksum`` field."""
-    body = {k: v for k, v in state.items() if k != "checksum"}
-    return hashlib.blake2b(json.dumps(body, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
 def read_trainer_state(checkpoint: Path) -> dict:
