@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_train.eval.ranking import RankingMetrics, TripleIndex, evaluate_link_prediction, query_ranks
+from dsa_train.eval import TripleIndex
+from dsa_train.eval.ranking import RankingMetrics, evaluate_link_prediction, query_ranks
 from dsa_train.models.kge import DistMult, TransE
 
 N, R = 23, 3
@@ -53,7 +54,7 @@ def test_ranks_match_brute_force(kind, reciprocal, p_norm, entity_chunk):
     train, test = random_triples(60, 2), random_triples(15, 3)
     everything = torch.cat([train, test])
     known = {tuple(t) for t in everything.tolist()}
-    index = TripleIndex(everything, N, R)
+    index = TripleIndex.from_triples(everything, N, R)
     for side in ("tail", "head"):
         anchor, answer = (test[:, 0], test[:, 2]) if side == "tail" else (test[:, 2], test[:, 0])
         ours = query_ranks(model.score_entities, anchor, test[:, 1], answer, side, index, num_entities=N, entity_chunk=entity_chunk)
@@ -65,7 +66,7 @@ def test_sampled_ranking_matches_brute_force_on_the_sample():
     model = integer_model("distmult", True)
     test = random_triples(12, 4)
     known = {tuple(t) for t in test.tolist()}
-    index = TripleIndex(test, N, R)
+    index = TripleIndex.from_triples(test, N, R)
     sample = torch.tensor([0, 3, 3, 7, 11, 19, 22])
     ours = query_ranks(model.score_entities, test[:, 0], test[:, 1], test[:, 2], "tail", index, num_entities=N, entity_chunk=N, sampled=sample)
     expected = [brute_force_rank(model, h, r, t, "tail", known, candidates=sorted(set(sample.tolist()))) for h, r, t in test.tolist()]
@@ -76,7 +77,7 @@ def test_filtering_removes_other_true_answers():
     # Every entity answers (0, 0, ?) truly: filtered, the answer has no rivals at all.
     triples = torch.stack([torch.zeros(N, dtype=torch.long), torch.zeros(N, dtype=torch.long), torch.arange(N)], 1)
     model = integer_model("distmult", False)
-    ranks = query_ranks(model.score_entities, triples[:, 0], triples[:, 1], triples[:, 2], "tail", TripleIndex(triples, N, R), num_entities=N, entity_chunk=7)
+    ranks = query_ranks(model.score_entities, triples[:, 0], triples[:, 1], triples[:, 2], "tail", TripleIndex.from_triples(triples, N, R), num_entities=N, entity_chunk=7)
     assert torch.equal(ranks, torch.ones(N))
 
 
@@ -84,7 +85,7 @@ def test_ties_rank_realistically_and_nan_ranks_last():
     model = DistMult(N, R, 2, reciprocal=False)
     torch.nn.init.zeros_(model.node_emb.weight)  # every score is 0: all N - 1 rivals tie
     triple = torch.tensor([[1, 0, 2]])
-    index = TripleIndex(triple, N, R)
+    index = TripleIndex.from_triples(triple, N, R)
     rank = query_ranks(model.score_entities, triple[:, 0], triple[:, 1], triple[:, 2], "tail", index, num_entities=N, entity_chunk=N)
     assert rank.item() == 1 + (0 + (N - 1)) / 2
     with torch.no_grad():
@@ -103,6 +104,6 @@ def test_metrics_from_ranks():
 def test_evaluate_reports_both_sides():
     model = integer_model("transe", True)
     test = random_triples(10, 5)
-    result = evaluate_link_prediction(model.score_entities, test, TripleIndex(test, N, R), num_entities=N, batch_size=4, entity_chunk=6)
+    result = evaluate_link_prediction(model.score_entities, test, TripleIndex.from_triples(test, N, R), num_entities=N, batch_size=4, entity_chunk=6)
     assert result["tail"].queries == result["head"].queries == 10 and result["both"].queries == 20
     assert result["both"].mrr == pytest.approx((result["tail"].mrr + result["head"].mrr) / 2)

@@ -13,8 +13,16 @@ over the remaining candidates: the mean of the optimistic and the pessimistic ra
 neither help nor hurt ("realistic" ranks). MR is the mean rank, MRR the mean of
 :math:`1/\mathrm{rank}`, Hits@k the fraction of ranks :math:`\le k`.
 
+The known true triples come from a :class:`~dsa_train.data.triple_index.TripleIndex`: per
+side, (query, answer) columns sorted by the query :math:`q = \text{anchor} \cdot R +
+\text{relation}`, which stays below :math:`E R < 2^{63}` (the single key
+:math:`(h R + r) E + t` it replaces overflowed int64 once :math:`E^2 R \ge 2^{63}`, e.g.
+:math:`E = 10^8` with more than 922 relations). A batch of queries costs two binary searches
+each on that column, in RAM or memory-mapped from disk, plus the rows it finds.
+
 Scores are computed in chunks of queries and of entities, so memory stays at
-``batch_size x entity_chunk`` scores whatever the number of entities. The answer's score is
+``batch_size x entity_chunk`` scores whatever the number of entities: the entity chunks are
+made one at a time, never all at once. The answer's score is
 read from the same score matrix as its competitors' (a second pass when the entities span
 several chunks), so rounding can never split a tie.
 """
@@ -27,31 +35,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor
 
+from ..data.triple_index import TripleIndex
+
 HITS = (1, 3, 10)
-
-
-class TripleIndex:
-    """All known true triples, as sorted int64 keys for looking up a query's other answers."""
-
-    def __init__(self, triples: Tensor, num_entities: int, num_relations: int) -> None:
-        h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
-        self.num_entities, self.num_relations = num_entities, num_relations
-        self._keys = {
-            "tail": torch.sort((h * num_relations + r) * num_entities + t).values,
-            "head": torch.sort((t * num_relations + r) * num_entities + h).values,
-        }
-
-    def known(self, anchor: Tensor, relation: Tensor, side: str) -> tuple[Tensor, Tensor]:
-        """All (query number, entity) pairs where the entity answers query ``i`` truly."""
-        keys = self._keys[side]
-        base = (anchor * self.num_relations + relation) * self.num_entities
-        lo = torch.searchsorted(keys, base)
-        hi = torch.searchsorted(keys, base + self.num_entities)
-        counts = hi - lo
-        query = torch.repeat_interleave(torch.arange(len(anchor)), counts)
-        offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-        entity = keys[lo[query] + offsets] - base[query]
-        return query, entity
 
 
 @dataclass
@@ -98,15 +84,21 @@ def query_ranks(
     known_query, known_entity = index.known(anchor, relation, side)
     rows = torch.arange(len(anchor))
     if sampled is None:
-        chunks = [torch.arange(s, min(s + entity_chunk, num_entities)) for s in range(0, num_entities, entity_chunk)]
-        in_sample = [None] * len(chunks)
+        single = num_entities <= entity_chunk
+
+        def chunks():  # one chunk at a time: a list of them all would be O(E) per batch
+            for s in range(0, num_entities, entity_chunk):
+                yield torch.arange(s, min(s + entity_chunk, num_entities)), None
     else:  # one candidate set: the sample and the answers, each answer visible to its own query only
+        single = True
         sampled = torch.unique(sampled)
-        chunks = [torch.unique(torch.cat([sampled, answer]))]
-        in_sample = [torch.isin(chunks[0], sampled)]
-    single = len(chunks) == 1
+        candidates = torch.unique(torch.cat([sampled, answer]))
+        sample_mask = torch.isin(candidates, sampled)
+
+        def chunks():
+            yield candidates, sample_mask
     true = None
-    for chunk in chunks:  # the answer's score, from the matrix its competitors come from
+    for chunk, _ in chunks():  # the answer's score, from the matrix its competitors come from
         scores = _scores(score_fn, anchor, relation, chunk, side)
         if true is None:
             true = torch.full((len(anchor),), float("-inf"), dtype=scores.dtype)
@@ -115,7 +107,7 @@ def query_ranks(
     true = torch.where(true == float("inf"), float("-inf"), true)  # a NaN answer (made +inf) ranks last
     greater = torch.zeros(len(anchor))
     at_least = torch.zeros(len(anchor))
-    for chunk, sample_mask in zip(chunks, in_sample):
+    for chunk, sample_mask in chunks():
         if not single:
             scores = _scores(score_fn, anchor, relation, chunk, side)
         # Excluded columns become NaN, which compares false with everything (real NaN scores
