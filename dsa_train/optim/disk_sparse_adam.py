@@ -23,6 +23,7 @@ from .functional import (
     fused_sparse_adam_rows_,
     sparse_adam_rows_,
 )
+from .deltas import DirtyRows
 from .format import LAYOUT, TABLE_LAYOUT
 from .row_file import DTYPES, RowFile, dtype_name
 from .state_dir import StateDirectory
@@ -118,6 +119,8 @@ class DiskSparseAdam(Optimizer):
         self._keys: dict[Tensor, str] = {}
         self._names: dict[str, str] = {}  # file key -> the parameter's own name
         self._workspace = Workspace()
+        self._dirty: dict[str, DirtyRows] = {}  # file key -> rows written since reset_dirty()
+        self._dirty_since: str | None = None
         defaults = {"lr": lr, "betas": betas, "eps": eps, "maximize": maximize}
         super().__init__(params, defaults)
         _check_params(self.param_groups, range(len(self.param_groups)), compact=self._layout != LAYOUT)
@@ -212,6 +215,7 @@ class DiskSparseAdam(Optimizer):
         for p, key in self._keys.items():
             if steps.get(key) and "step" not in self.state[p]:
                 self.state[p]["step"] = steps[key]
+            self._dirty.setdefault(key, DirtyRows(p.shape[0]))
         self._store.groups = self._groups_summary()
 
     def _groups_summary(self) -> list[dict]:
@@ -275,6 +279,7 @@ class DiskSparseAdam(Optimizer):
                 store.steps[self._keys[p]] = state["step"]
                 if p.grad._values().numel() == 0:
                     continue  # an empty gradient counts as a step, as in SparseAdam
+                self._dirty[self._keys[p]].mark(p.grad._indices()[0])  # before the first byte
                 self._update(p, store.files[self._keys[p]], group, state["step"])
         except BaseException as e:
             # Some parameters may be updated and others not: the directory stays unclean.
@@ -318,6 +323,32 @@ class DiskSparseAdam(Optimizer):
                 hint="create a new DiskSparseAdam on the same state_dir to continue from it",
             )
         return self._store
+
+    def dirty_rows(self, path: str | Path):
+        """The rows (a sorted int64 numpy array) whose records in the row file ``path`` (a
+        parameter's ``.rows`` file in ``state_dir``, or a disk table) this optimizer's steps
+        wrote since :meth:`reset_dirty`, or since it was opened; ``None`` when no parameter of
+        this optimizer keeps its records in that file. Rows are marked before they are
+        written, so a step that failed half-way leaves them marked. Writes made by anything
+        else (loading weights into a table, say) are not seen."""
+        wanted = Path(path).resolve()
+        for key, row_file in self._open_store().files.items():
+            if row_file.path.resolve() == wanted:
+                return self._dirty[key].rows()
+        return None
+
+    @property
+    def dirty_since(self) -> str | None:
+        """The label given to the last :meth:`reset_dirty` (``None``: none since the optimizer
+        was opened, so :meth:`dirty_rows` covers every write since then)."""
+        return self._dirty_since
+
+    def reset_dirty(self, label: str | None) -> None:
+        """Forget the rows written so far and remember ``label`` (an opaque name of the point
+        the files are known to be at, for the caller to check later)."""
+        for dirty in self._dirty.values():
+            dirty.clear()
+        self._dirty_since = label
 
     def flush(self) -> None:
         """Write every touched row to disk, then commit the step counters (durable on return)."""

@@ -1,0 +1,341 @@
+"""Which records of a row file changed, and row-file deltas: those records, written alone.
+
+:class:`DirtyRows` is a bitmap of one bit per record (12.5 MB for 10^8 rows) that
+:class:`~dsa_train.DiskSparseAdam` sets for every row a step writes. A *delta* holds the
+records of such a set, copied out of a row file (see :mod:`.format`), so that a snapshot of a
+file costs the rows written since the previous snapshot, not the file. Its layout (offsets in
+bytes, integers little-endian)::
+
+    [0, 4096)                      DELTA_MAGIC, then one line of JSON, NUL-padded:
+                                     format "dsa-train/row-delta", version 1,
+                                     file         the target's path inside its snapshot folder
+                                     file_bytes   the target's size; row_bytes its record size
+                                     rows         how many records follow (R)
+                                     parent       {"snapshot", "id", "digest", "delta"}: the
+                                                  snapshot folder whose version of ``file``
+                                                  this applies to, that snapshot's id, the
+                                                  digest of the parent file (a base copy, or
+                                                  ``file + ".delta"`` when ``delta`` is true)
+                                     base, links  the snapshot holding the chain's full copy,
+                                                  and how many deltas lead from it to here
+                                     chain_bytes  record bytes of those deltas, this one included
+    [4096, 8192)                   the target's header block (row files keep theirs there)
+    [8192, 8192 + 8 R)             the R row indices, int64, strictly increasing
+    [8192 + 8 R, ... + R row_bytes) the R records, in the order of the indices
+
+Snapshot folders are siblings (``<root>/<snapshot>/<file>``): a delta at
+``<root>/S/<file>.delta`` applies to ``<root>/<parent.snapshot>/<file>`` (or its ``.delta``),
+whose name sorts strictly before ``S``, so a chain always ends, at a full copy (its *base*).
+The version of the file in snapshot S is the base with every delta of the chain written over
+it, oldest first (:func:`materialise`); :class:`ChainReader` reads rows of that version
+without writing it out. Knowing what a snapshot folder is for (a checkpoint) is not this
+module's business: it only follows the names.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import mmap
+import os
+import re
+import stat
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import StateError
+from ..fsutil import copy_sparse, data_extents
+from .format import HEADER_BYTES
+
+DELTA_MAGIC = b"DSA-TRAIN DELTA\n"
+DELTA_FORMAT = "dsa-train/row-delta"
+DELTA_VERSION = 1
+DELTA_SUFFIX = ".delta"
+INDEX_OFFSET = 2 * HEADER_BYTES  # the delta's own header, then the target's header block
+GATHER_ROWS = 1 << 16  # records gathered or scattered per chunk
+MAX_CHAIN = 64  # a longer chain is damage (the writer compacts long before)
+_SNAPSHOT = re.compile(r"[0-9]{1,20}")
+
+
+class DirtyRows:
+    """The set of rows of an ``N``-row file written since :meth:`clear`: ``N`` bits."""
+
+    def __init__(self, num_rows: int) -> None:
+        self.num_rows = num_rows
+        self._bits = np.zeros((num_rows + 7) // 8, dtype=np.uint8)
+
+    def mark(self, rows) -> None:
+        """Add the row indices ``rows`` (a tensor or array, duplicates allowed)."""
+        rows = np.asarray(rows.cpu() if hasattr(rows, "cpu") else rows, dtype=np.int64).reshape(-1)
+        np.bitwise_or.at(self._bits, rows >> 3, np.left_shift(1, rows & 7).astype(np.uint8))
+
+    def rows(self) -> np.ndarray:
+        """The marked rows, sorted, as int64 (memory grows with their number, not with ``N``)."""
+        bytes_ = np.flatnonzero(self._bits)
+        bits = np.unpackbits(self._bits[bytes_][:, None], axis=1, bitorder="little").astype(bool)
+        return (bytes_[:, None] * 8 + np.arange(8))[bits].astype(np.int64)
+
+    def clear(self) -> None:
+        self._bits[:] = 0
+
+
+def snapshot_path(root: Path, snapshot: str, file: str, *, delta: bool) -> Path:
+    """Where the version of ``file`` in ``snapshot`` lives below the snapshots' ``root``."""
+    return Path(root) / snapshot / (file + DELTA_SUFFIX if delta else file)
+
+
+def write_delta(source: Path, rows: np.ndarray, target: Path, meta: dict) -> int:
+    """Write the records ``rows`` (sorted, unique) of the row file ``source`` as a delta at
+    ``target`` (created exclusively, never through a link; fsynced). ``meta`` gives ``file``,
+    ``parent``, ``base``, ``links`` and ``chain_bytes``. Returns the bytes written."""
+    rows = np.ascontiguousarray(rows, dtype="<i8")
+    with _Mapped(source) as src:
+        row_bytes, num_rows = _row_geometry(src.size, meta["row_bytes"], source)
+        if len(rows) and (rows[0] < 0 or rows[-1] >= num_rows or np.any(np.diff(rows) <= 0)):
+            raise ValueError(f"delta rows of '{source}' must be sorted, unique and below {num_rows}")
+        header = {"format": DELTA_FORMAT, "version": DELTA_VERSION, "file_bytes": src.size, "rows": len(rows), **meta}
+        raw = DELTA_MAGIC + json.dumps(header).encode() + b"\n"
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb", buffering=1 << 22) as out:
+            out.write(raw.ljust(HEADER_BYTES, b"\0"))
+            out.write(src.bytes[:HEADER_BYTES])
+            out.write(rows.tobytes())
+            records = src.records(row_bytes, num_rows)
+            for begin in range(0, len(rows), GATHER_ROWS):
+                out.write(records[rows[begin : begin + GATHER_ROWS]].tobytes())
+            out.flush()
+            os.fsync(out.fileno())
+            return out.tell()
+
+
+def read_delta_header(path: Path) -> dict:
+    """The header of the delta at ``path``, checked against the file's size; a
+    :class:`StateError` names what is wrong."""
+    fd = _open_regular(path)
+    try:
+        raw, size = os.pread(fd, HEADER_BYTES, 0), os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    meta = None
+    if raw.startswith(DELTA_MAGIC):
+        try:
+            meta = json.loads(raw[len(DELTA_MAGIC) :].split(b"\n", 1)[0])
+        except ValueError:
+            meta = None
+    if not isinstance(meta, dict) or meta.get("format") != DELTA_FORMAT:
+        raise StateError(f"delta '{path}' is corrupt: it does not start with a dsa-train delta header", hint=_RESTORE)
+    if meta.get("version") != DELTA_VERSION:
+        raise StateError(f"delta '{path}' has version {meta.get('version')!r}, this dsa-train reads {DELTA_VERSION}", hint=_RESTORE)
+    ints = ("file_bytes", "row_bytes", "rows", "links", "chain_bytes")
+    parent = meta.get("parent")
+    well_formed = (
+        all(isinstance(meta.get(k), int) and meta[k] >= 0 for k in ints)
+        and meta["row_bytes"] > 0
+        and (meta["file_bytes"] - HEADER_BYTES) % meta["row_bytes"] == 0
+        and isinstance(parent, dict)
+        and isinstance(parent.get("snapshot"), str)
+        and _SNAPSHOT.fullmatch(parent["snapshot"]) is not None
+        and isinstance(parent.get("delta"), bool)
+        and isinstance(meta.get("file"), str)
+        and all(part not in ("", ".", "..") for part in meta["file"].split("/"))
+    )
+    if not well_formed:
+        raise StateError(f"delta '{path}' is corrupt: a header field is missing or has the wrong type", hint=_RESTORE)
+    expected = INDEX_OFFSET + meta["rows"] * (8 + meta["row_bytes"])
+    if size != expected:
+        raise StateError(f"delta '{path}' is {size} bytes, its header says {expected}: it was truncated or extended", hint=_RESTORE)
+    return meta
+
+
+def chain_of(path: Path) -> list[Path]:
+    """The files whose versions make the one at ``path``: ``[base, delta, ..., path]``; a plain
+    row file is its own chain. Each parent must sort strictly before its child."""
+    chain = [Path(path)]
+    while chain[-1].name.endswith(DELTA_SUFFIX):
+        meta = read_delta_header(chain[-1])
+        snapshot_dir = chain[-1]
+        for _ in meta["file"].split("/"):
+            snapshot_dir = snapshot_dir.parent
+        parent = meta["parent"]
+        if not parent["snapshot"] < snapshot_dir.name or len(chain) > MAX_CHAIN:
+            raise StateError(
+                f"delta '{chain[-1]}' names the parent snapshot {parent['snapshot']!r}, which is not older than its own",
+                hint=_RESTORE,
+            )
+        chain.append(snapshot_path(snapshot_dir.parent, parent["snapshot"], meta["file"], delta=parent["delta"]))
+    return chain[::-1]
+
+
+def materialise(chain: list[Path], target: Path) -> None:
+    """Write the version a chain makes to ``target`` (new, never through a link; fsynced)."""
+    copy_sparse(chain[0], target)
+    if len(chain) == 1:
+        return
+    with _Mapped(target, writable=True) as out:
+        for delta in chain[1:]:
+            meta = read_delta_header(delta)
+            if meta["file_bytes"] != out.size:
+                raise StateError(f"delta '{delta}' is for a file of {meta['file_bytes']} bytes, its base has {out.size}", hint=_RESTORE)
+            records = out.records(meta["row_bytes"], (out.size - HEADER_BYTES) // meta["row_bytes"])
+            with _Mapped(delta) as d:
+                index, values = d.delta_arrays(meta)
+                _check_index(index, records.shape[0], delta)
+                out.bytes[:HEADER_BYTES] = d.bytes[HEADER_BYTES:INDEX_OFFSET]
+                for begin in range(0, len(index), GATHER_ROWS):
+                    records[index[begin : begin + GATHER_ROWS]] = values[begin : begin + GATHER_ROWS]
+        out.flush()
+
+
+class ChainReader:
+    """Rows of the version a chain makes (see :func:`chain_of`), read without writing it out:
+    the base's records with each delta's laid over them. Nothing is read but what is asked."""
+
+    def __init__(self, chain: list[Path], row_bytes: int) -> None:
+        self.chain = [Path(p) for p in chain]
+        self.row_bytes = row_bytes
+        self._fd = _open_regular(self.chain[0])
+        self.size = os.fstat(self._fd).st_size
+        self.num_rows = (self.size - HEADER_BYTES) // row_bytes
+        self._deltas = []
+        try:
+            for path in self.chain[1:]:
+                meta = read_delta_header(path)
+                if meta["file_bytes"] != self.size or meta["row_bytes"] != row_bytes:
+                    raise StateError(f"delta '{path}' does not fit its base '{self.chain[0]}' (size or record)", hint=_RESTORE)
+                mapped = _Mapped(path)
+                index, values = mapped.delta_arrays(meta)
+                _check_index(index, self.num_rows, path)
+                self._deltas.append((mapped, index, values))
+        except BaseException:
+            self.close()
+            raise
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` as a ``(stop - start, row_bytes)`` uint8 array."""
+        size = (stop - start) * self.row_bytes
+        data = os.pread(self._fd, size, HEADER_BYTES + start * self.row_bytes)
+        if len(data) != size:  # the file shrank since it was opened
+            raise StateError(
+                f"row file '{self.chain[0]}' ended at byte {HEADER_BYTES + start * self.row_bytes + len(data):,} while it was read",
+                hint="something truncated it while it was read; restore it from a checkpoint",
+            )
+        out = np.frombuffer(bytearray(data), dtype=np.uint8).reshape(stop - start, self.row_bytes)
+        for _, index, values in self._deltas:
+            lo, hi = np.searchsorted(index, [start, stop])
+            out[index[lo:hi] - start] = values[lo:hi]
+        return out
+
+    def data_rows(self) -> list[tuple[int, int]]:
+        """``[lo, hi)`` row ranges that may hold data, sorted and merged: the base's data
+        extents (holes, rows never written, are zeros) and every delta's rows."""
+        starts, stops = [], []
+        try:
+            os.lseek(self._fd, 0, os.SEEK_DATA)
+            extents = list(data_extents(self._fd, self.size))
+        except OSError as e:
+            extents = [] if e.errno == errno.ENXIO else [(0, self.size)]  # ENXIO: all hole
+        for begin, end in extents:
+            starts.append(max(0, (begin - HEADER_BYTES) // self.row_bytes))
+            stops.append(min(self.num_rows, max(0, -(-(end - HEADER_BYTES) // self.row_bytes))))
+        ranges = [np.array(starts, dtype=np.int64), np.array(stops, dtype=np.int64)]
+        for _, index, _ in self._deltas:
+            breaks = np.flatnonzero(np.diff(index) != 1) + 1
+            ranges[0] = np.concatenate([ranges[0], index[np.r_[0, breaks]] if len(index) else index])
+            ranges[1] = np.concatenate([ranges[1], index[np.r_[breaks - 1, len(index) - 1]] + 1 if len(index) else index])
+        order = np.argsort(ranges[0], kind="stable")
+        merged: list[tuple[int, int]] = []
+        for lo, hi in zip(ranges[0][order].tolist(), ranges[1][order].tolist()):
+            if lo >= hi:
+                continue
+            if merged and lo <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        return merged
+
+    def close(self) -> None:
+        for mapped, _, _ in self._deltas:
+            mapped.close()
+        self._deltas = []
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> ChainReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_RESTORE = "the checkpoint is damaged: resume from an older one"
+
+
+def _open_regular(path: Path, flags: int = os.O_RDONLY) -> int:
+    """A descriptor of the regular file ``path``, never opened through a link."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW)
+    except OSError as e:
+        raise StateError(f"cannot open '{path}': {e.strerror} (missing, or a link)", hint=_RESTORE) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StateError(f"'{path}' is not a regular file", hint=_RESTORE)
+    return fd
+
+
+def _row_geometry(size: int, row_bytes: int, path: Path) -> tuple[int, int]:
+    if row_bytes <= 0 or size < HEADER_BYTES or (size - HEADER_BYTES) % row_bytes:
+        raise StateError(f"row file '{path}' is {size} bytes, not a header and whole records of {row_bytes} bytes", hint=_RESTORE)
+    return row_bytes, (size - HEADER_BYTES) // row_bytes
+
+
+def _check_index(index: np.ndarray, num_rows: int, path: Path) -> None:
+    if len(index) and (index[0] < 0 or index[-1] >= num_rows or np.any(np.diff(index) <= 0)):
+        raise StateError(f"delta '{path}' is corrupt: its row indices are not sorted, unique rows of its file", hint=_RESTORE)
+
+
+class _Mapped:
+    """A file mapped whole (read-only, or writable), as bytes and as record arrays."""
+
+    def __init__(self, path: Path, *, writable: bool = False) -> None:
+        self._fd = _open_regular(path, os.O_RDWR if writable else os.O_RDONLY)
+        self.size = os.fstat(self._fd).st_size
+        self._map = mmap.mmap(self._fd, self.size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ) if self.size else None
+        self.bytes = np.frombuffer(self._map, dtype=np.uint8) if self._map is not None else np.zeros(0, np.uint8)
+        if not writable:
+            self.bytes = self.bytes.view()
+            self.bytes.flags.writeable = False
+
+    def records(self, row_bytes: int, num_rows: int) -> np.ndarray:
+        return self.bytes[HEADER_BYTES : HEADER_BYTES + num_rows * row_bytes].reshape(num_rows, row_bytes)
+
+    def delta_arrays(self, meta: dict) -> tuple[np.ndarray, np.ndarray]:
+        """A delta's ``(R,)`` row indices and ``(R, row_bytes)`` records, as views."""
+        rows, row_bytes = meta["rows"], meta["row_bytes"]
+        index = self.bytes[INDEX_OFFSET : INDEX_OFFSET + 8 * rows].view("<i8")
+        values = self.bytes[INDEX_OFFSET + 8 * rows :].reshape(rows, row_bytes)
+        return index, values
+
+    def flush(self) -> None:
+        if self._map is not None:
+            self._map.flush()
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        self.bytes = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view is still alive somewhere: the kernel unmaps with it
+                pass
+            self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> _Mapped:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
