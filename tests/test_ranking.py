@@ -107,3 +107,17 @@ def test_evaluate_reports_both_sides():
     result = evaluate_link_prediction(model.score_entities, test, TripleIndex.from_triples(test, N, R), num_entities=N, batch_size=4, entity_chunk=6)
     assert result["tail"].queries == result["head"].queries == 10 and result["both"].queries == 20
     assert result["both"].mrr == pytest.approx((result["tail"].mrr + result["head"].mrr) / 2)
+
+
+def test_evaluate_with_an_index_on_disk_matches_brute_force(tmp_path):
+    from dsa_train.data.triple_index import write_triple_index
+
+    model = integer_model("distmult", True)
+    train, valid, test = random_triples(60, 6), random_triples(10, 7), random_triples(13, 8)
+    splits = [t.numpy() for t in (train, valid, test, test[:4])]  # test[:4]: duplicates
+    write_triple_index(tmp_path / "filter", lambda: splits, N, R, memory_bytes=4096)
+    known = {tuple(t) for t in torch.cat([train, valid, test]).tolist()}
+    result = evaluate_link_prediction(model.score_entities, test, TripleIndex.open(tmp_path / "filter"), num_entities=N, batch_size=5, entity_chunk=7)
+    for side in ("tail", "head"):
+        expected = RankingMetrics.of(torch.tensor([brute_force_rank(model, h, r, t, side, known) for h, r, t in test.tolist()]))
+        assert result[side] == expected, side

@@ -225,9 +225,10 @@ def _read_manifest(directory: Path) -> dict:
             hint=rebuild,
         )
     counts = {k: manifest.get(k) for k in ("num_entities", "num_relations", "rows")}
-    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in counts.values()):
-        raise DatasetError(f"'{path}' has counts {counts}, not non-negative integers", hint=rebuild)
-    check_sizes(counts["num_entities"], counts["num_relations"])
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in counts.values()) or not (
+        0 < counts["num_entities"] * counts["num_relations"] < KEY_LIMIT
+    ):
+        raise DatasetError(f"'{path}' has counts {counts}, not those of an index (integers, E * R in [1, 2^63))", hint=rebuild)
     expected = {"query": QUERY_DTYPE.str, "answer": answer_dtype(counts["num_entities"]).str}
     if manifest.get("dtypes") != expected or manifest.get("files") != FILES:
         raise DatasetError(
