@@ -1,41 +1,68 @@
 """Checkpoints that are complete or absent, never half-written, and checked when read.
 
-A checkpoint is built in ``checkpoints/.partial-<step>/`` (model weights, copies of the disk
-tables, optimizer state, ``trainer.json``), every file fsynced, then renamed to ``checkpoints/<step>/`` and the parent
-fsynced: the rename is the commit. ``trainer.json`` carries the format version, the id of
-the run it belongs to, a digest of every other file (see :func:`~dsa_train.fsutil.file_digest`)
-and a checksum of its own content; a checkpoint whose files do not match them (torn,
-truncated, bit-flipped, edited), that holds a file it does not list, or a symbolic link, is
-reported and passed over for the previous intact one. Nothing in a checkpoint is unpickled:
-torch files are read with ``weights_only=True`` (tensors and plain containers only), the
-rest is JSON. Old checkpoints are renamed to ``.deleting-<step>`` before they are removed, so a
-kill mid-removal never leaves a "complete" checkpoint with files missing. A full disk during
-a save removes the partial folder and raises a ``StateError``; earlier checkpoints stay.
+A checkpoint is built in ``checkpoints/.partial-<step>/`` (model weights, the disk tables,
+the optimizer state, ``trainer.json``), every file fsynced, then renamed to
+``checkpoints/<step>/`` and the parent fsynced: the rename is the commit. ``trainer.json``
+carries the format version, the id of the run it belongs to, the checkpoint's own id, a
+digest of every other file (see :func:`~dsa_train.fsutil.file_digest`), the earlier
+checkpoints it needs (``needs``) and a checksum of its own content; a checkpoint whose files
+do not match them (torn, truncated, bit-flipped, edited), that holds a file it does not list,
+or a symbolic link, or whose chain of earlier checkpoints is not intact, is reported and
+passed over for the previous intact one. Nothing in a checkpoint is unpickled: torch files
+are read with ``weights_only=True`` (tensors and plain containers only), the rest is JSON.
+
+Row files (disk tables in ``tables/``, DiskSparseAdam's ``optimizer_state/<key>.rows``) are
+written either whole (a *base*: a sparse copy, or a reflink clone where the file system has
+them) or as a *delta* (``<file>.delta``, see :mod:`dsa_train.optim.deltas`): only the records
+the optimizer wrote since the checkpoint it last saved or resumed from, which the delta names
+(folder, id and the digest of its version of the file). A chain is compacted when it grows:
+past :data:`MAX_LINKS` deltas, or past :data:`MAX_DELTA_FRACTION` of the file's records, the
+union of the chain's rows is written as one delta on the base; when even that union passes
+the fraction (or with reflink clones, which cost no write), a new base is written. The format
+is described in docs/checkpoints.md. Old checkpoints are pruned to the newest ``keep``, except
+those a kept checkpoint still needs; they are renamed to ``.deleting-<step>`` before they are
+removed, so a kill mid-removal never leaves a "complete" checkpoint with files missing. A full
+disk during a save removes the partial folder and raises a ``StateError``; earlier
+checkpoints stay.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
 import stat
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..errors import StateError
 from ..fsutil import copy_sparse, file_digest, fsync_directory
 from ..nn import DiskTable
-from ..optim.format import TABLE_LAYOUT, read_row_header
+from ..optim import DiskSparseAdam
+from ..optim.deltas import DELTA_SUFFIX, chain_of, materialise, read_delta_header, snapshot_path, write_delta
+from ..optim.format import HEADER_BYTES, TABLE_LAYOUT, read_row_header
 from ..optim.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
 from .optimizers import load_tensors, snapshot_optimizer
 from .run_folder import CHECKPOINT_FORMAT as FORMAT
-from .run_folder import DOOMED, PARTIAL, TRAINER, complete_checkpoints, scratch_folders
+from .run_folder import DOOMED, PARTIAL, TRAINER, checkpoint_needs, complete_checkpoints, scratch_folders
 
-VERSION = 2  # 2: trainer.json checksummed, every file listed, run id; nothing unpickled
+VERSION = 3  # 3: row files as bases or deltas, checkpoint ids and needs; 2: every file whole
+READABLE = (2, 3)  # a version 2 checkpoint is version 3 without deltas
 MODEL = "model.pt"
-TABLES = "tables"  # copies of the run's disk embedding tables (weights and moments)
+TABLES = "tables"  # the run's disk embedding tables (weights and moments): bases or deltas
+MAX_LINKS = 8  # deltas in a chain before it is compacted
+MAX_DELTA_FRACTION = 0.5  # of a file's record bytes that a chain's deltas may hold
+FICLONE = 0x40049409  # Linux ioctl: make a file share another's blocks (copy-on-write)
+RESTORING = ".restore-"  # prefix of a row file being restored (renamed into place when whole)
+_CLONES: dict[str, bool] = {}  # checkpoints folder -> whether its file system clones
 
 
 def save_checkpoint(
@@ -54,8 +81,10 @@ def save_checkpoint(
         shutil.rmtree(stale)
     final = checkpoints / f"{step:010d}"
     partial = checkpoints / f"{PARTIAL}{step:010d}"
+    checkpoint_id = uuid.uuid4().hex
     try:
-        _write(partial, model, optimizer, trainer, extra or {})
+        rows = _RowWriter(partial, optimizer, _baseline(checkpoints, optimizer, final.name), clones(checkpoints))
+        _write(partial, model, optimizer, {**trainer, "checkpoint_id": checkpoint_id}, extra or {}, rows)
     except OSError as e:
         shutil.rmtree(partial, ignore_errors=True)
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -68,22 +97,162 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.rename(partial, final)
     fsync_directory(checkpoints)
-    for old in complete_checkpoints(checkpoints)[:-keep]:
+    if isinstance(optimizer, DiskSparseAdam):
+        optimizer.reset_dirty(f"{final.name}:{checkpoint_id}")  # the next deltas apply to this one
+    complete = complete_checkpoints(checkpoints)
+    needed = {name for kept in complete[-keep:] for name in checkpoint_needs(kept)}
+    for old in complete[:-keep]:
+        if old.name in needed:
+            continue  # the base, or a link of the chain, of a kept checkpoint
         doomed = old.with_name(DOOMED + old.name)
         os.rename(old, doomed)  # no longer complete the moment removal starts
         shutil.rmtree(doomed)
     return final
 
 
-def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict, extra: dict) -> None:
+def checkpoint_mode(checkpoints: Path, optimizer: torch.optim.Optimizer) -> str:
+    """How this run's checkpoints write row files, in words (for the run's notes)."""
+    if not isinstance(optimizer, DiskSparseAdam):
+        return "full copies (this optimizer does not record the rows it writes)"
+    if clones(checkpoints):
+        return "deltas of changed rows, bases as reflink clones"
+    return "deltas of changed rows, bases as full copies (no reflink clones on this file system)"
+
+
+def clones(checkpoints: Path) -> bool:
+    """Whether ``checkpoints`` (or, before it exists, its parent) can clone files: tried once
+    per folder with ``FICLONE`` on two scratch files."""
+    folder = checkpoints if checkpoints.is_dir() else checkpoints.parent
+    key = str(folder.resolve())
+    if key not in _CLONES:
+        probe = folder / f"{PARTIAL}probe-{uuid.uuid4().hex[:12]}"
+        try:
+            probe.write_bytes(b"\0" * 4096)
+            _CLONES[key] = _clone(probe, probe.with_name(probe.name + "-clone"))
+        finally:
+            for path in (probe, probe.with_name(probe.name + "-clone")):
+                path.unlink(missing_ok=True)
+    return _CLONES[key]
+
+
+def _clone(source: Path, target: Path) -> bool:
+    """Make ``target`` (new, never through a link) a copy-on-write clone of ``source``;
+    ``False`` (and no ``target``) where the file system cannot."""
+    with open(source, "rb") as src:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.ioctl(fd, FICLONE, src.fileno())
+            os.fsync(fd)
+            return True
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            target.unlink()
+            return False
+        finally:
+            os.close(fd)
+
+
+class _Baseline:
+    """The checkpoint the optimizer's dirty rows are counted from, and its trainer state."""
+
+    def __init__(self, folder: Path, state: dict) -> None:
+        self.folder, self.state = folder, state
+
+    def version_of(self, rel: str) -> tuple[bool, str] | None:
+        """How the baseline holds the file ``rel``: (as a delta?, its digest), or ``None``."""
+        files = self.state["files"]
+        if rel in files:
+            return False, files[rel]
+        if rel + DELTA_SUFFIX in files:
+            return True, files[rel + DELTA_SUFFIX]
+        return None
+
+
+def _baseline(checkpoints: Path, optimizer: torch.optim.Optimizer, name: str) -> _Baseline | None:
+    """The checkpoint the optimizer's dirty rows are counted from, if it is still there as it
+    was (its id matches) and is not the one about to be replaced; else ``None`` (write bases)."""
+    label = getattr(optimizer, "dirty_since", None) if isinstance(optimizer, DiskSparseAdam) else None
+    if label is None:
+        return None
+    folder_name, _, checkpoint_id = label.partition(":")
+    folder = checkpoints / folder_name
+    if folder_name == name or not (folder / TRAINER).is_file():
+        return None
+    try:
+        state = read_trainer_state(folder)
+    except StateError:
+        return None
+    return _Baseline(folder, state) if state.get("checkpoint_id") == checkpoint_id else None
+
+
+class _RowWriter:
+    """Writes each row file into the partial checkpoint as a base or a delta (see the module
+    docstring for the rules), and collects the checkpoints the new one needs."""
+
+    def __init__(self, partial: Path, optimizer, baseline: _Baseline | None, clones: bool) -> None:
+        self.partial, self.optimizer, self.baseline, self.clones = partial, optimizer, baseline, clones
+        self.needs: set[str] = set()
+
+    def __call__(self, source: Path, rel: str) -> None:
+        target = self.partial / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        parent = self.baseline.version_of(rel) if self.baseline is not None else None
+        rows = self.optimizer.dirty_rows(source) if parent is not None else None
+        if rows is None:
+            return self._base(source, target)
+        is_delta, digest = parent
+        size = os.stat(source).st_size
+        row_bytes = read_row_header(source)["row_bytes"]
+        limit = MAX_DELTA_FRACTION * (size - HEADER_BYTES)
+        parent_path = snapshot_path(self.baseline.folder.parent, self.baseline.folder.name, rel, delta=is_delta)
+        if is_delta:
+            meta = read_delta_header(parent_path)
+            base, links, chain_bytes, parent_size = meta["base"], meta["links"], meta["chain_bytes"], meta["file_bytes"]
+        else:
+            base, links, chain_bytes, parent_size = self.baseline.folder.name, 0, 0, os.stat(parent_path).st_size
+        if parent_size != size:
+            return self._base(source, target)
+        if links + 1 <= MAX_LINKS and chain_bytes + len(rows) * row_bytes <= limit:
+            link = {"snapshot": self.baseline.folder.name, "id": self.baseline.state["checkpoint_id"], "digest": digest, "delta": is_delta}
+            return self._delta(source, rows, target, rel, row_bytes, link, base, links + 1, chain_bytes + len(rows) * row_bytes)
+        if self.clones or not is_delta:
+            return self._base(source, target)
+        chain = chain_of(parent_path)  # compaction: the union of the chain's rows, on its base
+        union = np.union1d(rows, np.concatenate([_delta_rows(path) for path in chain[1:]]))
+        if len(union) * row_bytes > limit:
+            return self._base(source, target)
+        base_state = read_trainer_state(self.baseline.folder.parent / base)
+        link = {"snapshot": base, "id": base_state["checkpoint_id"], "digest": base_state["files"][rel], "delta": False}
+        return self._delta(source, union, target, rel, row_bytes, link, base, 1, len(union) * row_bytes)
+
+    def _base(self, source: Path, target: Path) -> None:
+        if not (self.clones and _clone(source, target)):
+            copy_sparse(source, target)
+
+    def _delta(self, source, rows, target, rel, row_bytes, link, base, links, chain_bytes) -> None:
+        meta = {"file": rel, "row_bytes": row_bytes, "parent": link, "base": base, "links": links, "chain_bytes": chain_bytes}
+        write_delta(source, rows, target.with_name(target.name + DELTA_SUFFIX), meta)
+        self.needs.add(link["snapshot"])
+        if link["snapshot"] != base:
+            self.needs.update(checkpoint_needs(self.baseline.folder))
+
+
+def _delta_rows(path: Path) -> np.ndarray:
+    meta = read_delta_header(path)
+    with open(path, "rb") as f:
+        f.seek(2 * HEADER_BYTES)
+        return np.frombuffer(f.read(8 * meta["rows"]), dtype="<i8")
+
+
+def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict, extra: dict, rows: _RowWriter) -> None:
     partial.mkdir()
     torch.save(model.state_dict(), partial / MODEL)  # a disk table's entry is a reference...
-    for module in model.modules():  # ...and its file (weights and moments) is copied
+    for module in model.modules():  # ...and its file (weights and moments) is a base or a delta
         if isinstance(module, DiskTable):
             module.flush()
-            (partial / TABLES).mkdir(exist_ok=True)
-            copy_sparse(module.path, partial / TABLES / module.path.name)
-    snapshot_optimizer(optimizer, partial)
+            rows(module.path, f"{TABLES}/{module.path.name}")
+    snapshot_optimizer(optimizer, partial, rows)
     for name, obj in extra.items():
         torch.save(obj, partial / name)
     files = sorted(p for p in partial.rglob("*") if p.is_file())
@@ -91,7 +260,7 @@ def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
         with open(path, "rb") as f:
             os.fsync(f.fileno())
     digests = {str(p.relative_to(partial)): file_digest(p) for p in files}
-    state = {"format": FORMAT, "version": VERSION, **trainer, "files": digests}
+    state = {"format": FORMAT, "version": VERSION, **trainer, "needs": sorted(rows.needs), "files": digests}
     with open(partial / TRAINER, "w") as f:
         f.write(json.dumps({**state, "checksum": trainer_checksum(state)}, indent=2))
         f.flush()
@@ -105,11 +274,11 @@ def read_trainer_state(checkpoint: Path) -> dict:
         state = json.loads((checkpoint / TRAINER).read_bytes())
     except (OSError, ValueError) as e:
         raise StateError(f"checkpoint '{checkpoint}' is unreadable: {e}", hint="resume from an older checkpoint") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") != VERSION:
+    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") not in READABLE:
         found = (state.get("format"), state.get("version")) if isinstance(state, dict) else (None, None)
         raise StateError(
             f"checkpoint '{checkpoint}' has format {found[0]!r} version {found[1]!r}, "
-            f"this dsa-train reads {FORMAT!r} version {VERSION}",
+            f"this dsa-train reads {FORMAT!r} versions {', '.join(map(str, READABLE))}",
             hint="resume it with the dsa-train version that wrote it",
         )
     if state.get("checksum") != trainer_checksum(state):
@@ -120,8 +289,16 @@ def read_trainer_state(checkpoint: Path) -> dict:
     return state
 
 
-def verify_checkpoint(checkpoint: Path) -> dict:
-    """The trainer state of an intact checkpoint; a ``StateError`` names what is damaged."""
+def verify_checkpoint(checkpoint: Path, _verified: dict[Path, dict] | None = None) -> dict:
+    """The trainer state of an intact checkpoint; a ``StateError`` names what is damaged.
+
+    A checkpoint with deltas is intact when every link of their chains is: each delta's
+    parent checkpoint is verified in turn (once, however many deltas name it), must carry
+    the id the delta names and hold its version of the file with the digest the delta
+    names, and the checkpoints so reached must be exactly the ones ``needs`` lists."""
+    verified = {} if _verified is None else _verified
+    if checkpoint in verified:
+        return verified[checkpoint]
     state = read_trainer_state(checkpoint)
     files = state.get("files")
     if not isinstance(files, dict) or not files:
@@ -143,7 +320,46 @@ def verify_checkpoint(checkpoint: Path) -> dict:
             "(added behind its back, or a link)",
             hint="remove what was added, or resume from an older checkpoint",
         )
+    reached: set[str] = set()
+    for name in sorted(n for n in files if n.endswith(DELTA_SUFFIX)):
+        reached |= _verify_link(checkpoint, name, verified)
+    if reached != set(state.get("needs", [])):
+        raise StateError(
+            f"checkpoint '{checkpoint}' is damaged: it lists {sorted(state.get('needs', []))} as the checkpoints it "
+            f"needs, its deltas need {sorted(reached)}",
+            hint="resume from an older checkpoint",
+        )
+    verified[checkpoint] = state
     return state
+
+
+def _verify_link(checkpoint: Path, name: str, verified: dict[Path, dict]) -> set[str]:
+    """Check the parent of the delta ``name`` and, through it, the rest of its chain; the
+    names of the checkpoints the chain passes through."""
+    meta = read_delta_header(checkpoint / name)
+    link = meta["parent"]
+    parent = checkpoint.parent / link["snapshot"]
+    rel = name.removesuffix(DELTA_SUFFIX)
+    if meta["file"] != rel or not link["snapshot"] < checkpoint.name or not (parent / TRAINER).is_file():
+        raise StateError(
+            f"checkpoint '{checkpoint}' is damaged: {name} needs checkpoint {link['snapshot']}, which is missing or not older",
+            hint="resume from an older checkpoint",
+        )
+    try:
+        state = verify_checkpoint(parent, verified)
+    except StateError as e:
+        raise StateError(
+            f"checkpoint '{checkpoint}' is damaged: {name} applies to checkpoint '{parent}', which is damaged ({e.message})",
+            hint="resume from an older checkpoint",
+        ) from None
+    held = rel + DELTA_SUFFIX if link["delta"] else rel
+    if state.get("checkpoint_id") != link.get("id") or state["files"].get(held) != link.get("digest"):
+        raise StateError(
+            f"checkpoint '{checkpoint}' is damaged: {name} applies to another version of checkpoint '{parent}' "
+            "(its id or its digest of the file differ: it was replaced)",
+            hint="resume from an older checkpoint",
+        )
+    return {link["snapshot"], *state.get("needs", [])} if link["delta"] else {link["snapshot"]}
 
 
 def _files_in(folder: Path) -> set[str]:
@@ -177,10 +393,10 @@ def find_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[Path, d
             f"no checkpoint of step {step} in '{checkpoints}'",
             hint=f"available steps: {', '.join(str(int(p.name)) for p in found)}",
         )
-    warnings = []
+    warnings, verified = [], {}
     for path in reversed(found):
         try:
-            return path, verify_checkpoint(path), warnings
+            return path, verify_checkpoint(path, verified), warnings
         except StateError as e:
             warnings.append(f"{e.message}; using an older checkpoint")
     raise StateError(
@@ -190,30 +406,76 @@ def find_checkpoint(checkpoints: Path, step: int | None = None) -> tuple[Path, d
 
 
 def restore_tables(checkpoint: Path | None, tables: Path) -> None:
-    """Make the run's disk tables the checkpoint's copies again (or remove them, without one).
+    """Make the run's disk tables the checkpoint's versions again (base and deltas, written
+    under a temporary name and renamed into place), or remove them, without a checkpoint.
 
-    Only regular files that carry a table header are removed; anything else in the folder is
-    a stranger and stops the restore before anything changes.
+    Only regular files that carry a table header are removed or replaced (and our own
+    ``.restore-*`` leftovers); anything else in the folder is a stranger and stops the
+    restore before anything changes.
     """
     stale = []
     for entry in os.scandir(tables) if tables.is_dir() else ():
         path = Path(entry.path)
-        if entry.name.endswith(".table") and entry.is_file(follow_symlinks=False) and is_table_file(path):
+        if entry.name.startswith(RESTORING) and entry.is_file(follow_symlinks=False):
+            stale.append(path)
+        elif entry.name.endswith(".table") and entry.is_file(follow_symlinks=False) and is_table_file(path):
             stale.append(path)
         elif not entry.name.startswith("."):
             raise StateError(
                 f"'{path}' in the run's table folder is not a dsa-train table; nothing was changed",
                 hint="move it out of the run folder and resume again",
             )
+    names = _table_names(checkpoint) if checkpoint is not None else []
+    if names:
+        tables.mkdir(parents=True, exist_ok=True)
     for path in stale:
-        path.unlink()
-    copies = checkpoint / TABLES if checkpoint is not None else None
-    if copies is None or not copies.is_dir():
+        if path.name not in names:
+            path.unlink()
+    for name in names:
+        restore_row_file(checkpoint / TABLES / name, tables / name)
+    if tables.is_dir():
+        fsync_directory(tables)
+
+
+def _table_names(checkpoint: Path) -> list[str]:
+    """The tables a checkpoint holds (as a base or a delta)."""
+    folder = checkpoint / TABLES
+    if not folder.is_dir():
+        return []
+    return sorted({p.name.removesuffix(DELTA_SUFFIX) for p in folder.iterdir() if p.name.removesuffix(DELTA_SUFFIX).endswith(".table")})
+
+
+def restore_row_file(version: Path, target: Path) -> None:
+    """Replace ``target`` by the version of a row file a checkpoint holds at ``version`` (a
+    base, or ``version + ".delta"``: its chain, materialised), atomically."""
+    source = version if version.is_file() else version.with_name(version.name + DELTA_SUFFIX)
+    scratch = target.with_name(f"{RESTORING}{uuid.uuid4().hex[:12]}-{target.name}")
+    try:
+        materialise(chain_of(source), scratch)
+        os.replace(scratch, target)
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def readable_tables(checkpoint: Path, scratch_parent: Path) -> Iterator[Path]:
+    """A folder holding the checkpoint's tables as whole files, to open them read-only: its
+    own ``tables/`` when every table there is a base, else a temporary folder in
+    ``scratch_parent`` where the tables with deltas are materialised (it costs the bytes of
+    the whole table, see docs/checkpoints.md) and which is removed on exit (tables opened
+    inside keep their mapping)."""
+    names = _table_names(checkpoint)
+    if all((checkpoint / TABLES / name).is_file() for name in names):
+        yield checkpoint / TABLES
         return
-    tables.mkdir(parents=True, exist_ok=True)
-    for source in sorted(copies.glob("*.table")):
-        copy_sparse(source, tables / source.name)
-    fsync_directory(tables)
+    scratch = Path(tempfile.mkdtemp(dir=scratch_parent, prefix=".eval-tables-"))
+    try:
+        for name in names:
+            restore_row_file(checkpoint / TABLES / name, scratch / name)
+        yield scratch
+    finally:
+        shutil.rmtree(scratch)
 
 
 def is_table_file(path: Path) -> bool:

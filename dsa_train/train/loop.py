@@ -30,7 +30,7 @@ import torch
 from ..errors import DsaError
 from ..memory import PeakRssAnon, peak_rss_bytes, rss_anon_bytes
 from ..recipe import Recipe
-from .checkpoint import TABLES, find_checkpoint, load_model_state, restore_tables, save_checkpoint
+from .checkpoint import checkpoint_mode, find_checkpoint, load_model_state, readable_tables, restore_tables, save_checkpoint
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, load_tensors, restore_state_dir
 from .run_folder import MetricsLog, RunFolder, complete_checkpoints
 from .tasks import TableSite, Task, make_task
@@ -166,6 +166,7 @@ class Training:
             self.reporter.note(f"{self.run.path} has no checkpoint yet: starting it from the beginning")
         self.optimizer = build_optimizer(recipe.optimizer, self.task.sparse_parameters(), state_dir)
         self.run.record_state_id(getattr(self.optimizer, "state_id", None))
+        self.reporter.note(f"checkpoints: {checkpoint_mode(self.run.checkpoints, self.optimizer)}")
         dense = self.task.dense_parameters()
         if dense:
             self.dense_optimizer = torch.optim.Adam(dense, lr=recipe.optimizer.dense_lr)
@@ -365,7 +366,8 @@ def evaluate_run(
     for warning in damaged:
         reporter.note(f"warning: {warning}")
     torch.manual_seed(recipe.train.seed)
-    task = make_task(recipe, resolve_device(recipe.train.device), TableSite(path / TABLES, writable=False))
+    with readable_tables(path, run.path) as tables:  # tables with deltas are materialised to be read
+        task = make_task(recipe, resolve_device(recipe.train.device), TableSite(tables, writable=False))
     load_model_state(path, task.model)
     task.model.eval()
     metrics = task.evaluate(split, final=True, reporter=reporter)

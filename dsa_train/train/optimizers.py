@@ -1,8 +1,10 @@
 """The recipe's optimizer: DiskSparseAdam or torch's SparseAdam, and how each is checkpointed.
 
-DiskSparseAdam's moments live in the run's ``optimizer_state/``: a checkpoint flushes them
-and copies the directory (holes stay holes), and a resume copies it back before the optimizer
-opens it. SparseAdam's moments are tensors: they go into ``optimizer.pt``, read back with
+DiskSparseAdam's moments live in the run's ``optimizer_state/``: a checkpoint flushes them,
+copies the manifest and hands each row file to the checkpoint's row writer (a base copy, or a
+delta of the rows written since the previous checkpoint: see checkpoint.py), and a resume
+writes each one back (base and deltas, under a temporary name, renamed into place) before the
+optimizer opens it. The optimizer's dirty rows then count from that checkpoint. SparseAdam's moments are tensors: they go into ``optimizer.pt``, read back with
 ``weights_only=True`` (a checkpoint never runs code). Before a resume replaces the live
 directory, it proves that directory is this run's: its manifest names a state id the run
 recorded (or the checkpoint's copy has); only the files that manifest lists are replaced.
@@ -10,19 +12,25 @@ recorded (or the checkpoint's copy has); only the files that manifest lists are 
 
 from __future__ import annotations
 
+import os
 import pickle
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from ..errors import StateError
-from ..fsutil import DirectoryLock, copy_sparse, fsync_directory, lock_holder
+from ..fsutil import DirectoryLock, copy_sparse, fsync_directory, is_regular_file, lock_holder, read_json_object
 from ..optim import DiskSparseAdam
+from ..optim.deltas import DELTA_SUFFIX, chain_of, materialise
 from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, TABLE_LAYOUT, load_manifest
 from ..recipe import OptimizerConfig
+from .run_folder import TRAINER
 
 STATE_COPY = "optimizer_state"
 STATE_DICT = "optimizer.pt"
+RESTORING = ".restore-"  # prefix of a row file being restored (renamed into place when whole)
 
 
 def build_optimizer(config: OptimizerConfig, named_parameters: list[tuple[str, torch.Tensor]], state_dir: Path) -> torch.optim.Optimizer:
@@ -36,14 +44,20 @@ def build_optimizer(config: OptimizerConfig, named_parameters: list[tuple[str, t
     return torch.optim.SparseAdam([p for _, p in named_parameters], **kwargs)
 
 
-def snapshot_optimizer(optimizer: torch.optim.Optimizer, target: Path) -> None:
-    """Write the optimizer's complete state into the checkpoint folder ``target``."""
+def snapshot_optimizer(optimizer: torch.optim.Optimizer, target: Path, write_rows: Callable[[Path, str], None]) -> None:
+    """Write the optimizer's complete state into the checkpoint folder ``target``;
+    ``write_rows(source, name)`` writes a row file as ``target/name`` (or its delta)."""
     if isinstance(optimizer, DiskSparseAdam):
         optimizer.flush()
         copy = target / STATE_COPY
-        copy.mkdir()
+        copy.mkdir(exist_ok=True)
         for source in owned_state_files(optimizer.state_dir, {optimizer.state_id}):
-            copy_sparse(source, copy / source.name)
+            if source.name.startswith(RESTORING):
+                continue  # a killed restore's leftover, never part of the state
+            if source.name == MANIFEST:
+                copy_sparse(source, copy / MANIFEST)
+            else:
+                write_rows(source, f"{STATE_COPY}/{source.name}")
     torch.save(optimizer.state_dict(), target / STATE_DICT)
 
 
@@ -76,10 +90,23 @@ def restore_state_dir(checkpoint: Path | None, state_dir: Path, *, owned: set[st
     lock = DirectoryLock(state_dir, purpose="optimizer state directory")
     lock.acquire()  # no optimizer may open it while its files are replaced
     try:
-        for path in stale:
-            path.unlink()
-        for source in owned_state_files(copy, ids) if has_copy else ():
-            copy_sparse(source, state_dir / source.name)
+        # Each file is replaced whole (written under a temporary name, renamed), row files
+        # first and the manifest last, and stale files are removed after, the manifest last:
+        # a kill anywhere leaves a manifest that proves the directory is the run's.
+        restored = set()
+        for source in sorted(owned_state_files(copy, ids), key=lambda p: p.name == MANIFEST) if has_copy else ():
+            name = source.name.removesuffix(DELTA_SUFFIX)
+            scratch = state_dir / f"{RESTORING}{uuid.uuid4().hex[:12]}-{name}"
+            try:
+                materialise(chain_of(source), scratch)
+                os.replace(scratch, state_dir / name)
+            except BaseException:
+                scratch.unlink(missing_ok=True)
+                raise
+            restored.add(name)
+        for path in sorted(stale, key=lambda p: p.name == MANIFEST):
+            if path.name not in restored:
+                path.unlink(missing_ok=True)
         fsync_directory(state_dir)
     finally:
         lock.release()
@@ -90,9 +117,10 @@ def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
     holds the state with one of the ``ids``; ``[]`` for an empty directory. A ``StateError``,
     before anything is changed, for a directory that holds anything else."""
     directory = Path(directory)
-    names = {p.name for p in directory.iterdir() if not p.name.startswith(DirectoryLock.FILE_NAME)}
+    ours = [p for p in directory.iterdir() if p.name.startswith(RESTORING) and is_regular_file(p)]  # a killed restore's
+    names = {p.name for p in directory.iterdir() if not p.name.startswith(DirectoryLock.FILE_NAME)} - {p.name for p in ours}
     if not names:
-        return []
+        return ours
 
     def refuse(why: str) -> StateError:
         return StateError(
@@ -109,11 +137,12 @@ def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
         raise refuse(f"does not hold a DiskSparseAdam state this run can prove is its own ({e.message})") from None
     if manifest["state_id"] not in ids:
         raise refuse(f"holds the optimizer state {manifest['state_id']}, not this run's ({', '.join(sorted(ids)) or 'none recorded'})")
-    files = [manifest_path]
+    files = [manifest_path, *ours]
     for entry in manifest["params"].values():
         if entry.get("layout") == TABLE_LAYOUT:
             continue  # the moments live in the run's disk table, restored with the tables
-        for name in (entry["file"], entry["file"].removesuffix(ROWS_SUFFIX) + PENDING_SUFFIX):
+        pending = entry["file"].removesuffix(ROWS_SUFFIX) + PENDING_SUFFIX
+        for name in (entry["file"], pending, entry["file"] + DELTA_SUFFIX):  # a delta: in a checkpoint's copy
             path = directory / name
             if path.is_symlink() or (path.exists() and not path.is_file()):
                 raise refuse(f"has '{name}' as a link or a folder, not the row file its manifest lists")
@@ -123,7 +152,14 @@ def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Path) -> None:
+    """Load the checkpoint's step counters and hyper-parameters into an optimizer opened on
+    the state the checkpoint was restored into; DiskSparseAdam then counts dirty rows from
+    that checkpoint (its folder and id), so the next checkpoint can be a delta on it."""
     optimizer.load_state_dict(load_tensors(checkpoint / STATE_DICT))
+    if isinstance(optimizer, DiskSparseAdam):
+        trainer = read_json_object(checkpoint / TRAINER) or {}
+        checkpoint_id = trainer.get("checkpoint_id")
+        optimizer.reset_dirty(f"{checkpoint.name}:{checkpoint_id}" if isinstance(checkpoint_id, str) else None)
 
 
 def close_optimizer(optimizer: torch.optim.Optimizer) -> None:

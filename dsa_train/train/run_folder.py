@@ -7,7 +7,8 @@
       config.yaml          the resolved recipe (with overrides), as run
       metrics.jsonl        one JSON object per logged step, epoch, evaluation and the summary
       optimizer_state/     the live DiskSparseAdam state directory
-      checkpoints/<step>/  model weights, optimizer state, trainer state; see checkpoint.py
+      checkpoints/<step>/  model weights, optimizer state, trainer state, row files as bases or
+                           deltas on an earlier checkpoint; see checkpoint.py, docs/checkpoints.md
       .lock                who holds the run (the lock itself is on the folder: fsutil.DirectoryLock)
 
 dsa-train recognises a run folder by its marker, never by a folder name, and never follows a
@@ -61,6 +62,15 @@ def complete_checkpoints(checkpoints: Path) -> list[Path]:
     if checkpoints.is_symlink():
         return []
     return [p for p in real_directories(checkpoints) if p.name.isdigit() and is_regular_file(p / TRAINER)]
+
+
+def checkpoint_needs(checkpoint: Path) -> list[str]:
+    """The earlier checkpoints (folder names) whose files this one's deltas are applied to:
+    its ``trainer.json``'s ``needs``, read without following a link (``[]`` when it has none,
+    or none that is readable). Pruning and ``clean`` never remove a checkpoint a kept one needs."""
+    state = read_json_object(Path(checkpoint) / TRAINER)
+    needs = state.get("needs") if state and state.get("format") == CHECKPOINT_FORMAT else None
+    return [n for n in needs if isinstance(n, str) and n.isdigit()] if isinstance(needs, list) else []
 
 
 def read_marker(folder: Path) -> dict | None:
