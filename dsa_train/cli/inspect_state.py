@@ -72,6 +72,10 @@ def inspect_state(
     finite and plausible cannot be told apart row by row: checkpoints carry digests for that.
     On a running training's directory, a row being written may read as torn.
 
+    Given a checkpoint's optimizer_state/, rows are read as that checkpoint holds them: a
+    row file (or disk table) kept as a delta is read through its chain (base, then deltas),
+    and the chain's files and bytes are listed.
+
     Examples:
 
       dsa-train inspect-state runs/fb15k237-distmult-20261202-150000
@@ -89,6 +93,7 @@ def inspect_state(
         "version": inspector.manifest["version"],
         "clean": inspector.manifest["clean"],
         "held_by": holder,
+        "checkpoint": str(inspector.checkpoint) if inspector.checkpoint is not None else None,
         "params": {},
     }
     selected = parse_rows(rows) if rows else []
@@ -169,6 +174,8 @@ def _print(document: dict, holder: str | None, inspector: StateInspector, select
         stderr.print(f"held by a live training, {holder}: read without its lock; values may move while read", highlight=False)
     elif not document["clean"]:
         stderr.print("not closed cleanly: its moments may be ahead of its step counters", highlight=False)
+    if document["checkpoint"]:
+        stdout.print(f"the optimizer state of checkpoint {document['checkpoint']}: rows are read as it holds them", highlight=False)
     table = Table()
     for column in ("parameter", "shape", "dtype", "layout", "step", "size", "allocated", "rows touched"):
         table.add_column(column, justify="left" if column == "parameter" else "right")
@@ -187,7 +194,15 @@ def _print(document: dict, holder: str | None, inspector: StateInspector, select
     shown = lambda xs: ", ".join(f"{x:.4g}" for x in xs[:6]) + (", ..." if len(xs) > 6 else "")  # noqa: E731
     for name, p in document["params"].items():
         if p["layout"] == "w|m|v":
-            stdout.print(f"{name}: weights and moments in the disk table {p['file']}", highlight=False)
+            where = inspector.chain(name)[0] if document["checkpoint"] else p["file"]
+            stdout.print(f"{name}: weights and moments in the disk table {where}", highlight=False)
+        if p.get("chain"):
+            base, *deltas = p["chain"]
+            stdout.print(
+                f"{name}: base {base['file']} ({_bytes(base['bytes'])}) + {len(deltas)} delta{'s' if len(deltas) != 1 else ''} "
+                f"({_bytes(sum(d['bytes'] for d in deltas))}): " + ", ".join(d["file"] for d in deltas),
+                highlight=False,
+            )
         for key in ("m", "v", "effective_lr"):
             if key in p.get("stats", {}):
                 d = p["stats"][key]

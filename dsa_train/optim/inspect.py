@@ -7,11 +7,16 @@ may then move). Asked rows are streamed in chunks, and :meth:`StateInspector.che
 every row that holds data the same way, a few thousand rows at a time. Each row file is
 checked against the manifest (size, header) before any row is read. It needs numpy only, not
 torch, so ``dsa-train inspect-state`` starts in a fraction of a second.
+
+The ``optimizer_state/`` of a checkpoint is read as that checkpoint holds it: a row file kept
+as a delta (``<file>.delta``, see :mod:`.deltas`) is read through its chain (the base's
+records with every delta's laid over them, nothing written), and a disk table's moments come
+from the checkpoint's ``tables/`` (its base or delta), not from the live table the manifest
+names. :meth:`StateInspector.chain` lists the files of a chain and their bytes.
 """
 
 from __future__ import annotations
 
-import errno
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -22,8 +27,8 @@ import numpy as np
 
 from ..errors import StateError
 from ..fsutil import lock_holder as live_holder  # noqa: F401  (re-exported: the CLI asks who holds a directory)
-from ..fsutil import data_extents
-from .format import HEADER_BYTES, LAYOUT, MANIFEST, TABLE_LAYOUT, RowSpec, load_manifest, moments_file, read_row_header
+from .deltas import DELTA_SUFFIX, ChainReader, chain_of
+from .format import LAYOUT, MANIFEST, TABLE_LAYOUT, RowSpec, load_manifest, moments_file, read_row_header
 
 _NUMPY = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": np.uint16}
 SAMPLE_SEED = 20_261_202  # not 0: a table trained with seed-0 lookups must not match its own sample
@@ -41,6 +46,7 @@ class ParamSummary:
     allocated_bytes: int
     touched_rows_fraction: float  # estimated from a sample of rows: rows whose v is not all zero
     sampled_rows: int
+    chain: list[dict] | None = None  # in a checkpoint: [{"file", "bytes"}], base first, when it has deltas
 
 
 class StateInspector:
@@ -72,6 +78,30 @@ class StateInspector:
     def params(self) -> dict[str, dict]:
         return self.manifest["params"]
 
+    @property
+    def checkpoint(self) -> Path | None:
+        """The checkpoint folder whose ``optimizer_state/`` this is, or ``None`` (a live state)."""
+        parent = self.path.parent
+        return parent if self.path.name == "optimizer_state" and (parent / "trainer.json").is_file() else None
+
+    def chain(self, name: str) -> list[Path]:
+        """The files that make the parameter's records: ``[row file]``, or in a checkpoint that
+        keeps it as a delta, ``[base, delta, ..., delta]`` (see :mod:`.deltas`)."""
+        entry = self._entry(name)
+        checkpoint = self.checkpoint
+        if checkpoint is not None and entry.get("layout", LAYOUT) == TABLE_LAYOUT:
+            path = checkpoint / "tables" / entry["file"]  # the checkpoint's version of the table
+        else:
+            path = moments_file(self.path, entry)
+        delta = path.with_name(path.name + DELTA_SUFFIX)
+        if checkpoint is not None and not os.path.lexists(path) and os.path.lexists(delta):
+            return chain_of(delta)
+        return [path]
+
+    def _reader(self, name: str) -> ChainReader:
+        path, spec, _ = self.row_file(name)
+        return ChainReader([path, *self.chain(name)[1:]], spec.row_bytes)
+
     def _entry(self, name: str) -> dict:
         if name not in self.params:
             raise StateError(f"state directory '{self.path}' has no parameter '{name}'", hint=f"it has {', '.join(self.params)}")
@@ -88,7 +118,7 @@ class StateInspector:
         exactly the size the manifest's shape and layout need."""
         entry = self._entry(name)
         spec = self.spec(name)
-        path = moments_file(self.path, entry)
+        path = self.chain(name)[0]
         restore = (
             "restore the state directory (and its disk table) from a checkpoint"
             if spec.layout == TABLE_LAYOUT
@@ -145,29 +175,27 @@ class StateInspector:
                 f"parameter '{name}' has {spec.num_rows:,} rows; rows {bad} are out of range",
                 hint=f"ask for rows in 0:{spec.num_rows} (a range stops before its end)",
             )
-        path, spec, _ = self.row_file(name)
-        record = spec.row_bytes
-        raw = bytearray(len(rows) * record)
+        spec = self.spec(name)
+        raw = np.zeros((len(rows), spec.row_bytes), dtype=np.uint8)
         breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        with open(path, "rb") as f:
+        with self._reader(name) as reader:
             for lo, hi in zip([0, *breaks.tolist()], [*breaks.tolist(), len(rows)]):
                 for a in range(lo, hi, CHUNK_ROWS):
                     b = min(hi, a + CHUNK_ROWS)
-                    raw[a * record : b * record] = _pread(f.fileno(), (b - a) * record, HEADER_BYTES + int(rows[a]) * record, path)
-        return _moments(np.frombuffer(raw, dtype=np.uint8).reshape(len(rows), record), spec)
+                    raw[a:b] = reader.read(int(rows[a]), int(rows[a]) + b - a)
+        return _moments(raw, spec)
 
     def iter_rows(self, name: str, ranges: Sequence[tuple[int, int]]) -> Iterator[tuple[range, np.ndarray, np.ndarray]]:
         """The rows of ``[start, stop)`` ranges, streamed: ``(rows, m, v)`` per chunk of at most
         a few thousand rows (and a few MiB), never the whole selection at once."""
         self.check_ranges(name, ranges)
-        path, spec, _ = self.row_file(name)
+        spec = self.spec(name)
         chunk = _chunk_rows(spec.row_bytes)
-        with open(path, "rb") as f:
+        with self._reader(name) as reader:
             for start, stop in ranges:
                 for a in range(start, stop, chunk):
                     b = min(stop, a + chunk)
-                    raw = _pread(f.fileno(), (b - a) * spec.row_bytes, HEADER_BYTES + a * spec.row_bytes, path)
-                    yield (range(a, b), *_moments(np.frombuffer(raw, dtype=np.uint8).reshape(b - a, spec.row_bytes), spec))
+                    yield (range(a, b), *_moments(reader.read(a, b), spec))
 
     def sample_rows(self, name: str, count: int, seed: int = SAMPLE_SEED) -> list[int]:
         num_rows = self._entry(name)["shape"][0]
@@ -178,6 +206,7 @@ class StateInspector:
     def summary(self, name: str, *, sample: int = 2048) -> ParamSummary:
         entry = self._entry(name)
         _, _, stat = self.row_file(name)
+        chain = self.chain(name)
         rows = self.sample_rows(name, sample)
         _, v = self.read_rows(name, rows)
         touched = float((v != 0).any(axis=1).mean()) if len(rows) else 0.0
@@ -192,6 +221,7 @@ class StateInspector:
             allocated_bytes=stat.st_blocks * 512,
             touched_rows_fraction=touched,
             sampled_rows=len(rows),
+            chain=[{"file": str(p), "bytes": os.stat(p).st_size} for p in chain] if len(chain) > 1 else None,
         )
 
     def statistics(self, name: str, *, sample: int = 10_000) -> dict:
@@ -227,18 +257,17 @@ class StateInspector:
         Returns ``{"rows", "rows_read", "bad_rows", "problems": {kind: {"rows", "first"}}}``,
         ``kind`` one of :data:`PROBLEMS` (only those found).
         """
-        path, spec, info = self.row_file(name)
+        spec = self.spec(name)
         slots = {slot.name: slot for slot in spec.fields}
-        record, chunk = spec.row_bytes, _chunk_rows(spec.row_bytes)
+        chunk = _chunk_rows(spec.row_bytes)
         counts = dict.fromkeys(PROBLEMS, 0)
         firsts: dict[str, list[int]] = {kind: [] for kind in PROBLEMS}
         rows_read = bad_rows = position = 0
-        with open(path, "rb") as f:
-            for lo, hi in _data_rows(f.fileno(), info.st_size, spec):
+        with self._reader(name) as reader:
+            for lo, hi in reader.data_rows():
                 for a in range(lo, hi, chunk):
                     b = min(hi, a + chunk)
-                    raw = _pread(f.fileno(), (b - a) * record, HEADER_BYTES + a * record, path)
-                    records = np.frombuffer(raw, dtype=np.uint8).reshape(b - a, record)
+                    records = reader.read(a, b)
                     values = {key: _values(records, slot) for key, slot in slots.items()}
                     found = {
                         "m_not_finite": ~np.isfinite(values["m"]).all(axis=1),
@@ -278,40 +307,6 @@ CHUNK_BYTES = 4 << 20  # and at most this many bytes
 
 def _chunk_rows(record: int) -> int:
     return max(1, min(CHUNK_ROWS, CHUNK_BYTES // record))
-
-
-def _pread(fd: int, size: int, offset: int, path: Path) -> bytes:
-    data = os.pread(fd, size, offset)
-    if len(data) != size:  # the file shrank since it was checked
-        raise StateError(
-            f"row file '{path}' ended at byte {offset + len(data):,} while it was read (it needs {offset + size:,})",
-            hint="something truncated it while it was read; restore the state directory from a checkpoint",
-        )
-    return data
-
-
-def _data_rows(fd: int, size: int, spec: RowSpec) -> Iterator[tuple[int, int]]:
-    """``[lo, hi)`` row ranges that hold data, in order and merged; rows in holes are skipped.
-    Where the file system cannot tell holes apart, every row."""
-    try:
-        os.lseek(fd, 0, os.SEEK_DATA)
-        extents = data_extents(fd, size)
-    except OSError as e:
-        extents = iter(() if e.errno == errno.ENXIO else [(0, size)])  # ENXIO: all hole
-    record, current = spec.row_bytes, None
-    for start, end in extents:
-        lo = max(0, (start - HEADER_BYTES) // record)
-        hi = min(spec.num_rows, max(0, -(-(end - HEADER_BYTES) // record)))
-        if lo >= hi:
-            continue
-        if current is not None and lo <= current[1]:
-            current = (current[0], max(current[1], hi))
-            continue
-        if current is not None:
-            yield current
-        current = (lo, hi)
-    if current is not None:
-        yield current
 
 
 def _values(records: np.ndarray, slot) -> np.ndarray:
