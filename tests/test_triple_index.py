@@ -117,7 +117,7 @@ def test_the_overflow_case_where_the_old_key_wrapped(tmp_path):
     triples = np.concatenate([old.numpy(), top, [[0, 0, 2**31], [2**31, R - 1, 0]]])
     write_triple_index(tmp_path / "big", lambda: [triples[:100], triples[100:]], E, R, memory_bytes=MIN_MEMORY)
     index = TripleIndex.open(tmp_path / "big")
-    assert index._columns["tail"][1].dtype == np.int64  # ids up to 2^31 do not fit int32
+    assert index._columns["tail"][1].dtype == torch.int64  # ids up to 2^31 do not fit int32
     assert json.loads((tmp_path / "big" / "index.json").read_text())["dtypes"] == {"query": "<i8", "answer": "<i8"}
     as_set = [tuple(t) for t in triples.tolist()]
     anchor = np.array([h1, h2, 0, 2**31, *top[:20, 0]])

@@ -27,7 +27,7 @@ A folder written by :func:`write_triple_index`::
 
 Duplicate triples collapse: each distinct triple is one row, so both sides hold the same
 ``n`` rows. :meth:`TripleIndex.known` finds a query's rows with two binary searches on the
-memory-mapped query column (about :math:`2 \log_2 n` page reads) and gathers only those rows
+memory-mapped query column (:math:`2 \lceil\log_2 n\rceil` comparisons, a few page reads when cold) and gathers only those rows
 of the answer column.
 
 **The build** is an external-memory distribution sort whose RAM stays within
@@ -52,6 +52,7 @@ import stat
 import struct
 import tempfile
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,7 +155,8 @@ class TripleIndex:
         with tempfile.TemporaryDirectory(prefix="dsa-triple-index-") as tmp:
             write_triple_index(Path(tmp), lambda: [triples.numpy()], num_entities, num_relations)
             mapped = TripleIndex.open(tmp)
-            self._attach(mapped.num_entities, mapped.num_relations, {side: tuple(np.array(c) for c in mapped._columns[side]) for side in SIDES})
+            in_ram = {side: tuple(column.numpy().copy() for column in mapped._columns[side]) for side in SIDES}
+            self._attach(mapped.num_entities, mapped.num_relations, in_ram)
 
     @classmethod
     def from_triples(cls, triples: Tensor, num_entities: int, num_relations: int) -> TripleIndex:
@@ -184,7 +186,10 @@ class TripleIndex:
     def _attach(self, num_entities: int, num_relations: int, columns: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         self.num_entities, self.num_relations = num_entities, num_relations
         self.rows = len(columns["tail"][0])
-        self._columns = columns
+        with warnings.catch_warnings():  # a read-only map: nothing here ever writes to it
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            # torch's searchsorted is about 4x faster than numpy's, over a map as over RAM
+            self._columns = {side: tuple(torch.from_numpy(column) for column in pair) for side, pair in columns.items()}
 
     def known(self, anchor: Tensor, relation: Tensor, side: str) -> tuple[Tensor, Tensor]:
         """All (query number, entity) pairs where the entity answers query ``i`` truly.
@@ -196,13 +201,12 @@ class TripleIndex:
         if side not in self._columns:
             raise ValueError(f"side must be 'tail' or 'head', got {side!r}")
         queries, answers = self._columns[side]
-        q = torch.as_tensor(anchor).cpu().long().numpy() * self.num_relations + torch.as_tensor(relation).cpu().long().numpy()
-        lo = np.searchsorted(queries, q, side="left")
-        counts = np.searchsorted(queries, q, side="right") - lo
-        query = np.repeat(np.arange(len(q), dtype=np.int64), counts)
-        starts = np.repeat(lo - (np.cumsum(counts) - counts), counts)
-        entity = np.array(answers[starts + np.arange(len(query))], dtype=np.int64)
-        return torch.from_numpy(query), torch.from_numpy(entity)
+        q = torch.as_tensor(anchor).cpu().long() * self.num_relations + torch.as_tensor(relation).cpu().long()
+        lo = torch.searchsorted(queries, q)
+        counts = torch.searchsorted(queries, q, right=True) - lo
+        query = torch.repeat_interleave(torch.arange(len(q)), counts)
+        starts = torch.repeat_interleave(lo - (torch.cumsum(counts, 0) - counts), counts)
+        return query, answers[starts + torch.arange(len(query))].long()
 
 
 # --- reading -----------------------------------------------------------------------------
