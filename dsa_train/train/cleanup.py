@@ -7,7 +7,9 @@ Things are recognised by the markers dsa-train writes into them, never by a fold
   it belongs to; it counts only directly inside that run's own ``checkpoints/`` folder;
 * a state directory by its ``manifest.json`` (the DiskSparseAdam state format).
 
-What may be removed: a run's older checkpoints (all but the newest ``keep_last``) and the
+What may be removed: a run's older checkpoints (all but the newest ``keep_last`` and the
+earlier checkpoints those are made of: a checkpoint whose row files are deltas lists the
+checkpoints of their chains in its ``trainer.json``'s ``needs``, and they stay with it) and the
 checkpoints a killed save or prune left (``checkpoints/.partial-*``, ``.deleting-*``); the
 live ``optimizer_state/`` of a finished run whose final checkpoint holds a copy (and whose
 manifest names the state id the run recorded); a standalone state directory (its manifest's
@@ -36,7 +38,7 @@ from pathlib import Path
 from ..errors import DsaError, StateError
 from ..fsutil import DirectoryLock, is_regular_file, lock_holder, read_json_object
 from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, STATE_FORMAT, TABLE_LAYOUT
-from .run_folder import CHECKPOINT_FORMAT, DOOMED, PARTIAL, TRAINER, RunFolder, read_marker, real_directories
+from .run_folder import CHECKPOINT_FORMAT, DOOMED, PARTIAL, TRAINER, RunFolder, checkpoint_needs, read_marker, real_directories
 
 SEARCH_DEPTH = 3  # how deep below a given folder runs and state directories are looked for
 STATE = "optimizer_state"
@@ -242,12 +244,19 @@ def _plan_run(path: Path, plan: CleanPlan, keep_last: int) -> None:
             else:
                 plan.kept.append((folder, "a checkpoint of another run (its trainer.json names another run id)"))
     keep = complete[len(complete) - keep_last :] if keep_last else []
+    why: dict[Path, str] = {}
     for checkpoint in complete:
         holder = lock_holder(checkpoint / STATE) if (checkpoint / STATE).is_dir() and not (checkpoint / STATE).is_symlink() else None
         if holder:
-            plan.kept.append((checkpoint, f"its optimizer state is open in {holder}"))
+            why[checkpoint] = f"its optimizer state is open in {holder}"
         elif checkpoint in keep:
-            plan.kept.append((checkpoint, f"one of the newest {keep_last} checkpoints (--keep-last)"))
+            why[checkpoint] = f"one of the newest {keep_last} checkpoints (--keep-last)"
+    for kept in list(why):  # a kept checkpoint's chain (needs lists it whole) stays with it
+        for name in checkpoint_needs(kept):
+            why.setdefault(kept.parent / name, f"checkpoint {kept.name} is made of its deltas on this one: kept with it")
+    for checkpoint in complete:
+        if checkpoint in why:
+            plan.kept.append((checkpoint, why[checkpoint]))
         else:
             plan.candidates.append(
                 Candidate("checkpoint", checkpoint, allocated_bytes(checkpoint), _mtime(checkpoint / TRAINER), path, (CHECKPOINTS, checkpoint.name))
