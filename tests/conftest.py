@@ -16,6 +16,12 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _data_root(tmp_path_factory, monkeypatch):
+    """Datasets are imported under the data root: a fresh one per test, never ./datasets."""
+    monkeypatch.setenv("DSA_DATA_ROOT", str(tmp_path_factory.mktemp("data_root")))
+
+
 @pytest.fixture(params=["fused", "torch"])
 def row_path(request, monkeypatch):
     """Run a test with the compiled kernel and again with the pure-torch update."""

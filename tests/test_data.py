@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from dsa_train.data import load_knowledge_graph
-from dsa_train.data.synthetic import generate_knowledge_graph
 from dsa_train.errors import DatasetError
 from dsa_train.recipe import DatasetConfig, SyntheticConfig
 
@@ -22,11 +21,16 @@ def write_folder(folder, train=GOOD, valid="a\tlikes\tc\n", test="c\thates\ta\n"
     return folder
 
 
+def named(kg, split):
+    return [(*kg.entity_names([h]), *kg.relation_names([r]), *kg.entity_names([t])) for h, r, t in kg.split(split).tolist()]
+
+
 def test_tsv_folder_ids_are_shared_across_splits(tmp_path):
     kg = load_knowledge_graph(DatasetConfig(kind="tsv", path=str(write_folder(tmp_path / "kg"))))
     assert (kg.num_entities, kg.num_relations) == (3, 2)
-    assert kg.train.tolist() == [[0, 0, 1], [1, 0, 2]]
-    assert kg.valid.tolist() == [[0, 0, 2]] and kg.test.tolist() == [[2, 1, 0]]
+    assert named(kg, "train") == [("a", "likes", "b"), ("b", "likes", "c")]
+    assert named(kg, "valid") == [("a", "likes", "c")] and named(kg, "test") == [("c", "hates", "a")]
+    assert sorted(kg.entity_names(range(3))) == ["a", "b", "c"]  # one id per name, across splits
 
 
 def test_relative_path_uses_the_data_root(tmp_path, monkeypatch):
@@ -103,14 +107,15 @@ def test_tsv_datasets(test_data, name, sizes):
     assert (kg.num_entities, kg.num_relations, len(kg.train), len(kg.valid), len(kg.test)) == sizes
 
 
-def test_synthetic_is_seeded_power_law_and_deduplicated():
+def test_synthetic_is_seeded_power_law_and_deduplicated(tmp_path):
     config = SyntheticConfig(entities=5000, relations=10, triples=60_000, valid=500, test=500, seed=3)
-    a, b = generate_knowledge_graph(config), generate_knowledge_graph(config)
+    a = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=config, root=str(tmp_path / "a")))
+    b = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=config, root=str(tmp_path / "b")))
     assert torch.equal(a.train, b.train) and torch.equal(a.test, b.test)
-    everything = torch.cat([a.train, a.valid, a.test])
+    everything = torch.cat([a.train, a.valid, a.test]).long()
     assert len(torch.unique(everything, dim=0)) == len(everything)  # no fact twice
     assert (len(a.valid), len(a.test)) == (500, 500)
     degree = torch.bincount(everything[:, 0], minlength=5000).sort(descending=True).values.double()
     assert degree[:50].sum() > 5 * degree[-2500:].sum()  # the top 1% dwarf the bottom half
-    other = generate_knowledge_graph(SyntheticConfig(**{**config.__dict__, "seed": 4}))
+    other = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=SyntheticConfig(**{**config.__dict__, "seed": 4}), root=str(tmp_path)))
     assert not torch.equal(a.train[:100], other.train[:100])

@@ -1,21 +1,32 @@
-"""The knowledge-graph container and the one entry point that loads any recipe's dataset."""
+"""The knowledge-graph container and the one entry point that loads any recipe's dataset.
+
+Every knowledge graph (a TSV folder, a PyG dataset, a generated one) is imported once into
+the on-disk dataset format (:mod:`.store`) under ``<data root>/imported/`` and mapped from
+there by every later run, ``--resume`` or ``eval``: its triples are never held in RAM.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 from torch import Tensor
 
 from ..recipe import DatasetConfig
+from .store import Dataset, Progress, file_sources, import_folder, imports_root
 
 SPLITS = ("train", "valid", "test")
 
 
 @dataclass
 class KnowledgeGraph:
-    """Triples as ``(M, 3)`` int64 tensors of (head, relation, tail) ids, per split."""
+    """Triples as ``(M, 3)`` id tensors of (head, relation, tail) per split: int32 where the
+    ids fit, else int64, mapped read-only from the imported dataset (index them to read rows;
+    :meth:`rows` gives int64)."""
 
     name: str
     num_entities: int
@@ -23,9 +34,27 @@ class KnowledgeGraph:
     train: Tensor
     valid: Tensor
     test: Tensor
+    dataset: Dataset | None = None  # where the triples (and names, filter index) live
 
     def split(self, name: str) -> Tensor:
         return {"train": self.train, "valid": self.valid, "test": self.test}[name]
+
+    def rows(self, split: str, picked: Tensor) -> Tensor:
+        """The ``picked`` triples of a split, read from disk, as int64."""
+        return self.split(split)[picked].long()
+
+    def entity_names(self, ids) -> list[str]:
+        """The names of these entity ids (their ids as text when the graph has no names)."""
+        return _names(self.dataset, "entities", ids)
+
+    def relation_names(self, ids) -> list[str]:
+        return _names(self.dataset, "relations", ids)
+
+    @classmethod
+    def of(cls, dataset: Dataset) -> KnowledgeGraph:
+        meta = dataset.meta
+        splits = [dataset.tensor(split) for split in SPLITS]
+        return cls(dataset.name, meta["num_entities"], meta["num_relations"], *splits, dataset=dataset)
 
     def __str__(self) -> str:
         return (
@@ -34,23 +63,53 @@ class KnowledgeGraph:
         )
 
 
+def _names(dataset: Dataset | None, space: str, ids) -> list[str]:
+    ids = [int(i) for i in ids]
+    if dataset is None or not dataset.has(f"{space}.names"):
+        return [str(i) for i in ids]
+    names, offsets = dataset.array(f"{space}.names"), dataset.array(f"{space}.offsets")
+    return [bytes(names[offsets[i] : offsets[i + 1]]).decode("utf-8") for i in ids]
+
+
 def data_root(config: DatasetConfig) -> Path:
     """The recipe's ``dataset.root``, else ``$DSA_DATA_ROOT``, else ``./datasets``."""
     return Path(config.root or os.environ.get("DSA_DATA_ROOT") or "datasets")
 
 
-def load_knowledge_graph(config: DatasetConfig) -> KnowledgeGraph:
-    """Load (or generate) the knowledge graph a recipe names. Raises ``DatasetError``."""
-    if config.kind == "synthetic":
-        from .synthetic import generate_knowledge_graph
+def import_target(config: DatasetConfig, slug: str, key: object) -> Path:
+    """The folder a dataset is imported into: ``<data root>/imported/<slug>-<digest of key>``."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return imports_root(data_root(config)) / f"{slug}-{digest}"
 
-        return generate_knowledge_graph(config.synthetic)
-    root = data_root(config)
+
+def load_knowledge_graph(config: DatasetConfig, *, progress: Progress | None = None, note=None) -> KnowledgeGraph:
+    """Load the knowledge graph a recipe names, importing (or generating) it first if it has
+    not been, or if its sources changed. Raises ``DatasetError``."""
+    name, target, sources, write = _source(config, progress)
+    dataset = import_folder(target, kind="kg", name=name, sources=sources, build=write, note=note)
+    return KnowledgeGraph.of(dataset)
+
+
+def _source(config: DatasetConfig, progress: Progress | None):
+    """The dataset's name, import folder, sources, and the function that writes it."""
+    if config.kind == "synthetic":
+        from .synthetic import GENERATOR_VERSION, write_synthetic_knowledge_graph
+
+        settings = asdict(config.synthetic)
+        sources = {"generator": f"synthetic-{GENERATOR_VERSION}", "settings": settings}
+        write = partial(write_synthetic_knowledge_graph, config=config.synthetic, progress=progress)
+        return f"synthetic-{config.synthetic.entities}", import_target(config, "synthetic", sources), sources, write
     if config.kind == "tsv":
-        from .tsv import load_tsv_folder
+        from .tsv import IMPORTER_VERSION, tsv_files, write_knowledge_graph
 
         folder = Path(config.path)
-        return load_tsv_folder(folder if folder.is_absolute() else root / folder)
-    from .pyg import load_pyg_knowledge_graph
+        folder = folder if folder.is_absolute() else data_root(config) / folder
+        files = tsv_files(folder)
+        sources = file_sources(files, importer=f"tsv-{IMPORTER_VERSION}")
+        write = partial(write_knowledge_graph, files=files, progress=progress)
+        return folder.name, import_target(config, f"tsv-{folder.name}", str(folder.resolve())), sources, write
+    from .pyg import pyg_source
 
-    return load_pyg_knowledge_graph(config.kind, root)
+    name, files, write = pyg_source(config.kind, data_root(config))
+    sources = file_sources(files, importer="pyg-1")
+    return name, import_target(config, config.kind, config.kind), sources, write

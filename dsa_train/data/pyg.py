@@ -1,7 +1,8 @@
 """FB15k-237 and WN18RR through PyTorch Geometric's dataset classes.
 
 PyG downloads the raw files into ``<root>/<folder>/raw`` and processes them into
-``<root>/<folder>/processed``. Before PyG reads them, the raw files are checked line by line
+``<root>/<folder>/processed``; the result is imported into the dataset format like any other
+knowledge graph (see :mod:`.store`). Before PyG reads them, the raw files are checked line by line
 (PyG's readers split on whitespace or tabs without looking, so a CRLF or a stray column would
 silently become a different entity). Offline, a missing file is a ``DatasetError`` that says
 which files to place where.
@@ -9,19 +10,23 @@ which files to place where.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from ..errors import DatasetError
-from .kg import SPLITS, KnowledgeGraph
-from .tsv import read_triples
+from .store import DatasetWriter
+from .tsv import SPLITS, check_tsv_file
 
 # kind -> (folder under the data root, PyG class name)
 DATASETS = {"fb15k237": ("FB15k-237", "FB15k_237"), "wn18rr": ("WN18RR", "WordNet18RR")}
 
 
-def load_pyg_knowledge_graph(kind: str, root: Path) -> KnowledgeGraph:
+def pyg_source(kind: str, root: Path) -> tuple[str, list[Path], Callable[[DatasetWriter], None]]:
+    """The dataset's name, its raw files (downloaded if missing) and the function that
+    imports it: the raw files are checked line by line, then PyG processes them."""
     import torch_geometric.datasets as pyg_datasets
 
     folder_name, class_name = DATASETS[kind]
@@ -31,10 +36,12 @@ def load_pyg_knowledge_graph(kind: str, root: Path) -> KnowledgeGraph:
     files = [f"{split}.txt" for split in SPLITS]
     if any(not (raw / f).is_file() for f in files):
         _download(folder, raw, files, dataset_class.url)
-    entities: dict[str, int] = {}
-    relations: dict[str, int] = {}
     for f in files:  # the check only: PyG assigns the ids
-        read_triples(raw / f, entities, relations, final_newline=True)
+        check_tsv_file(raw / f, final_newline=True)
+    return folder_name, [raw / f for f in files], partial(_write, kind=kind, folder=folder, dataset_class=dataset_class)
+
+
+def _write(writer: DatasetWriter, *, kind: str, folder: Path, dataset_class) -> None:
     try:
         if kind == "fb15k237":
             parts = [dataset_class(str(folder), split=split)[0] for split in ("train", "val", "test")]
@@ -53,7 +60,9 @@ def load_pyg_knowledge_graph(kind: str, root: Path) -> KnowledgeGraph:
             hint=f"PyG writes '{folder / 'processed'}': the data root must be writable (set DSA_DATA_ROOT)",
         ) from e
     num_relations = int(max(int(s[:, 1].max()) for s in splits if len(s)) + 1)
-    return KnowledgeGraph(folder_name, num_entities, num_relations, *splits)
+    for split, triples in zip(SPLITS, splits):
+        writer.put(split, triples.to(torch.int32))
+    writer.meta.update(num_entities=num_entities, num_relations=num_relations, names=False)
 
 
 def _triples(edge_index: torch.Tensor, edge_type: torch.Tensor) -> torch.Tensor:

@@ -1,24 +1,55 @@
-"""Folders of ``train.txt`` / ``valid.txt`` / ``test.txt`` with ``head<TAB>relation<TAB>tail`` lines.
+"""Folders of ``train.txt`` / ``valid.txt`` / ``test.txt`` with ``head<TAB>relation<TAB>tail`` lines,
+imported into the on-disk dataset format (see :mod:`.store`) in bounded memory.
 
 Every line must have exactly three non-empty tab-separated columns and a plain ``\\n`` ending;
 anything else (a CRLF ending, a wrong column count, an empty line or column, invalid UTF-8) is
-reported with its file and line number, never dropped or mis-parsed. Names are kept as text
+reported with its file and line number, never dropped or mis-parsed. Names are kept as bytes
 (WN18RR's synset ids keep their leading zeros).
+
+The import streams the text in chunks and never holds a name table in memory:
+
+1. **Read.** Each chunk is checked and split into columns by NumPy (positions of tabs and
+   newlines), and every name gets a 128-bit fingerprint (:mod:`.fingerprint`). Entity tokens
+   go to one of ``P`` partition files by their fingerprint's top bits, as
+   ``(fingerprint, position)`` records; each chunk's distinct names go there too, with their
+   bytes. Relations use one partition.
+2. **Number.** Partition by partition (each fits the memory budget), the distinct
+   fingerprints are sorted: an entity's id is its rank in fingerprint order, so
+   ``entities.fingerprints.npy`` (sorted) is also the on-disk name -> id lookup, and the
+   names are written in id order (``entities.names`` bytes, ``entities.offsets``). Each
+   token record gets its id.
+3. **Assemble.** The per-partition ``(position, id)`` streams, each in position order, are
+   merged window by window into the ``(M, 3)`` id arrays of the splits (int32 where the ids
+   fit), written sequentially.
+
+RAM holds one chunk, one partition or one window at a time, whatever the size of the files;
+scratch files (about 40 bytes per triple) live in the partial dataset folder and go before
+it is committed.
 """
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from ..errors import DatasetError
-from .kg import SPLITS, KnowledgeGraph
+from .fingerprint import fingerprints
+from .store import DatasetWriter, Progress
 
+SPLITS = ("train", "valid", "test")
 MAX_REPORTED = 10
+IMPORTER_VERSION = 1
+CHUNK_BYTES = 8 << 20  # text read and parsed at once
+WINDOW_ROWS = 1 << 20  # triples assembled at once in step 3
+MAX_PARTITIONS = 256  # each partition keeps three scratch files open
+NAMESPACES = ("entities", "relations")
 
 
-def load_tsv_folder(folder: Path, *, name: str | None = None) -> KnowledgeGraph:
+def tsv_files(folder: Path) -> list[Path]:
+    """The folder's three split files; a ``DatasetError`` names the missing ones."""
     files = [folder / f"{split}.txt" for split in SPLITS]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
@@ -26,50 +57,296 @@ def load_tsv_folder(folder: Path, *, name: str | None = None) -> KnowledgeGraph:
             f"dataset folder '{folder}' lacks {', '.join(missing)}",
             hint=f"place train.txt, valid.txt and test.txt (head<TAB>relation<TAB>tail lines) in '{folder}'",
         )
-    entities: dict[str, int] = {}
-    relations: dict[str, int] = {}
-    splits = [read_triples(f, entities, relations) for f in files]
-    return KnowledgeGraph(name or folder.name, len(entities), len(relations), *splits)
+    return files
 
 
-def read_triples(
-    path: Path, entities: dict[str, int], relations: dict[str, int], *, final_newline: bool = False
-) -> torch.Tensor:
-    """Parse one file into an ``(M, 3)`` id tensor, growing the name -> id maps.
+# -- checking lines ---------------------------------------------------------------------------
+def line_problem(raw: bytes, *, final_newline: bool) -> str | None:
+    """What is wrong with one line (with its ending, if any), or ``None``."""
+    if raw.endswith(b"\r\n"):
+        return "has a Windows (CRLF) line ending; convert the file with dos2unix"
+    if final_newline and not raw.endswith(b"\n"):
+        return "does not end with a newline, and PyG's reader would drop it; add one"
+    try:
+        parts = raw.removesuffix(b"\n").decode("utf-8").split("\t")
+    except UnicodeDecodeError as e:
+        return f"is not valid UTF-8 ({e.reason})"
+    if len(parts) != 3:
+        return f"has {len(parts)} tab-separated columns, expected 3 (head, relation, tail)"
+    if not all(parts):
+        return "has an empty column"
+    return None
 
-    ``final_newline``: also refuse a last line without ``\n`` (PyG's readers drop it).
-    """
-    rows: list[tuple[int, int, int]] = []
-    problems: list[str] = []
+
+def _raise_problems(path: Path, problems: list[str]) -> None:
+    shown = problems[:MAX_REPORTED] + (["... (more after these)"] if len(problems) > MAX_REPORTED else [])
+    raise DatasetError(
+        f"'{path}' has malformed lines:\n" + "\n".join(f"  {p}" for p in shown),
+        hint="each line must be head<TAB>relation<TAB>tail ending with a plain newline",
+    )
+
+
+def _chunks(path: Path) -> Iterator[tuple[bytes, int]]:
+    """The file in pieces of whole lines (the last may lack its newline), each with the number
+    of lines before it."""
+    lines_before, rest = 0, b""
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            problem = None
-            if raw.endswith(b"\r\n"):
-                problem = "has a Windows (CRLF) line ending; convert the file with dos2unix"
-            elif final_newline and not raw.endswith(b"\n"):
-                problem = "does not end with a newline, and PyG's reader would drop it; add one"
-            else:
-                try:
-                    parts = raw.removesuffix(b"\n").decode("utf-8").split("\t")
-                except UnicodeDecodeError as e:
-                    parts, problem = [], f"is not valid UTF-8 ({e.reason})"
-                if problem is None and len(parts) != 3:
-                    problem = f"has {len(parts)} tab-separated columns, expected 3 (head, relation, tail)"
-                elif problem is None and not all(parts):
-                    problem = "has an empty column"
-            if problem:
-                problems.append(f"{path}:{number}: line {problem}")
+        while True:
+            block = f.read(CHUNK_BYTES)
+            if not block:
+                break
+            data = rest + block
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:  # a line longer than a chunk: keep reading
+                rest = data
+                continue
+            yield data[:cut], lines_before
+            lines_before += data.count(b"\n", 0, cut)
+            rest = data[cut:]
+    if rest:
+        yield rest, lines_before
+
+
+def parse_chunk(data: bytes, *, final_newline: bool) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
+    """The chunk's bytes and its ``(lines, 3, 2)`` column ``(start, length)`` pairs; or, when
+    any line is malformed, ``(line index, problem)`` for each bad line (and no columns)."""
+    text = np.frombuffer(data, dtype=np.uint8)
+    newlines = np.flatnonzero(text == 10)
+    ends = newlines if data.endswith(b"\n") else np.append(newlines, len(text))
+    starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
+    tabs = np.flatnonzero(text == 9)
+    first = np.searchsorted(tabs, starts)
+    bad = np.searchsorted(tabs, ends) - first != 2
+    t1 = tabs[np.minimum(first, len(tabs) - 1)] if len(tabs) else np.zeros_like(starts)
+    t2 = tabs[np.minimum(first + 1, len(tabs) - 1)] if len(tabs) else np.zeros_like(starts)
+    bad |= (t1 == starts) | (t2 == t1 + 1) | (ends == t2 + 1)
+    bad |= (ends > starts) & (text[np.maximum(ends - 1, 0)] == 13)
+    if final_newline and not data.endswith(b"\n"):
+        bad[-1] = True
+    if not bad.any() and (text >= 0x80).any():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            bad[:] = True  # let the line-by-line check find which
+    if bad.any():
+        problems = []
+        for index in np.flatnonzero(bad).tolist():
+            raw = data[starts[index] : ends[index] + 1]
+            problem = line_problem(raw, final_newline=final_newline)
+            if problem is not None:
+                problems.append((index, problem))
+        return text, np.empty((0, 3, 2), np.int64), problems
+    columns = np.stack([np.stack([starts, t1 - starts], 1), np.stack([t1 + 1, t2 - t1 - 1], 1), np.stack([t2 + 1, ends - t2 - 1], 1)], 1)
+    return text, columns, []
+
+
+def check_tsv_file(path: Path, *, final_newline: bool = False) -> int:
+    """Check every line of a file (as the import does); returns the number of lines."""
+    problems, lines = [], 0
+    for data, before in _chunks(path):
+        _, columns, found = parse_chunk(data, final_newline=final_newline)
+        problems += [f"{path}:{before + index + 1}: line {problem}" for index, problem in found]
+        if len(problems) > MAX_REPORTED:
+            break
+        lines += len(columns)
+    if problems:
+        _raise_problems(path, problems)
+    return lines
+
+
+# -- the import -------------------------------------------------------------------------------
+class _Partitions:
+    """Scratch files of one name space: token records and distinct names, per partition."""
+
+    def __init__(self, folder: Path, count: int) -> None:
+        self.folder, self.count = folder, count
+        self.bits = count.bit_length() - 1
+        self.first_keys = np.array([p << (64 - self.bits) if self.bits else 0 for p in range(count)] + [2**64 - 1], np.uint64)
+        folder.mkdir()
+        self.tokens = [open(folder / f"tokens-{p}", "wb") for p in range(count)]
+        self.names = [open(folder / f"names-{p}", "wb") for p in range(count)]
+        self.blobs = [open(folder / f"blob-{p}", "wb") for p in range(count)]
+
+    def partition_of(self, h1: np.ndarray) -> np.ndarray:
+        return (h1 >> np.uint64(64 - self.bits)).astype(np.int64) if self.bits else np.zeros(len(h1), np.int64)
+
+    def add(self, text: np.ndarray, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray) -> None:
+        prints = fingerprints(text, starts, lengths)
+        tokens = np.empty((len(starts), 3), np.uint64)
+        tokens[:, :2], tokens[:, 2] = prints, positions
+        self._scatter(self.tokens, tokens, self.partition_of(prints[:, 0]))  # stable: positions stay in order
+        # the chunk's distinct names: adjacent in h1 order (a clash of h1 keeps both, as h2 differs)
+        order = np.argsort(prints[:, 0])
+        h1, h2 = prints[order, 0], prints[order, 1]
+        new = np.ones(len(order), bool)
+        new[1:] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
+        distinct = order[new]
+        names = np.empty((len(distinct), 3), np.uint64)
+        names[:, :2], names[:, 2] = prints[distinct], lengths[distinct]
+        bounds = np.searchsorted(names[:, 0], self.first_keys)  # h1 order is partition order
+        ends = np.cumsum(lengths[distinct])
+        blob = text[_ranges(starts[distinct], lengths[distinct])]
+        for p in np.flatnonzero(np.diff(bounds)).tolist():
+            lo, hi = bounds[p], bounds[p + 1]
+            self.names[p].write(names[lo:hi].tobytes())
+            self.blobs[p].write(blob[(ends[lo - 1] if lo else 0) : ends[hi - 1]].tobytes())
+
+    @staticmethod
+    def _scatter(files, records: np.ndarray, partition: np.ndarray) -> None:
+        order = np.argsort(partition.astype(np.uint16), kind="stable")  # a radix sort: cheap
+        bounds = np.searchsorted(partition[order], np.arange(len(files) + 1))
+        records = records[order]
+        for p in np.flatnonzero(np.diff(bounds)).tolist():
+            files[p].write(records[bounds[p] : bounds[p + 1]].tobytes())
+
+    def close(self) -> None:
+        for f in self.tokens + self.names + self.blobs:
+            f.close()
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Indices of the concatenated ranges ``[starts[i], starts[i] + lengths[i])``."""
+    total = int(lengths.sum())
+    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return offsets + np.arange(total)
+
+
+def partitions_for(total_bytes: int, memory_bytes: int) -> int:
+    """Partitions so that one holds at most ``memory_bytes`` of work: a token costs at most
+    ~60 bytes in step 2 and takes at least 2 bytes of text."""
+    needed = max(1, -(-total_bytes // 2 * 60 // max(memory_bytes, 1)))
+    return min(MAX_PARTITIONS, 1 << (needed - 1).bit_length())
+
+
+def write_knowledge_graph(
+    writer: DatasetWriter, *, files: list[Path], memory_bytes: int = 256 << 20, final_newline: bool = False,
+    progress: Progress | None = None,
+) -> None:  # fmt: skip
+    """Import the split files (train, valid, test) into ``writer`` (see the module docstring)."""
+    scratch = writer.path(".scratch")
+    scratch.mkdir()
+    total = sum(f.stat().st_size for f in files)
+    spaces = {
+        "entities": _Partitions(scratch / "entities", partitions_for(total, memory_bytes)),
+        "relations": _Partitions(scratch / "relations", 1),
+    }
+    split_rows, done = [], 0
+    try:
+        for path in files:
+            rows, problems = 0, []
+            for data, before in _chunks(path):
+                text, columns, found = parse_chunk(data, final_newline=final_newline)
+                problems += [f"{path}:{before + index + 1}: line {problem}" for index, problem in found]
                 if len(problems) > MAX_REPORTED:
                     break
-                continue
-            head, relation, tail = parts
-            h = entities.setdefault(head, len(entities))
-            r = relations.setdefault(relation, len(relations))
-            rows.append((h, r, entities.setdefault(tail, len(entities))))
-    if problems:
-        shown = problems[:MAX_REPORTED] + (["... (more after these)"] if len(problems) > MAX_REPORTED else [])
-        raise DatasetError(
-            f"'{path}' has malformed lines:\n" + "\n".join(f"  {p}" for p in shown),
-            hint="each line must be head<TAB>relation<TAB>tail ending with a plain newline",
-        )
-    return torch.tensor(rows, dtype=torch.long).reshape(-1, 3)
+                if problems:
+                    continue
+                row = np.arange(len(columns), dtype=np.int64) + sum(split_rows) + rows
+                ends = columns[:, [0, 2]]
+                spaces["entities"].add(text, ends[..., 0].ravel(), ends[..., 1].ravel(), (row[:, None] * 3 + np.array([0, 2])).ravel())
+                spaces["relations"].add(text, columns[:, 1, 0], columns[:, 1, 1], row * 3 + 1)
+                rows += len(columns)
+                done += len(data)
+                if progress is not None:
+                    progress("reading the text", done, total)
+            if problems:
+                _raise_problems(path, problems)
+            split_rows.append(rows)
+    finally:
+        for space in spaces.values():
+            space.close()
+    counts = {space: _number(writer, space, parts, progress) for space, parts in spaces.items()}
+    dtype = np.int32 if max(counts.values()) < 2**31 else np.int64
+    _assemble(writer, spaces, split_rows, dtype, progress)
+    shutil.rmtree(scratch)
+    writer.meta.update(
+        num_entities=counts["entities"], num_relations=counts["relations"],
+        splits={split: rows for split, rows in zip(SPLITS, split_rows)}, names=True,
+    )  # fmt: skip
+
+
+def _number(writer: DatasetWriter, space: str, parts: _Partitions, progress: Progress | None) -> int:
+    """Step 2 for one name space: ids in fingerprint order, names in id order, and each
+    partition's ``(position, id)`` records (in position order) for step 3."""
+    prints = writer.appender(f"{space}.fingerprints", np.uint64, (2,))
+    names = writer.appender(f"{space}.names", np.uint8)
+    offsets = writer.appender(f"{space}.offsets", np.int64)
+    offsets.append(np.zeros(1, np.int64))
+    next_id, name_bytes = 0, 0
+    for p in range(parts.count):
+        records = np.fromfile(parts.folder / f"names-{p}", np.uint64).reshape(-1, 3)
+        blob = np.fromfile(parts.folder / f"blob-{p}", np.uint8)
+        byte_starts = np.concatenate([[0], np.cumsum(records[:, 2])[:-1]]).astype(np.int64)
+        order = np.argsort(records[:, 0])
+        h1, h2 = records[order, 0], records[order, 1]
+        if ((h1[1:] == h1[:-1]) & (h2[1:] != h2[:-1])).any():  # two names share h1 (2^-64): order by h2 too
+            order = np.lexsort((records[:, 1], records[:, 0]))
+            h1, h2 = records[order, 0], records[order, 1]
+        keep = np.ones(len(order), bool)
+        keep[1:] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
+        unique, lengths = np.stack([h1[keep], h2[keep]], 1), records[order[keep], 2].astype(np.int64)
+        prints.append(unique)
+        names.append(blob[_ranges(byte_starts[order[keep]], lengths)])
+        offsets.append(name_bytes + np.cumsum(lengths))
+        name_bytes += int(lengths.sum())
+        tokens = np.fromfile(parts.folder / f"tokens-{p}", np.uint64).reshape(-1, 3)
+        rank = np.searchsorted(unique[:, 0], tokens[:, 0])
+        while True:  # several names share this h1 (a 2^-64 event): step to the matching h2
+            off = unique[np.minimum(rank, len(unique) - 1), 1] != tokens[:, 1]
+            if not off.any():
+                break
+            rank[off] += 1
+        pairs = np.empty((len(tokens), 2), np.int64)
+        pairs[:, 0], pairs[:, 1] = tokens[:, 2], next_id + rank
+        pairs.tofile(parts.folder / f"ids-{p}")
+        next_id += len(unique)
+        for name in ("names", "blob", "tokens"):
+            (parts.folder / f"{name}-{p}").unlink()
+        if progress is not None:
+            progress(f"numbering {space}", p + 1, parts.count)
+    return next_id
+
+
+def _assemble(writer: DatasetWriter, spaces: dict, split_rows: list[int], dtype, progress: Progress | None) -> None:
+    """Step 3: merge every partition's position-ordered ``(position, id)`` stream into the
+    splits' id arrays, one window of rows at a time."""
+    streams = [_Stream(path) for space in spaces.values() for path in sorted(space.folder.glob("ids-*"))]
+    total, row = sum(split_rows), 0
+    try:
+        for split, rows in zip(SPLITS, split_rows):
+            out = writer.appender(split, dtype, (3,))
+            end = row + rows
+            while row < end:
+                stop = min(row + WINDOW_ROWS, end)
+                window = np.empty((stop - row) * 3, dtype)
+                for stream in streams:
+                    part = stream.take(stop * 3)
+                    window[part[:, 0] - row * 3] = part[:, 1]
+                out.append(window.reshape(-1, 3))
+                row = stop
+                if progress is not None:
+                    progress("writing the id arrays", row, total)
+    finally:
+        for stream in streams:
+            stream.file.close()
+
+
+class _Stream:
+    """A file of ``(position, id)`` int64 pairs in position order, read a block at a time."""
+
+    BLOCK = 1 << 14
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "rb")
+        self.buffer = np.empty((0, 2), np.int64)
+
+    def take(self, limit: int) -> np.ndarray:
+        """The next pairs whose position is below ``limit``."""
+        while not len(self.buffer) or self.buffer[-1, 0] < limit:
+            block = np.fromfile(self.file, np.int64, 2 * self.BLOCK).reshape(-1, 2)
+            if not len(block):
+                break
+            self.buffer = np.concatenate([self.buffer, block])
+        cut = int(np.searchsorted(self.buffer[:, 0], limit))
+        taken, self.buffer = self.buffer[:cut], self.buffer[cut:]
+        return taken

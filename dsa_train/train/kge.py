@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..data import KnowledgeGraph, load_knowledge_graph
+from ..data.order import Shuffle
 from ..eval import RankingMetrics, TripleIndex, evaluate_link_prediction
 from ..models import KGEModel, build_kge_model
 from ..models.losses import ranking_loss
@@ -60,9 +61,9 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
 class KGETask:
     unit = "triples"
 
-    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None) -> None:
+    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None) -> None:
         self.recipe, self.device = recipe, device
-        self.kg: KnowledgeGraph = load_knowledge_graph(recipe.dataset)
+        self.kg: KnowledgeGraph = load_knowledge_graph(recipe.dataset, progress=progress, note=note)
         self.description = str(self.kg)
         kg, dim = self.kg, recipe.model.dim
         relation_rows = (2 if recipe.model.reciprocal else 1) * kg.num_relations + (1 if recipe.model.embedding_storage == "disk" else 0)
@@ -77,7 +78,7 @@ class KGETask:
         self.index: TripleIndex | None = None
 
     def prefetch(self, picked: Tensor) -> None:
-        self.model.node_emb.prefetch(self.kg.train[picked][:, [0, 2]].flatten())
+        self.model.node_emb.prefetch(self.kg.rows("train", picked)[:, [0, 2]].flatten())
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return list(self.model.named_parameters())
@@ -90,7 +91,7 @@ class KGETask:
 
     def loss(self, picked: Tensor) -> Tensor:
         cfg, model = self.recipe.train, self.model
-        triples = self.kg.train[picked].to(self.device)
+        triples = self.kg.rows("train", picked).to(self.device)
         heads, relations, tails = triples[:, 0], triples[:, 1], triples[:, 2]
         negatives = torch.randint(0, self.kg.num_entities, (cfg.negatives,), device=self.device)
         # Every triple asks its tail query (h, r, ?) and its head query (?, r, t).
@@ -118,12 +119,13 @@ class KGETask:
         cfg = self.recipe.eval
         if self.index is None:  # every true triple of every split: what filtered ranking filters out
             kg = self.kg
-            self.index = TripleIndex(torch.cat([kg.train, kg.valid, kg.test]), kg.num_entities, kg.num_relations)
+            self.index = TripleIndex(torch.cat([kg.train, kg.valid, kg.test]).long(), kg.num_entities, kg.num_relations)
         triples = self.kg.split(split)
         limit = None if final else cfg.max_queries
         if limit is not None and len(triples) > limit:
-            pick = torch.randperm(len(triples), generator=torch.Generator().manual_seed(self.recipe.train.seed))
-            triples = triples[pick[:limit]]
+            triples = self.kg.rows(split, Shuffle(len(triples), self.recipe.train.seed).slice(0, limit))
+        else:
+            triples = self.kg.rows(split, slice(None))
         reporter.eval_start(split, 2 * len(triples))
         metrics: dict[str, RankingMetrics] = evaluate_link_prediction(
             self.model.score_entities,

@@ -8,7 +8,8 @@ everything. What is particular to knowledge graphs, node2vec or GraphSAGE lives 
 object (see :mod:`.tasks`): its data, model, batches, loss and metrics. The loop is one, with
 no subclasses.
 
-Determinism: the item order of epoch ``e`` comes from a generator seeded with ``(seed, e)``,
+Determinism: the item order of epoch ``e`` is a shuffle seeded with ``(seed, e)`` and computed
+batch by batch (:class:`~dsa_train.data.order.Shuffle`: no permutation of all items in RAM),
 and each step reseeds torch from ``(seed, step)`` before the task draws its negatives, walks
 or dropout masks. A resumed run therefore replays exactly what an uninterrupted one does,
 without storing any random state.
@@ -27,6 +28,7 @@ from typing import Protocol
 
 import torch
 
+from ..data.order import Shuffle
 from ..errors import DsaError
 from ..memory import PeakRssAnon, peak_rss_bytes, rss_anon_bytes
 from ..recipe import Recipe
@@ -87,18 +89,30 @@ class SilentReporter:
 
 
 class WorkProgress:
-    """A ``progress(done, total)`` callback (as ``DiskEmbedding`` takes) drawn by a reporter."""
+    """A ``progress(done, total)`` callback (as ``DiskEmbedding`` takes) drawn by a reporter;
+    called as ``progress(what, done, total)`` (as a dataset import does), each new ``what``
+    is a bar of its own."""
 
-    def __init__(self, reporter: Reporter, what: str) -> None:
-        self.reporter, self.what, self.done = reporter, what, 0
+    def __init__(self, reporter: Reporter, what: str = "") -> None:
+        self.reporter, self.what, self.done, self.open = reporter, what, 0, False
 
-    def __call__(self, done: int, total: int) -> None:
-        if self.done == 0:
+    def __call__(self, *args) -> None:
+        *what, done, total = args
+        if what and what[0] != self.what:
+            self._close()
+            self.what = what[0]
+        if not self.open:
             self.reporter.work_start(self.what, total)
+            self.open, self.done = True, 0
         self.reporter.work_advance(done - self.done)
         self.done = done
         if done >= total:
+            self._close()
+
+    def _close(self) -> None:
+        if self.open:
             self.reporter.work_done()
+            self.open = False
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -152,7 +166,8 @@ class Training:
             restore_tables(checkpoint, tables)
             restore_state_dir(checkpoint, state_dir, owned={self.run.marker.get("state_id")})
         torch.manual_seed(recipe.train.seed)
-        self.task: Task = make_task(recipe, self.device, TableSite(tables, progress=WorkProgress(self.reporter, "writing the new disk table")))
+        site = TableSite(tables, progress=WorkProgress(self.reporter, "writing the new disk table"))
+        self.task: Task = make_task(recipe, self.device, site, progress=WorkProgress(self.reporter), note=self.reporter.note)
         self.reporter.note(self.task.description)
         if checkpoint is not None:
             load_model_state(checkpoint, self.task.model)
@@ -194,12 +209,12 @@ class Training:
         prefetch = self.recipe.model.embedding_storage == "disk"
         started = time.perf_counter()
         while self.epoch < cfg.epochs and not self._step_limit_reached():
-            order = torch.randperm(items, generator=torch.Generator().manual_seed(step_seed(cfg.seed, -1 - self.epoch)))
+            order = Shuffle(items, step_seed(cfg.seed, -1 - self.epoch))  # computed per batch: no O(items) permutation
             self.reporter.epoch_start(self.epoch + 1, cfg.epochs, steps_per_epoch, self.batch)
             epoch_started, epoch_items = time.perf_counter(), 0
             while self.batch < steps_per_epoch and not self._step_limit_reached():
-                picked = order[self.batch * cfg.batch_size : (self.batch + 1) * cfg.batch_size]
-                upcoming = order[(self.batch + 1) * cfg.batch_size : (self.batch + 2) * cfg.batch_size]
+                picked = order.slice(self.batch * cfg.batch_size, (self.batch + 1) * cfg.batch_size)
+                upcoming = order.slice((self.batch + 1) * cfg.batch_size, (self.batch + 2) * cfg.batch_size)
                 if prefetch and len(upcoming):  # its rows are read in the background while this step computes
                     self.task.prefetch(upcoming)
                 step_started = time.perf_counter()
@@ -367,7 +382,8 @@ def evaluate_run(
         reporter.note(f"warning: {warning}")
     torch.manual_seed(recipe.train.seed)
     with readable_tables(path, run.path) as tables:  # tables with deltas are materialised to be read
-        task = make_task(recipe, resolve_device(recipe.train.device), TableSite(tables, writable=False))
+        site = TableSite(tables, writable=False)
+        task = make_task(recipe, resolve_device(recipe.train.device), site, progress=WorkProgress(reporter), note=reporter.note)
     load_model_state(path, task.model)
     task.model.eval()
     metrics = task.evaluate(split, final=True, reporter=reporter)

@@ -143,14 +143,18 @@ class Task(Protocol):
     def headline(self, metrics: dict[str, dict]) -> str: ...
 
 
-def make_task(recipe: Recipe, device: torch.device, tables: TableSite | None = None) -> Task:
+def make_task(
+    recipe: Recipe, device: torch.device, tables: TableSite | None = None, *,
+    progress: Callable[..., None] | None = None, note: Callable[[str], None] | None = None,
+) -> Task:  # fmt: skip
     """The task for the recipe's model; builds its data and model (seed torch first).
 
-    ``tables``: where disk tables live (needed with ``model.embedding_storage: disk``)."""
+    ``tables``: where disk tables live (needed with ``model.embedding_storage: disk``);
+    ``progress(what, done, total)`` and ``note(text)`` hear how a dataset import goes."""
     if recipe.is_kge:
         from .kge import KGETask
 
-        return KGETask(recipe, device, tables)
+        return KGETask(recipe, device, tables, progress=progress, note=note)
     if recipe.model.kind == "node2vec":
         from .node2vec import Node2VecTask
 
