@@ -14,12 +14,16 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+import torch
 from torch import Tensor
 
 from ..recipe import DatasetConfig
-from .store import Dataset, Progress, file_sources, import_folder, imports_root
+from .store import Dataset, DatasetWriter, Progress, file_sources, import_folder, imports_root
+from .triple_index import TripleIndex, write_triple_index
 
 SPLITS = ("train", "valid", "test")
+FILTER_INDEX = "filter"  # the imported dataset's subfolder holding its TripleIndex
 
 
 @dataclass
@@ -42,6 +46,12 @@ class KnowledgeGraph:
     def rows(self, split: str, picked: Tensor) -> Tensor:
         """The ``picked`` triples of a split, read from disk, as int64."""
         return self.split(split)[picked].long()
+
+    def filter_index(self) -> TripleIndex:
+        """Every true triple of every split, on disk: what filtered ranking filters out."""
+        if self.dataset is None:
+            return TripleIndex.from_triples(torch.cat([self.train, self.valid, self.test]).long(), self.num_entities, self.num_relations)
+        return TripleIndex.open(self.dataset.subfolder(FILTER_INDEX))
 
     def entity_names(self, ids) -> list[str]:
         """The names of these entity ids (their ids as text when the graph has no names)."""
@@ -86,7 +96,23 @@ def load_knowledge_graph(config: DatasetConfig, *, progress: Progress | None = N
     """Load the knowledge graph a recipe names, importing (or generating) it first if it has
     not been, or if its sources changed. Raises ``DatasetError``."""
     name, target, sources, write = _source(config, progress)
-    dataset = import_folder(target, kind="kg", name=name, sources=sources, build=write, note=note)
+
+    def build(writer: DatasetWriter) -> None:
+        write(writer)
+        splits = [writer.finished(split) for split in SPLITS]
+
+        def chunks(rows: int = 1 << 20):
+            for array in splits:
+                for start in range(0, len(array), rows):
+                    yield np.asarray(array[start : start + rows])
+
+        if progress is not None:
+            progress("building the filter index", 0, 1)
+        write_triple_index(writer.path(FILTER_INDEX), chunks, writer.meta["num_entities"], writer.meta["num_relations"])
+        if progress is not None:
+            progress("building the filter index", 1, 1)
+
+    dataset = import_folder(target, kind="kg", name=name, sources=sources, build=build, note=note)
     return KnowledgeGraph.of(dataset)
 
 

@@ -128,6 +128,18 @@ class DatasetWriter:
         self._open[name] = appender
         return appender
 
+    def finished(self, name: str) -> np.ndarray:
+        """An array written so far (an appender is finished), mapped read-only: what a later
+        step of the build reads back (the filter index reads the id arrays)."""
+        if name in self._open:
+            appender = self._open.pop(name)
+            self.arrays[name] = {"shape": list(appender.finish()), "dtype": appender.dtype.name}
+        spec = self.arrays[name]
+        shape, dtype = tuple(spec["shape"]), np.dtype(spec["dtype"])
+        if int(np.prod(shape)) == 0:
+            return np.zeros(shape, dtype)
+        return np.memmap(self.partial / f"{name}.npy", dtype=dtype, mode="r", offset=HEADER_BYTES, shape=shape)
+
     def put(self, name: str, array: np.ndarray | torch.Tensor) -> None:
         """Write a whole (small) array."""
         array = array.numpy() if isinstance(array, torch.Tensor) else np.asarray(array)

@@ -118,8 +118,7 @@ class KGETask:
         """Filtered ranking of a split; during training at most ``eval.max_queries`` triples."""
         cfg = self.recipe.eval
         if self.index is None:  # every true triple of every split: what filtered ranking filters out
-            kg = self.kg
-            self.index = TripleIndex(torch.cat([kg.train, kg.valid, kg.test]).long(), kg.num_entities, kg.num_relations)
+            self.index = self.kg.filter_index()
         triples = self.kg.split(split)
         limit = None if final else cfg.max_queries
         if limit is not None and len(triples) > limit:
