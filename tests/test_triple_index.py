@@ -226,6 +226,17 @@ def test_rewriting_replaces_the_index_and_an_empty_one_works(tmp_path):
     write_triple_index(folder, lambda: [np.array([[0, 0, 1]])], 4, 1)
     write_triple_index(folder, lambda: [np.array([[2, 0, 3], [2, 0, 1]])], 4, 1)
     assert lookups(TripleIndex.open(folder), [2, 0], [0, 0], "tail") == [(0, 1), (0, 3)]
+    calls = []
+
+    def failing():  # the source breaks during the second pass: the old index stays whole
+        calls.append(1)
+        yield np.array([[1, 0, 1]])
+        if len(calls) == 2:
+            raise OSError("the source went away")
+
+    with pytest.raises(OSError, match="went away"):
+        write_triple_index(folder, failing, 4, 1)
+    assert lookups(TripleIndex.open(folder), [2, 0], [0, 0], "tail") == [(0, 1), (0, 3)]
     write_triple_index(folder, lambda: iter([np.empty((0, 3), np.int64)]), 4, 1)
     empty = TripleIndex.open(folder)
     assert empty.rows == 0 and lookups(empty, [2], [0], "tail") == []
@@ -235,9 +246,11 @@ def test_rewriting_replaces_the_index_and_an_empty_one_works(tmp_path):
 def test_a_linked_folder_is_never_written_through(tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    with pytest.raises(DatasetError, match="symbolic link"):
-        write_triple_index(tmp_path / "link", lambda: [np.array([[0, 0, 0]])], 1, 1)
-    assert os.listdir(tmp_path / "real") == []
+    (tmp_path / "file").write_text("not a folder")
+    for name in ("link", "file"):
+        with pytest.raises(DatasetError, match="not a folder"):
+            write_triple_index(tmp_path / name, lambda: [np.array([[0, 0, 0]])], 1, 1)
+    assert os.listdir(tmp_path / "real") == [] and (tmp_path / "file").read_text() == "not a folder"
 
 
 def test_sorting_memory_stays_within_the_budget(tmp_path):

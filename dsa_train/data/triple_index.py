@@ -124,11 +124,14 @@ def write_triple_index(
     if memory_bytes < MIN_MEMORY:
         raise ValueError(f"memory_bytes must be at least {MIN_MEMORY}, got {memory_bytes}")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file there: refused just below
+        pass
     if not stat.S_ISDIR(os.lstat(directory).st_mode):
         raise DatasetError(
-            f"the filter index folder '{directory}' is a symbolic link",
-            hint="pass a real folder; dsa-train never writes through a link it did not create",
+            f"the filter index folder '{directory}' is not a folder (a symbolic link or a file)",
+            hint="pass a real folder or a new path; dsa-train never writes through a link it did not create",
         )
     builder = _Builder(directory, num_entities, num_relations, memory_bytes)
     try:
@@ -275,7 +278,7 @@ def _map_column(path: Path, dtype: np.dtype, rows: int) -> np.ndarray:
 # --- building ----------------------------------------------------------------------------
 
 
-def npy_header(dtype: np.dtype, rows: int, size: int | None = None) -> bytes:
+def _npy_header(dtype: np.dtype, rows: int, size: int | None = None) -> bytes:
     """A version 1.0 .npy header for a ``(rows,)`` array, padded to ``size`` bytes (default:
     the next multiple of 64), so it can be rewritten in place once the final count is known."""
     text = repr({"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (rows,)}).encode("latin1")
@@ -533,7 +536,7 @@ class _Builder:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
                 f = os.fdopen(fd, "wb")
                 self.outputs[side][column] = (path, f)
-                f.write(npy_header(dtypes[column], rows))
+                f.write(_npy_header(dtypes[column], rows))
         self.reserved_rows = rows
 
     def _append(self, side: str, query: np.ndarray, answer: np.ndarray) -> None:
@@ -550,7 +553,7 @@ class _Builder:
             for column, (_, f) in self.outputs[side].items():
                 f.flush()
                 f.seek(0)  # the header reserved for every row read; the distinct count pads it
-                f.write(npy_header(dtypes[column], rows, size=len(npy_header(dtypes[column], self.reserved_rows))))
+                f.write(_npy_header(dtypes[column], rows, size=len(_npy_header(dtypes[column], self.reserved_rows))))
                 f.flush()
                 os.fsync(f.fileno())
                 f.close()
