@@ -8,7 +8,14 @@ so on; the moments cycle through "step" (somewhere inside training steps), "chec
 Finally the run is resumed to the end, and its final weights, optimizer moments and whole
 metrics history (losses and metrics; timings aside) must equal the reference's bit for bit.
 
+With ``--storage disk`` the entity table is a disk table (weights and moments in one file)
+in a larger graph, checkpointed every 3 steps, so checkpoints are deltas of the rows written
+and their chains are compacted every few checkpoints; a fourth moment, "compaction", kills
+while a checkpoint that compacts a chain is written (the newest complete one ends a chain of
+the longest allowed length).
+
     python scripts/torture_kill.py --kills 21
+    python scripts/torture_kill.py --kills 20 --storage disk
 """
 
 from __future__ import annotations
@@ -39,7 +46,18 @@ train: {epochs: %(epochs)d, batch_size: 128, negatives: 128, log_every: 2, check
 optimizer: {kind: dsa, lr: 0.01}
 eval: {every_epochs: 1, final_splits: [valid, test]}
 """
-MOMENTS = ("step", "checkpoint", "evaluation")
+DISK_RECIPE = """\
+name: torture
+description: a disk table, checkpointed as deltas, to kill again and again
+dataset:
+  kind: synthetic
+  synthetic: {entities: 20000, relations: 8, triples: 6000, valid: 200, test: 200, clusters: 12, seed: 3}
+model: {kind: distmult, dim: 16, init_std: 0.05, dropout: 0.1, embedding_storage: disk}
+train: {epochs: %(epochs)d, batch_size: 64, negatives: 16, log_every: 2, checkpoint_every: 3, keep_checkpoints: 2}
+optimizer: {kind: dsa, lr: 0.01}
+eval: {every_epochs: 1, final_splits: [valid, test]}
+"""
+MOMENTS = {"memory": ("step", "checkpoint", "evaluation"), "disk": ("step", "checkpoint", "compaction", "evaluation")}
 TIMINGS = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib")
 
 
@@ -65,10 +83,25 @@ def records(run: Path) -> list[dict]:
 def moment_reached(moment: str, run: Path, seen: int) -> bool:
     if moment == "checkpoint":
         return any(p.name.startswith(".partial-") for p in (run / "checkpoints").glob(".*")) if (run / "checkpoints").is_dir() else False
+    if moment == "compaction":  # a checkpoint is written after one that ends a chain of MAX_LINKS deltas
+        return moment_reached("checkpoint", run, seen) and chain_is_full(run)
     logged = records(run)
     if moment == "evaluation":  # the epoch record is written; its evaluation runs now
         return len(logged) > seen and logged[-1].get("kind") == "epoch"
     return len(logged) > seen and logged[-1].get("kind") == "train"
+
+
+def chain_is_full(run: Path) -> bool:
+    from dsa_train.optim.deltas import read_delta_header
+    from dsa_train.train.checkpoint import MAX_LINKS
+    from dsa_train.train.run_folder import complete_checkpoints
+
+    complete = complete_checkpoints(run / "checkpoints")
+    deltas = list((complete[-1] / "tables").glob("*.delta")) if complete else []
+    try:
+        return bool(deltas) and read_delta_header(deltas[0])["links"] == MAX_LINKS
+    except Exception:  # removed or replaced while read: not this time
+        return False
 
 
 def kill_at(moment: str, recipe: Path, run: Path, resume: bool, rng: random.Random, timeout: float) -> str:
@@ -97,43 +130,44 @@ def comparable(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records(run)]
 
 
-def same_run(a: Path, b: Path) -> dict[str, bool]:
+def same_run(a: Path, b: Path, storage: str) -> dict[str, bool]:
     final_a = sorted((a / "checkpoints").iterdir())[-1]
     final_b = sorted((b / "checkpoints").iterdir())[-1]
     weights_a, weights_b = torch.load(final_a / "model.pt"), torch.load(final_b / "model.pt")
-    moments = all(
-        np.array_equal(
-            np.fromfile(a / "optimizer_state" / name, dtype=np.float32, offset=4096),
-            np.fromfile(b / "optimizer_state" / name, dtype=np.float32, offset=4096),
-        )
-        for name in ("node_emb.weight.rows", "rel_emb.weight.rows")
+    rows = ["optimizer_state/rel_emb.weight.rows"]
+    rows += ["tables/entities.table"] if storage == "disk" else ["optimizer_state/node_emb.weight.rows"]
+    moments = all(  # past the header, which names the run's own table and state ids
+        np.array_equal(np.fromfile(a / name, dtype=np.float32, offset=4096), np.fromfile(b / name, dtype=np.float32, offset=4096))
+        for name in rows
     )
     return {
         "same final step": final_a.name == final_b.name,
-        "weights equal": all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a),
-        "moments equal": moments,
+        "weights equal": all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a if isinstance(weights_a[k], torch.Tensor)),
+        "moments equal" if storage == "memory" else "table (weights and moments) and moments equal": moments,
         "history equal": comparable(a) == comparable(b),
     }
 
 
-def torture(kills: int, workdir: Path, seed: int = 0, timeout: float = 120.0, log=print) -> dict:
+def torture(kills: int, workdir: Path, seed: int = 0, timeout: float = 120.0, log=print, storage: str = "memory") -> dict:
     rng = random.Random(seed)
     recipe = workdir / "torture.yaml"
-    recipe.write_text(RECIPE % {"epochs": kills // len(MOMENTS) + 2})  # a cycle of moments takes about an epoch
+    moments = MOMENTS[storage]
+    text = RECIPE if storage == "memory" else DISK_RECIPE
+    recipe.write_text(text % {"epochs": kills // len(moments) + 2})  # a cycle of moments takes about an epoch
     reference, victim = workdir / "reference", workdir / "victim"
     done = subprocess.run([*dsa_train(), "run", str(recipe), "--output", str(reference)], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the reference run failed:\n{done.stderr}")
-    counts = dict.fromkeys(MOMENTS, 0)
+    counts = dict.fromkeys(moments, 0)
     for i in range(kills):
-        moment = MOMENTS[i % len(MOMENTS)]
+        moment = moments[i % len(moments)]
         outcome = kill_at(moment, recipe, victim, resume=victim.exists(), rng=rng, timeout=timeout)
         counts[moment] += outcome.startswith("killed during")
         log(f"kill {i + 1:3d}: {outcome}")
     final = subprocess.run([*dsa_train(), "run", str(recipe), "--output", str(victim), "--resume"], capture_output=True, text=True)
     if final.returncode != 0:
         raise SystemExit(f"the final resume failed:\n{final.stderr}")
-    return {"kills": counts, **same_run(reference, victim)}
+    return {"kills": counts, **same_run(reference, victim, storage)}
 
 
 def main() -> None:
@@ -141,16 +175,15 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=21, help="how many times to SIGKILL the run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill timing")
     parser.add_argument("--workdir", type=Path, default=None, help="where the runs go (default: a temporary folder)")
+    parser.add_argument("--storage", choices=sorted(MOMENTS), default="memory", help="the entity table in memory, or on disk (delta checkpoints)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        result = torture(args.kills, workdir, args.seed)
+        result = torture(args.kills, workdir, args.seed, storage=args.storage)
     counts = result.pop("kills")
-    print(
-        f"{sum(counts.values())} kills landed ({counts['step']} during a step, {counts['checkpoint']} during a "
-        f"checkpoint, {counts['evaluation']} during an evaluation), then a final --resume:"
-    )
+    landed = ", ".join(f"{n} during a{'n' if moment[0] in 'aeiou' else ''} {moment}" for moment, n in counts.items())
+    print(f"{sum(counts.values())} kills landed ({landed}), then a final --resume:")
     for check, ok in result.items():
         print(f"  {check}: {'yes' if ok else 'NO'}")
     sys.exit(0 if all(result.values()) else 1)
