@@ -7,6 +7,7 @@ import typer
 from .. import __version__
 from .clean import clean
 from .eval import eval_
+from .import_data import import_
 from .inspect_state import inspect_state
 from .recipes import recipes, validate
 from .run import run
@@ -20,6 +21,7 @@ app = typer.Typer(
 )
 app.command("run")(run)
 app.command("eval")(eval_)
+app.command("import")(import_)
 app.command("inspect-state")(inspect_state)
 app.command("clean")(clean)
 app.command("recipes")(recipes)

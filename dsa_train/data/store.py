@@ -72,7 +72,8 @@ class Appender:
 
     def append(self, rows: np.ndarray) -> None:
         rows = np.ascontiguousarray(rows, dtype=self.dtype).reshape((-1, *self.row_shape))
-        self._file.write(memoryview(rows).cast("B"))
+        if rows.size:
+            self._file.write(memoryview(rows).cast("B"))
         self.rows += len(rows)
 
     def finish(self) -> tuple[int, ...]:
@@ -190,6 +191,7 @@ class Dataset:
 
     def __init__(self, folder: Path, manifest: dict, arrays: dict[str, np.ndarray], fd: int) -> None:
         self.folder, self.manifest, self._arrays, self._fd = folder, manifest, arrays, fd
+        self.fresh = False  # imported just now (not found already imported)
 
     @property
     def meta(self) -> dict:
@@ -336,7 +338,9 @@ def import_folder(
         ) from None
     finally:
         lock.release()
-    return Dataset.open(folder)
+    dataset = Dataset.open(folder)
+    dataset.fresh = True
+    return dataset
 
 
 def _current(folder: Path, sources: dict) -> Dataset | None:

@@ -1,0 +1,222 @@
+"""Importing datasets into the on-disk format: exact against a plain dict-based parser, bounded
+in memory, cached until a source changes, and never half-written (even under kill -9)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from dsa_train.data import load_knowledge_graph
+from dsa_train.data import tsv as tsv_module
+from dsa_train.data.fingerprint import fingerprint_of, fingerprints
+from dsa_train.data.order import Shuffle
+from dsa_train.data.store import Dataset
+from dsa_train.errors import DatasetError
+from dsa_train.recipe import DatasetConfig, SyntheticConfig
+
+SPLITS = ("train", "valid", "test")
+
+
+def reference_parse(folder):
+    """The obvious parser (what dsa-train did before): names to ids with dicts, in RAM."""
+    out = {}
+    for split in SPLITS:
+        lines = (folder / f"{split}.txt").read_bytes().decode("utf-8").split("\n")
+        out[split] = [tuple(line.split("\t")) for line in lines if line]
+    return out
+
+
+def random_names(rng, count):
+    alphabet = "abcxyz0123 é漢-_/."
+    names = set()
+    while len(names) < count:
+        length = rng.choice([1, 2, 7, 8, 9, 15, 16, 17, 40, 70])
+        names.add("".join(rng.choice(alphabet) for _ in range(length)).strip() or "n")
+    return sorted(names)
+
+
+def write_random_kg(folder, *, entities=300, relations=12, rows=(2000, 150, 150), seed=0):
+    rng = random.Random(seed)
+    ents, rels = random_names(rng, entities), random_names(rng, relations)
+    folder.mkdir(parents=True)
+    for split, count in zip(SPLITS, rows):
+        lines = [f"{rng.choice(ents)}\t{rng.choice(rels)}\t{rng.choice(ents)}" for _ in range(count)]
+        lines += lines[:5]  # duplicate facts stay as they are
+        (folder / f"{split}.txt").write_text("\n".join(lines) + ("\n" if split != "test" else ""))  # test: no final newline
+    return folder
+
+
+def as_names(kg, split):
+    rows = kg.split(split).long()
+    heads, relations, tails = kg.entity_names(rows[:, 0]), kg.relation_names(rows[:, 1]), kg.entity_names(rows[:, 2])
+    return list(zip(heads, relations, tails))
+
+
+def check_against_reference(kg, folder):
+    expected = reference_parse(folder)
+    for split in SPLITS:
+        assert as_names(kg, split) == expected[split], split
+    entities = {n for s in expected.values() for h, _, t in s for n in (h, t)}
+    assert kg.num_entities == len(entities) and sorted(kg.entity_names(range(kg.num_entities))) == sorted(entities)
+    assert kg.num_relations == len({r for s in expected.values() for _, r, _ in s})
+    prints = kg.dataset.array("entities.fingerprints")  # sorted: the name -> id lookup
+    order = np.lexsort((prints[:, 1], prints[:, 0]))
+    assert (order == np.arange(len(prints))).all()
+
+
+@pytest.mark.parametrize("memory_bytes,chunk_bytes", [(256 << 20, 8 << 20), (4096, 97)], ids=["one-partition", "many-partitions-tiny-chunks"])
+def test_import_equals_a_dict_based_parse(tmp_path, monkeypatch, memory_bytes, chunk_bytes):
+    folder = write_random_kg(tmp_path / "kg")
+    monkeypatch.setattr(tsv_module, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(tsv_module, "WINDOW_ROWS", 37)
+    real = tsv_module.write_knowledge_graph
+    monkeypatch.setattr(tsv_module, "write_knowledge_graph", lambda writer, **kw: real(writer, **{**kw, "memory_bytes": memory_bytes}))
+    kg = load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder)))
+    check_against_reference(kg, folder)
+    assert kg.train.dtype == torch.int32
+
+
+def test_names_that_share_the_first_half_of_a_fingerprint_keep_their_own_ids(tmp_path, monkeypatch):
+    """Force 64-bit clashes (h1 keeps only its top 4 bits): h2 must still tell names apart."""
+    folder = write_random_kg(tmp_path / "kg", entities=200)
+
+    def clashing(text, starts, lengths):
+        prints = fingerprints(text, starts, lengths)
+        prints[:, 0] &= np.uint64(0xF << 60)
+        return prints
+
+    monkeypatch.setattr(tsv_module, "fingerprints", clashing)
+    check_against_reference(load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder))), folder)
+
+
+def test_fingerprints_are_per_string_and_position_independent():
+    names = [b"a", b"ab", b"ab\x00", b"x" * 64, b"x" * 63 + b"y", "é漢".encode(), b"12345678", b"123456789"]
+    text = b"#" + b"|".join(names)
+    starts = np.cumsum([1] + [len(n) + 1 for n in names[:-1]])
+    prints = fingerprints(np.frombuffer(text, np.uint8), starts, np.array([len(n) for n in names]))
+    assert [fingerprint_of(n) for n in names] == [tuple(map(int, p)) for p in prints]
+    assert len({tuple(p) for p in prints.tolist()}) == len(names)
+
+
+def test_second_load_reuses_the_import_and_a_changed_source_reimports(tmp_path):
+    folder = write_random_kg(tmp_path / "kg")
+    config = DatasetConfig(kind="tsv", path=str(folder))
+    first = load_knowledge_graph(config)
+    assert first.dataset.fresh
+    second = load_knowledge_graph(config)
+    assert not second.dataset.fresh and second.dataset.folder == first.dataset.folder
+    with open(folder / "train.txt", "a") as f:
+        f.write("brand\tnew\tfact\n")
+    notes = []
+    third = load_knowledge_graph(config, note=notes.append)
+    assert third.dataset.fresh and "changed" in notes[0]
+    assert as_names(third, "train")[-1] == ("brand", "new", "fact")
+    assert as_names(first, "train") == as_names(third, "train")[:-1]  # the old mapping still reads its own files
+
+
+def test_a_damaged_import_is_imported_again_never_read(tmp_path):
+    folder = write_random_kg(tmp_path / "kg")
+    config = DatasetConfig(kind="tsv", path=str(folder))
+    path = load_knowledge_graph(config).dataset.folder / "train.npy"
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 12)
+    with pytest.raises(DatasetError, match="truncated or changed"):
+        Dataset.open(path.parent)
+    kg = load_knowledge_graph(config)
+    assert kg.dataset.fresh
+    check_against_reference(kg, folder)
+
+
+def test_an_import_folder_that_is_a_link_is_replaced_not_followed(tmp_path):
+    folder = write_random_kg(tmp_path / "kg")
+    config = DatasetConfig(kind="tsv", path=str(folder))
+    target = load_knowledge_graph(config).dataset.folder
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep me")
+    os.rename(target, tmp_path / "moved")
+    target.symlink_to(victim)
+    kg = load_knowledge_graph(config)
+    assert kg.dataset.fresh and not target.is_symlink()
+    assert (victim / "precious").read_text() == "keep me" and sorted(p.name for p in victim.iterdir()) == ["precious"]
+
+
+KILLER = """
+import os, signal, sys
+from dsa_train.data import load_knowledge_graph, tsv
+from dsa_train.recipe import DatasetConfig
+tsv.CHUNK_BYTES = 64
+tsv.partitions_for = lambda total, memory: 8
+calls = []
+def progress(what, done, total):
+    calls.append(what)
+    if what == {when!r} and len([c for c in calls if c == what]) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+load_knowledge_graph(DatasetConfig(kind="tsv", path=sys.argv[1]), progress=progress)
+"""
+
+
+@pytest.mark.parametrize("when", ["reading the text", "numbering entities", "writing the id arrays"])
+def test_an_import_killed_midway_leaves_no_dataset_and_the_next_one_cleans_up(tmp_path, when):
+    folder = write_random_kg(tmp_path / "kg", rows=(3000, 100, 100))
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(KILLER.format(when=when)), str(folder)], env=env, capture_output=True)
+    assert result.returncode == -signal.SIGKILL, result.stderr.decode()[-2000:]
+    root = os.path.join(os.environ["DSA_DATA_ROOT"], "imported")  # the fixture's fresh data root
+    left = set(os.listdir(root)) - {".lock"}  # the lock's holder record
+    assert left and all(name.startswith(".partial-") for name in left)  # no dataset, only scratch
+    kg = load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder)))
+    check_against_reference(kg, folder)
+    assert not [name for name in os.listdir(root) if name.startswith(".partial-")]
+
+
+def test_malformed_lines_across_chunk_boundaries_keep_their_line_numbers(tmp_path, monkeypatch):
+    folder = write_random_kg(tmp_path / "kg", rows=(50, 5, 5))
+    lines = (folder / "train.txt").read_text().split("\n")
+    lines[40] = "only\ttwo"
+    (folder / "train.txt").write_text("\n".join(lines))
+    monkeypatch.setattr(tsv_module, "CHUNK_BYTES", 50)
+    with pytest.raises(DatasetError, match=r"train.txt:41: line has 2 tab-separated columns"):
+        load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder)))
+
+
+def test_synthetic_import_does_not_depend_on_the_memory_budget(tmp_path, monkeypatch):
+    from dsa_train.data import synthetic
+
+    config = SyntheticConfig(entities=3000, relations=7, triples=40_000, valid=300, test=200, seed=5)
+    a = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=config, root=str(tmp_path / "a")))
+    real = synthetic.write_synthetic_knowledge_graph
+    monkeypatch.setattr(synthetic, "write_synthetic_knowledge_graph", lambda writer, **kw: real(writer, **{**kw, "memory_bytes": 1 << 16}))
+    b = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=config, root=str(tmp_path / "b")))
+    for split in SPLITS:  # the same facts in each split (train's order follows the partitions)
+        rows = lambda kg: sorted(map(tuple, kg.split(split).tolist()))  # noqa: E731
+        assert rows(a) == rows(b), split
+    assert torch.equal(a.valid, b.valid) and torch.equal(a.test, b.test)
+    train = set(map(tuple, a.train.tolist()))
+    assert not train & set(map(tuple, a.valid.tolist())) and not train & set(map(tuple, a.test.tolist()))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 17, 1000, 4097])
+def test_shuffle_is_a_seeded_permutation(n):
+    order = Shuffle(n, 11).slice(0, n)
+    assert sorted(order.tolist()) == list(range(n))
+    assert torch.equal(order, Shuffle(n, 11).slice(0, n))
+    assert torch.equal(Shuffle(n, 11).slice(n // 3, n), order[n // 3 :])  # any batch alone
+    if n > 16:
+        assert not torch.equal(order, Shuffle(n, 12).slice(0, n))
+
+
+def test_shuffle_spreads_items_uniformly():
+    n, seeds = 10, 4000
+    where_zero = torch.tensor([int((Shuffle(n, s).slice(0, n) == 0).nonzero()) for s in range(seeds)])
+    counts = torch.bincount(where_zero, minlength=n).double()
+    chi2 = ((counts - seeds / n) ** 2 / (seeds / n)).sum()
+    assert chi2 < 30  # 9 degrees of freedom: p ~ 0.0004
