@@ -1,0 +1,158 @@
+#!/usr/bin/env python
+"""What a checkpoint of a disk table costs: a delta of the changed rows vs writing just those
+records vs today's full copy.
+
+A disk table of ``--rows`` x ``--dim`` float32 rows (records [w | m | v]: 10^7 x 32 is a
+3.8 GB file) is trained by DiskSparseAdam, and a first checkpoint (a base) is written. Then,
+``--repeats`` times, ``--steps`` steps of a power-law batch (``--batch`` lookups) touch some rows, and three
+things are timed, alternating on the same machine (the rows of a step are ``u^3 * rows`` for uniform u:
+a power law, low ids hot, the same rows every round):
+
+  (a) delta    ``save_checkpoint``: flush, model and optimizer files, the table as a delta of
+               the rows written since the previous checkpoint, digests, fsyncs, commit;
+  (b) records  the same record bytes (gathered beforehand) written with one sequential
+               ``pwrite`` to a fresh file, then ``fsync``: the floor any checkpoint has;
+  (c) full     today's (format 2) checkpoint of the table: ``copy_sparse`` of the whole file
+               plus its digest, with the table's pages warm, and again after dropping them
+               from the page cache (cold: what a table larger than RAM sees).
+
+It prints each round and the medians' ratios delta/records (target <= 2) and full/delta.
+
+    python scripts/bench_checkpoint.py                      # 10^7 rows: a 3.8 GB table
+    python scripts/bench_checkpoint.py --rows 100000000     # 38 GB: needs ~80 GB free
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dsa_train import DiskSparseAdam
+from dsa_train.fsutil import copy_sparse, file_digest
+from dsa_train.nn import DiskEmbedding
+from dsa_train.optim.deltas import read_delta_header
+from dsa_train.optim.format import HEADER_BYTES
+from dsa_train.train.checkpoint import save_checkpoint
+
+
+def power_law_batch(rows: int, batch: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(batch, generator=g) ** 3 * rows).long()  # low ids hot, a long tail
+
+
+def drop_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def write_records(data: bytes, target: Path) -> None:
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view, offset = memoryview(data), 0
+        while offset < len(view):
+            offset += os.pwrite(fd, view[offset:], offset)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def full_copy(table: Path, target: Path) -> None:
+    copy_sparse(table, target)
+    file_digest(target)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20, help="steps between two checkpoints")
+    parser.add_argument("--batch", type=int, default=16_384, help="lookups per step")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dir", type=Path, default=None, help="where the table and checkpoints go (default: a temporary folder here)")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir=args.dir or Path.cwd()))
+    try:
+        run(args, root)
+    finally:
+        shutil.rmtree(root)
+
+
+def run(args, root: Path) -> None:
+    started = time.perf_counter()
+    table = DiskEmbedding(args.rows, args.dim, path=root / "tables" / "entities.table", std=0.01)
+    model = torch.nn.ModuleDict({"entities": table})
+    size = table.path.stat().st_size
+    print(f"table: {args.rows:,} x {args.dim} float32 [w|m|v] = {size / 1e9:.2f} GB, written in {time.perf_counter() - started:.1f} s")
+    checkpoints, step = root / "checkpoints", 0
+    with DiskSparseAdam(model.named_parameters(), lr=0.01, state_dir=root / "state") as opt:
+        def train() -> np.ndarray:
+            nonlocal step
+            touched = []
+            for i in range(args.steps):
+                rows = power_law_batch(args.rows, args.batch, seed=i)  # the same rows every round
+                opt.zero_grad()
+                table(rows).pow(2).sum().backward()
+                opt.step()
+                touched.append(rows.numpy())
+                step += 1
+            return np.unique(np.concatenate(touched))
+
+        def checkpoint() -> Path:
+            return save_checkpoint(checkpoints, step, model, opt, {"run_id": "bench", "step": step}, keep=2)
+
+        train()
+        base = timed(checkpoint)
+        print(f"first checkpoint (a base: the whole table copied and digested): {base:.2f} s")
+        row_bytes = table.table.spec.row_bytes
+        results = {"delta": [], "records": [], "full warm": [], "full cold": []}
+        for round_ in range(args.repeats):
+            rows = train()
+            opt.flush()
+            with open(table.path, "rb") as f:  # the touched records, gathered before (b) is timed
+                mapped = np.memmap(f, dtype=np.uint8, mode="r", offset=HEADER_BYTES, shape=(args.rows, row_bytes))
+                data = mapped[rows].tobytes()
+                del mapped
+            t_delta = timed(lambda: checkpoint())
+            delta = read_delta_header(checkpoints / f"{step:010d}" / "tables" / "entities.table.delta")
+            assert delta["rows"] == len(rows), (delta["rows"], len(rows))
+            t_records = timed(lambda: write_records(data, root / f"records-{round_}"))
+            t_warm = timed(lambda: full_copy(table.path, root / f"full-{round_}"))
+            (root / f"full-{round_}").unlink()
+            drop_cache(table.path)
+            t_cold = timed(lambda: full_copy(table.path, root / f"full-{round_}"))
+            (root / f"full-{round_}").unlink()
+            (root / f"records-{round_}").unlink()
+            for key, value in zip(results, (t_delta, t_records, t_warm, t_cold)):
+                results[key].append(value)
+            print(
+                f"round {round_ + 1}: {len(rows):,} rows touched ({len(data) / 1e6:.1f} MB of records, links {delta['links']}): "
+                f"delta {t_delta:.3f} s, records {t_records:.3f} s, full warm {t_warm:.2f} s, full cold {t_cold:.2f} s"
+            )
+    median = {key: statistics.median(values) for key, values in results.items()}
+    print(
+        f"medians: delta {median['delta']:.3f} s, records {median['records']:.3f} s, full {median['full warm']:.2f} s warm / "
+        f"{median['full cold']:.2f} s cold; delta/records {median['delta'] / median['records']:.2f}x, "
+        f"full/delta {median['full warm'] / median['delta']:.0f}x warm, {median['full cold'] / median['delta']:.0f}x cold"
+    )
+
+
+if __name__ == "__main__":
+    main()
