@@ -102,8 +102,11 @@ def write_delta(source: Path, rows: np.ndarray, target: Path, meta: dict) -> int
             out.write(src.bytes[:HEADER_BYTES])
             out.write(rows.tobytes())
             records = src.records(row_bytes, num_rows)
+            buffer = np.empty((min(GATHER_ROWS, len(rows)), row_bytes), dtype=np.uint8)
             for begin in range(0, len(rows), GATHER_ROWS):
-                out.write(records[rows[begin : begin + GATHER_ROWS]].tobytes())
+                chunk = rows[begin : begin + GATHER_ROWS]
+                np.take(records, chunk, axis=0, out=buffer[: len(chunk)])  # one copy, straight from the mapping
+                out.write(memoryview(buffer[: len(chunk)]).cast("B"))
             out.flush()
             os.fsync(out.fileno())
             return out.tell()
