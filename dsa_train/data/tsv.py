@@ -29,8 +29,12 @@ it is committed.
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +49,7 @@ IMPORTER_VERSION = 1
 CHUNK_BYTES = 8 << 20  # text read and parsed at once
 WINDOW_ROWS = 1 << 20  # triples assembled at once in step 3
 MAX_PARTITIONS = 256  # each partition keeps three scratch files open
-NAMESPACES = ("entities", "relations")
+WORKERS = min(4, os.cpu_count() or 1)  # threads that parse chunks and number partitions
 
 
 def tsv_files(folder: Path) -> list[Path]:
@@ -86,6 +90,15 @@ def _raise_problems(path: Path, problems: list[str]) -> None:
     )
 
 
+def _all_chunks(files: list[Path]) -> Iterator[tuple[Path, bytes, int, int]]:
+    """Every file's chunks as ``(path, data, lines before it in its file, rows before it in all files)``."""
+    row = 0
+    for path in files:
+        for data, before in _chunks(path):
+            yield path, data, before, row
+            row += data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+
+
 def _chunks(path: Path) -> Iterator[tuple[bytes, int]]:
     """The file in pieces of whole lines (the last may lack its newline), each with the number
     of lines before it."""
@@ -115,10 +128,14 @@ def parse_chunk(data: bytes, *, final_newline: bool) -> tuple[np.ndarray, np.nda
     ends = newlines if data.endswith(b"\n") else np.append(newlines, len(text))
     starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
     tabs = np.flatnonzero(text == 9)
-    first = np.searchsorted(tabs, starts)
-    bad = np.searchsorted(tabs, ends) - first != 2
-    t1 = tabs[np.minimum(first, len(tabs) - 1)] if len(tabs) else np.zeros_like(starts)
-    t2 = tabs[np.minimum(first + 1, len(tabs) - 1)] if len(tabs) else np.zeros_like(starts)
+    if len(tabs) == 2 * len(starts) and len(starts):  # the usual case: two tabs per line, in order
+        t1, t2 = tabs[0::2], tabs[1::2]
+        bad = (t1 < starts) | (t2 >= ends)  # each line holds its own pair, so exactly two
+    else:
+        first = np.searchsorted(tabs, starts)
+        bad = np.searchsorted(tabs, ends) - first != 2
+        t1 = tabs[np.minimum(first, len(tabs) - 1)] if len(tabs) else np.zeros_like(starts)
+        t2 = tabs[np.minimum(first + 1, len(tabs) - 1)] if len(tabs) else np.zeros_like(starts)
     bad |= (t1 == starts) | (t2 == t1 + 1) | (ends == t2 + 1)
     bad |= (ends > starts) & (text[np.maximum(ends - 1, 0)] == 13)
     if final_newline and not data.endswith(b"\n"):
@@ -161,54 +178,101 @@ class _Partitions:
     def __init__(self, folder: Path, count: int) -> None:
         self.folder, self.count = folder, count
         self.bits = count.bit_length() - 1
+        # the smallest h1 of each partition (its top bits), and an end: h1 order is partition order
         self.first_keys = np.array([p << (64 - self.bits) if self.bits else 0 for p in range(count)] + [2**64 - 1], np.uint64)
         folder.mkdir()
         self.tokens = [open(folder / f"tokens-{p}", "wb") for p in range(count)]
         self.names = [open(folder / f"names-{p}", "wb") for p in range(count)]
         self.blobs = [open(folder / f"blob-{p}", "wb") for p in range(count)]
 
-    def partition_of(self, h1: np.ndarray) -> np.ndarray:
-        return (h1 >> np.uint64(64 - self.bits)).astype(np.int64) if self.bits else np.zeros(len(h1), np.int64)
-
-    def add(self, text: np.ndarray, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray) -> None:
+    def prepare(self, text: np.ndarray, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray) -> list[tuple[int, bytes, bytes, bytes]]:
+        """A chunk's tokens as ``(partition, token records, name records, name bytes)``:
+        token records ``(h1, h2, position)`` in position order, and the chunk's distinct names
+        ``(h1, h2, length)`` with their bytes."""
         prints = fingerprints(text, starts, lengths)
         tokens = np.empty((len(starts), 3), np.uint64)
         tokens[:, :2], tokens[:, 2] = prints, positions
-        self._scatter(self.tokens, tokens, self.partition_of(prints[:, 0]))  # stable: positions stay in order
-        # the chunk's distinct names: adjacent in h1 order (a clash of h1 keeps both, as h2 differs)
-        order = np.argsort(prints[:, 0])
-        h1, h2 = prints[order, 0], prints[order, 1]
-        new = np.ones(len(order), bool)
-        new[1:] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
-        distinct = order[new]
+        partition = (prints[:, 0] >> np.uint64(64 - self.bits)).astype(np.uint16) if self.bits else np.zeros(len(starts), np.uint16)
+        order = np.argsort(partition, kind="stable")  # a radix sort: cheap, and positions stay in order
+        token_bounds = np.searchsorted(partition[order], np.arange(self.count + 1))
+        tokens = tokens[order]
+        distinct = _distinct(prints)  # in h1 order, which is partition order
         names = np.empty((len(distinct), 3), np.uint64)
         names[:, :2], names[:, 2] = prints[distinct], lengths[distinct]
-        bounds = np.searchsorted(names[:, 0], self.first_keys)  # h1 order is partition order
-        ends = np.cumsum(lengths[distinct])
+        name_bounds = np.searchsorted(names[:, 0], self.first_keys)
+        ends = np.concatenate([[0], np.cumsum(lengths[distinct])])
         blob = text[_ranges(starts[distinct], lengths[distinct])]
-        for p in np.flatnonzero(np.diff(bounds)).tolist():
-            lo, hi = bounds[p], bounds[p + 1]
-            self.names[p].write(names[lo:hi].tobytes())
-            self.blobs[p].write(blob[(ends[lo - 1] if lo else 0) : ends[hi - 1]].tobytes())
+        out = []
+        for p in np.flatnonzero(np.diff(token_bounds)).tolist():
+            lo, hi = name_bounds[p], name_bounds[p + 1]
+            tokens_p = tokens[token_bounds[p] : token_bounds[p + 1]].tobytes()
+            out.append((p, tokens_p, names[lo:hi].tobytes(), blob[ends[lo] : ends[hi]].tobytes()))
+        return out
 
-    @staticmethod
-    def _scatter(files, records: np.ndarray, partition: np.ndarray) -> None:
-        order = np.argsort(partition.astype(np.uint16), kind="stable")  # a radix sort: cheap
-        bounds = np.searchsorted(partition[order], np.arange(len(files) + 1))
-        records = records[order]
-        for p in np.flatnonzero(np.diff(bounds)).tolist():
-            files[p].write(records[bounds[p] : bounds[p + 1]].tobytes())
+    def write(self, prepared: list[tuple[int, bytes, bytes, bytes]]) -> None:
+        for p, tokens, names, blob in prepared:
+            self.tokens[p].write(tokens)
+            self.names[p].write(names)
+            self.blobs[p].write(blob)
 
     def close(self) -> None:
         for f in self.tokens + self.names + self.blobs:
             f.close()
 
 
+def _distinct(prints: np.ndarray) -> np.ndarray:
+    """Indices of one row per distinct fingerprint, in fingerprint order (a clash of h1 keeps
+    every distinct h2)."""
+    h1 = prints[:, 0]
+    sample = h1[:: max(1, len(h1) // 4096)]
+    if len(np.unique(sample)) * 8 < len(sample):  # few names repeated a lot (relations, say)
+        values = np.unique(h1)
+        group = np.searchsorted(values, h1)
+        first = np.empty(len(values), np.int64)
+        first[group[::-1]] = np.arange(len(h1) - 1, -1, -1)  # the first row of each value
+        clashing = np.flatnonzero(prints[first[group], 1] != prints[:, 1])
+    else:
+        order = np.argsort(h1)
+        ordered = h1[order]
+        new = np.ones(len(order), bool)
+        new[1:] = ordered[1:] != ordered[:-1]
+        first = order[new]
+        group = np.cumsum(new) - 1  # in sorted order
+        clashing = order[prints[first[group], 1] != prints[order, 1]]
+    if not len(clashing):
+        return first
+    rows = np.union1d(first, clashing)
+    rows = rows[np.lexsort((prints[rows, 1], prints[rows, 0]))]
+    keep = np.ones(len(rows), bool)
+    keep[1:] = (prints[rows[1:]] != prints[rows[:-1]]).any(1)
+    return rows[keep]
+
+
+def ordered_map(function, items, workers: int = WORKERS):
+    """``map(function, items)`` on a few threads (NumPy releases the GIL in its loops), in
+    order, with at most ``workers + 1`` results waiting: memory stays bounded."""
+    if workers <= 1:
+        yield from map(function, items)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.submit(function, item))
+            if len(pending) > workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Indices of the concatenated ranges ``[starts[i], starts[i] + lengths[i])``."""
-    total = int(lengths.sum())
-    offsets = np.repeat(starts - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-    return offsets + np.arange(total)
+    """Indices of the concatenated ranges ``[starts[i], starts[i] + lengths[i])`` (lengths
+    positive: names are never empty): a running sum of ones that jumps to each range's start."""
+    lengths = lengths.astype(np.int64)
+    steps = np.ones(int(lengths.sum()), np.int64)
+    if len(steps):
+        steps[0] = starts[0]
+        steps[np.cumsum(lengths)[:-1]] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
+    return np.cumsum(steps)
 
 
 def partitions_for(total_bytes: int, memory_bytes: int) -> int:
@@ -230,31 +294,42 @@ def write_knowledge_graph(
         "entities": _Partitions(scratch / "entities", partitions_for(total, memory_bytes)),
         "relations": _Partitions(scratch / "relations", 1),
     }
-    split_rows, done = [], 0
+    def read(item):
+        path, data, before, row = item
+        text, columns, found = parse_chunk(data, final_newline=final_newline)
+        if found:
+            return path, len(data), [f"{path}:{before + index + 1}: line {problem}" for index, problem in found], 0, []
+        rows = np.arange(len(columns), dtype=np.int64) + row
+        ends = columns[:, [0, 2]]
+        entity_positions = (rows[:, None] * 3 + np.array([0, 2])).ravel()
+        prepared = [
+            spaces["entities"].prepare(text, ends[..., 0].ravel(), ends[..., 1].ravel(), entity_positions),
+            spaces["relations"].prepare(text, columns[:, 1, 0], columns[:, 1, 1], rows * 3 + 1),
+        ]
+        return path, len(data), [], len(columns), prepared
+
+    split_rows = {path: 0 for path in files}
+    problems: dict[Path, list[str]] = {}
+    done = 0
     try:
-        for path in files:
-            rows, problems = 0, []
-            for data, before in _chunks(path):
-                text, columns, found = parse_chunk(data, final_newline=final_newline)
-                problems += [f"{path}:{before + index + 1}: line {problem}" for index, problem in found]
-                if len(problems) > MAX_REPORTED:
-                    break
-                if problems:
-                    continue
-                row = np.arange(len(columns), dtype=np.int64) + sum(split_rows) + rows
-                ends = columns[:, [0, 2]]
-                spaces["entities"].add(text, ends[..., 0].ravel(), ends[..., 1].ravel(), (row[:, None] * 3 + np.array([0, 2])).ravel())
-                spaces["relations"].add(text, columns[:, 1, 0], columns[:, 1, 1], row * 3 + 1)
-                rows += len(columns)
-                done += len(data)
-                if progress is not None:
-                    progress("reading the text", done, total)
-            if problems:
-                _raise_problems(path, problems)
-            split_rows.append(rows)
+        for path, size, found, rows, prepared in ordered_map(read, _all_chunks(files)):
+            problems.setdefault(path, []).extend(found)
+            if len(problems[path]) > MAX_REPORTED:
+                break
+            if not found:
+                for space, chunk in zip(spaces.values(), prepared):
+                    space.write(chunk)
+            split_rows[path] += rows
+            done += size
+            if progress is not None:
+                progress("reading the text", done, total)
     finally:
         for space in spaces.values():
             space.close()
+    for path, found in problems.items():
+        if found:
+            _raise_problems(path, found)
+    split_rows = [split_rows[path] for path in files]
     counts = {space: _number(writer, space, parts, progress) for space, parts in spaces.items()}
     dtype = np.int32 if max(counts.values()) < 2**31 else np.int64
     _assemble(writer, spaces, split_rows, dtype, progress)
@@ -273,38 +348,46 @@ def _number(writer: DatasetWriter, space: str, parts: _Partitions, progress: Pro
     offsets = writer.appender(f"{space}.offsets", np.int64)
     offsets.append(np.zeros(1, np.int64))
     next_id, name_bytes = 0, 0
-    for p in range(parts.count):
-        records = np.fromfile(parts.folder / f"names-{p}", np.uint64).reshape(-1, 3)
-        blob = np.fromfile(parts.folder / f"blob-{p}", np.uint8)
-        byte_starts = np.concatenate([[0], np.cumsum(records[:, 2])[:-1]]).astype(np.int64)
-        order = np.argsort(records[:, 0])
-        h1, h2 = records[order, 0], records[order, 1]
-        if ((h1[1:] == h1[:-1]) & (h2[1:] != h2[:-1])).any():  # two names share h1 (2^-64): order by h2 too
-            order = np.lexsort((records[:, 1], records[:, 0]))
-            h1, h2 = records[order, 0], records[order, 1]
-        keep = np.ones(len(order), bool)
-        keep[1:] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
-        unique, lengths = np.stack([h1[keep], h2[keep]], 1), records[order[keep], 2].astype(np.int64)
+    for p, (unique, blob, lengths, pairs) in enumerate(ordered_map(partial(_number_partition, parts), range(parts.count))):
         prints.append(unique)
-        names.append(blob[_ranges(byte_starts[order[keep]], lengths)])
+        names.append(blob)
         offsets.append(name_bytes + np.cumsum(lengths))
         name_bytes += int(lengths.sum())
-        tokens = np.fromfile(parts.folder / f"tokens-{p}", np.uint64).reshape(-1, 3)
-        rank = np.searchsorted(unique[:, 0], tokens[:, 0])
-        while True:  # several names share this h1 (a 2^-64 event): step to the matching h2
-            off = unique[np.minimum(rank, len(unique) - 1), 1] != tokens[:, 1]
-            if not off.any():
-                break
-            rank[off] += 1
-        pairs = np.empty((len(tokens), 2), np.int64)
-        pairs[:, 0], pairs[:, 1] = tokens[:, 2], next_id + rank
+        pairs[:, 1] += next_id
         pairs.tofile(parts.folder / f"ids-{p}")
         next_id += len(unique)
-        for name in ("names", "blob", "tokens"):
-            (parts.folder / f"{name}-{p}").unlink()
         if progress is not None:
             progress(f"numbering {space}", p + 1, parts.count)
     return next_id
+
+
+def _number_partition(parts: _Partitions, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One partition's distinct fingerprints (sorted), their names' bytes and lengths, and its
+    tokens' ``(position, rank)`` pairs; its scratch files are removed (runs in a worker thread)."""
+    records = np.fromfile(parts.folder / f"names-{p}", np.uint64).reshape(-1, 3)
+    blob = np.fromfile(parts.folder / f"blob-{p}", np.uint8)
+    byte_starts = np.concatenate([[0], np.cumsum(records[:, 2])[:-1]]).astype(np.int64)
+    order = np.argsort(records[:, 0])
+    h1, h2 = records[order, 0], records[order, 1]
+    if ((h1[1:] == h1[:-1]) & (h2[1:] != h2[:-1])).any():  # two names share h1 (2^-64): order by h2 too
+        order = np.lexsort((records[:, 1], records[:, 0]))
+        h1, h2 = records[order, 0], records[order, 1]
+    keep = np.ones(len(order), bool)
+    keep[1:] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
+    unique, lengths = np.stack([h1[keep], h2[keep]], 1), records[order[keep], 2].astype(np.int64)
+    names = blob[_ranges(byte_starts[order[keep]], lengths)]
+    tokens = np.fromfile(parts.folder / f"tokens-{p}", np.uint64).reshape(-1, 3)
+    rank = np.searchsorted(unique[:, 0], tokens[:, 0])
+    while True:  # several names share this h1 (a 2^-64 event): step to the matching h2
+        off = unique[np.minimum(rank, len(unique) - 1), 1] != tokens[:, 1]
+        if not off.any():
+            break
+        rank[off] += 1
+    pairs = np.empty((len(tokens), 2), np.int64)
+    pairs[:, 0], pairs[:, 1] = tokens[:, 2], rank
+    for name in ("names", "blob", "tokens"):
+        (parts.folder / f"{name}-{p}").unlink()
+    return unique, names, lengths, pairs
 
 
 def _assemble(writer: DatasetWriter, spaces: dict, split_rows: list[int], dtype, progress: Progress | None) -> None:
