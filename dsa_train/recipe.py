@@ -110,8 +110,8 @@ class SyntheticConfig:
         found = []
         if self.valid + self.test >= self.triples:
             found.append(("triples", f"must exceed valid + test ({self.valid + self.test})"))
-        if 2 * self.relations * self.entities**2 >= 2**63:  # triple keys are int64
-            found.append(("relations", f"times entities squared must stay below 2^62 (at most {2**62 // self.entities**2})"))
+        if self.relations * self.entities >= 2**63:  # the filter index's query column is entity * R + relation
+            found.append(("relations", f"times entities must stay below 2^63 (at most {(2**63 - 1) // self.entities:,})"))
         return found
 
 
