@@ -24,6 +24,7 @@ from .triple_index import TripleIndex, write_triple_index
 
 SPLITS = ("train", "valid", "test")
 FILTER_INDEX = "filter"  # the imported dataset's subfolder holding its TripleIndex
+LAYOUT = "kg-1"  # what an imported knowledge graph holds (arrays, names, filter index): bump it when that changes
 
 
 @dataclass
@@ -96,6 +97,7 @@ def load_knowledge_graph(config: DatasetConfig, *, progress: Progress | None = N
     """Load the knowledge graph a recipe names, importing (or generating) it first if it has
     not been, or if its sources changed. Raises ``DatasetError``."""
     name, target, sources, write = _source(config, progress)
+    sources = {**sources, "layout": LAYOUT}
 
     def build(writer: DatasetWriter) -> None:
         write(writer)
