@@ -193,3 +193,27 @@ def test_second_process_on_a_run_folder_is_refused_and_a_dead_holder_is_not(reci
         holder.wait()
     again = invoke("run", recipe(), "--output", out, "--resume")  # the kernel freed the dead holder's lock
     assert again.exit_code == 0, again.stderr
+
+
+def test_a_long_full_ranking_says_how_long_after_its_first_batch():
+    from dsa_train.train.kge import RankingForecast
+
+    class Reporter:
+        def __init__(self):
+            self.notes, self.advanced = [], 0
+
+        def note(self, text):
+            self.notes.append(text)
+
+        def eval_advance(self, done):
+            self.advanced += done
+
+    full, sampled, quick = Reporter(), Reporter(), Reporter()
+    for reporter, is_sampled, elapsed in ((full, False, 10.0), (sampled, True, 10.0), (quick, False, 0.0)):
+        forecast = RankingForecast(reporter, 10_000, 10**8, sampled=is_sampled)
+        forecast.started -= elapsed  # the first 100 queries took this long
+        forecast(100)
+        forecast(100)
+        assert reporter.advanced == 200
+    assert len(full.notes) == 1 and "about 17 minutes" in full.notes[0] and "sampled_negatives" in full.notes[0]
+    assert not sampled.notes and not quick.notes

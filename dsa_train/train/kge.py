@@ -7,6 +7,8 @@ the step's other answers), with the recipe's loss and optional N3 regularisation
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import Tensor
 
@@ -56,6 +58,28 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
         )  # fmt: skip
     )
     return working
+
+
+class RankingForecast:
+    """The ranking's progress callback: advances the reporter's bar and, after the first batch
+    of a full ranking that will take over a minute, says how long (the bar alone is not seen in
+    a log, and full ranking over 10^8 entities can take hours)."""
+
+    def __init__(self, reporter, total: int, num_entities: int, *, sampled: bool) -> None:
+        self.reporter, self.total, self.num_entities, self.sampled = reporter, total, num_entities, sampled
+        self.started, self.done = time.perf_counter(), 0
+
+    def __call__(self, done: int) -> None:
+        first = self.done == 0
+        self.done += done
+        self.reporter.eval_advance(done)
+        if first and not self.sampled and self.done < self.total:
+            seconds = (time.perf_counter() - self.started) / self.done * self.total
+            if seconds > 60:
+                self.reporter.note(
+                    f"full ranking of {self.total:,} queries against all {self.num_entities:,} entities will take about "
+                    f"{seconds / 60:,.0f} minutes; eval.sampled_negatives: K ranks against K sampled entities instead"
+                )
 
 
 class KGETask:
@@ -135,7 +159,7 @@ class KGETask:
             entity_chunk=cfg.entity_chunk,
             sampled_negatives=cfg.sampled_negatives,
             seed=self.recipe.train.seed,
-            progress=reporter.eval_advance,
+            progress=RankingForecast(reporter, 2 * len(triples), self.kg.num_entities, sampled=cfg.sampled_negatives is not None),
         )
         return {side: m.as_dict() for side, m in metrics.items()}
 
