@@ -268,7 +268,7 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Indices of the concatenated ranges ``[starts[i], starts[i] + lengths[i])`` (lengths
     positive: names are never empty): a running sum of ones that jumps to each range's start."""
     lengths = lengths.astype(np.int64)
-    steps = np.ones(int(lengths.sum()), np.int64)
+    steps = np.ones(int(lengths.sum()), np.int32 if len(lengths) and starts.max() + lengths.sum() < 2**31 else np.int64)
     if len(steps):
         steps[0] = starts[0]
         steps[np.cumsum(lengths)[:-1]] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
@@ -377,7 +377,7 @@ def _number_partition(parts: _Partitions, p: int) -> tuple[np.ndarray, np.ndarra
     unique, lengths = np.stack([h1[keep], h2[keep]], 1), records[order[keep], 2].astype(np.int64)
     names = blob[_ranges(byte_starts[order[keep]], lengths)]
     tokens = np.fromfile(parts.folder / f"tokens-{p}", np.uint64).reshape(-1, 3)
-    rank = np.searchsorted(unique[:, 0], tokens[:, 0])
+    rank = _rank(unique[:, 0], tokens[:, 0])
     while True:  # several names share this h1 (a 2^-64 event): step to the matching h2
         off = unique[np.minimum(rank, len(unique) - 1), 1] != tokens[:, 1]
         if not off.any():
@@ -388,6 +388,21 @@ def _number_partition(parts: _Partitions, p: int) -> tuple[np.ndarray, np.ndarra
     for name in ("names", "blob", "tokens"):
         (parts.folder / f"{name}-{p}").unlink()
     return unique, names, lengths, pairs
+
+
+def _rank(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(values, keys)`` for sorted, uniformly spread uint64 ``values`` and keys
+    that are among them: a table of where each top-bits bucket starts, then a step or two
+    forward (about twice as fast as a binary search per key, which misses the cache)."""
+    bits = max(1, len(values).bit_length())
+    shift = np.uint64(64 - bits)
+    starts = np.searchsorted(values, np.arange(1 << bits, dtype=np.uint64) << shift)
+    rank = starts[(keys >> shift).astype(np.int64)]
+    behind = np.flatnonzero(values[np.minimum(rank, len(values) - 1)] < keys)
+    while len(behind):
+        rank[behind] += 1
+        behind = behind[values[np.minimum(rank[behind], len(values) - 1)] < keys[behind]]
+    return rank
 
 
 def _assemble(writer: DatasetWriter, spaces: dict, split_rows: list[int], dtype, progress: Progress | None) -> None:
