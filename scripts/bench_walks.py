@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Walk-sampling throughput of the pure-torch sampler on a generated graph.
 
-Builds the synthetic graph of a recipe (by default the 10M-node one), then times batches of
+Imports the synthetic graph of a recipe (by default the 10M-node one; generated once under the
+data root, ``$DSA_DATA_ROOT`` or ./datasets, and mapped from there), then times batches of
 walks from random start nodes, uniform (p = q = 1, DeepWalk) and biased (node2vec's p and q,
 rejection sampling), and prints walk steps per second.
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from dsa_train.data.graphs import generate_graph
+from dsa_train.data.graphs import load_graph
 from dsa_train.data.walks import WalkSampler
 from dsa_train.recipe import load_recipe
 
@@ -30,16 +31,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--nodes", type=int, default=None, help="override the recipe's node count")
     args = parser.parse_args()
-    config = load_recipe(args.recipe).dataset.graph
+    dataset = load_recipe(args.recipe).dataset
     if args.nodes:
-        config = dataclasses.replace(config, nodes=args.nodes)
+        dataset = dataclasses.replace(dataset, graph=dataclasses.replace(dataset.graph, nodes=args.nodes))
     started = time.perf_counter()
-    graph = generate_graph(config)
-    print(f"{graph} (generated in {time.perf_counter() - started:.1f} s); torch {torch.__version__}, {torch.get_num_threads()} threads")
+    graph = load_graph(dataset)
+    print(f"{graph} (imported or opened in {time.perf_counter() - started:.1f} s); torch {torch.__version__}, {torch.get_num_threads()} threads")
     generator = torch.Generator().manual_seed(0)
     for p, q in ((1.0, 1.0), (0.5, 2.0), (4.0, 0.25)):
-        sampler = WalkSampler(graph.rowptr, graph.col, p=p, q=q, use_pyg_lib=False)
-        sampler.walks(torch.randint(0, graph.num_nodes, (1000,), generator=generator), 2)  # builds the edge keys if biased
+        sampler = WalkSampler(graph.rowptr, graph.col, p=p, q=q, use_pyg_lib=False, max_degree=graph.max_degree)
+        sampler.walks(torch.randint(0, graph.num_nodes, (1000,), generator=generator), 2)  # warms up
         times = []
         for _ in range(args.repeats):
             start = torch.randint(0, graph.num_nodes, (args.walks,), generator=generator)

@@ -5,47 +5,60 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsa_train.data.graphs import Graph, csr_from_edges, generate_graph, load_graph, split_edges
-from dsa_train.data.neighbors import sample_subgraph
+from dsa_train.data.graph_import import write_csr
+from dsa_train.data.graphs import load_graph
+from dsa_train.data.neighbors import NeighbourSampler
 from dsa_train.errors import DatasetError
 from dsa_train.eval.node import _auc, link_prediction, probe_accuracy
 from dsa_train.recipe import DatasetConfig, GraphSyntheticConfig
 
 from .conftest import copy_dataset
+from .test_graph_import import pairs_of, written
 
 
-def test_csr_is_symmetric_sorted_and_without_loops():
-    rowptr, col = csr_from_edges(torch.tensor([[0, 1], [1, 0], [2, 1], [3, 3], [0, 2]]), 4)
-    assert rowptr.tolist() == [0, 2, 4, 6, 6]
-    assert col.tolist() == [1, 2, 0, 2, 0, 1]
+def synthetic(root=None, link_split=(0.0, 0.0), **settings):
+    return load_graph(DatasetConfig(kind="synthetic_graph", graph=GraphSyntheticConfig(**settings), link_split=link_split, root=root))
+
+
+def test_csr_is_symmetric_sorted_and_without_loops(tmp_path):
+    edges = torch.tensor([[0, 1], [1, 0], [2, 1], [3, 3], [0, 2]]).numpy()
+    dataset = written(tmp_path, lambda w: write_csr(w, [(edges[:, 0], edges[:, 1])], 4, edges_bound=len(edges)))
+    assert dataset.tensor("rowptr").tolist() == [0, 2, 4, 6, 6]
+    assert dataset.tensor("col").tolist() == [1, 2, 0, 2, 0, 1]
 
 
 def test_edge_split_holds_out_edges_from_the_adjacency():
-    g = generate_graph(GraphSyntheticConfig(nodes=500, communities=5, average_degree=8, seed=1))
-    before = g.num_edges
-    g = split_edges(g, 0.1, 0.2, seed=0)
-    assert len(g.valid_edges) == int(0.1 * before) and len(g.test_edges) == int(0.2 * before)
+    """Each edge is held out by its own seeded hash (see graph_import): the counts are
+    binomial around the fractions (they were exact fractions of a global permutation)."""
+    before = synthetic(nodes=500, communities=5, average_degree=8, seed=1).num_edges
+    g = synthetic(nodes=500, communities=5, average_degree=8, seed=1, link_split=(0.1, 0.2))
+    for held, fraction in ((g.valid_edges, 0.1), (g.test_edges, 0.2)):
+        assert abs(len(held) - fraction * before) < 5 * (fraction * (1 - fraction) * before) ** 0.5
     assert g.num_edges == before - len(g.valid_edges) - len(g.test_edges)
-    keys = set(g.edge_keys().tolist())
+    kept = pairs_of(g.rowptr, g.col)
     for u, v in torch.cat([g.valid_edges, g.test_edges]).tolist():
-        assert u * 500 + v not in keys and v * 500 + u not in keys
+        assert (u, v) not in kept and (v, u) not in kept
 
 
-def test_synthetic_graph_is_seeded_homophilous_and_power_law():
-    config = GraphSyntheticConfig(nodes=20_000, communities=10, average_degree=10, homophily=0.8, seed=3)
-    a, b = generate_graph(config), generate_graph(config)
+def test_synthetic_graph_is_seeded_homophilous_and_power_law(tmp_path):
+    settings = dict(nodes=20_000, communities=10, average_degree=10, homophily=0.8, seed=3)
+    a, b = synthetic(tmp_path / "a", **settings), synthetic(tmp_path / "b", **settings)  # two imports
     assert torch.equal(a.col, b.col) and torch.equal(a.rowptr, b.rowptr)
-    rows = torch.repeat_interleave(torch.arange(a.num_nodes), a.degree())
-    same = (a.labels[rows] == a.labels[a.col]).double().mean()
+    degrees = a.degree(torch.arange(a.num_nodes))
+    rows = torch.repeat_interleave(torch.arange(a.num_nodes), degrees)
+    same = (a.labels[rows] == a.labels[a.col.long()]).double().mean()
     assert same > 0.75  # homophily 0.8 plus chance
-    degree = a.degree().sort(descending=True).values.double()
+    degree = degrees.sort(descending=True).values.double()
     assert degree[:200].sum() > degree[-10_000:].sum()  # the top 1% outweigh the bottom half
-    assert a.num_classes == 10 and (a.train_mask | a.val_mask | a.test_mask).all()
+    assert a.max_degree == int(degree[0])
+    splits = torch.cat([a.nodes(s) for s in ("train", "valid", "test")]).long()
+    assert a.num_classes == 10 and torch.equal(splits.sort().values, torch.arange(a.num_nodes))
 
 
 def test_karate_is_built_in():
     g = load_graph(DatasetConfig(kind="karate"))
-    assert (g.num_nodes, g.num_edges, g.num_classes, int(g.train_mask.sum())) == (34, 78, 4, 4)
+    assert (g.num_nodes, g.num_edges, g.num_classes, len(g.nodes("train"))) == (34, 78, 4, 4)
+    assert len(g.nodes("valid")) == 0 and len(g.nodes("test")) == 30
 
 
 def test_planetoid_offline_says_which_files_to_place_where(tmp_path):
@@ -57,23 +70,23 @@ def test_planetoid_offline_says_which_files_to_place_where(tmp_path):
 def test_cora(test_data, tmp_path):
     g = load_graph(DatasetConfig(kind="planetoid", name="Cora", root=str(copy_dataset(test_data, "Cora", tmp_path))))
     assert (g.num_nodes, g.num_edges, g.num_classes) == (2708, 5278, 7)
-    assert (int(g.train_mask.sum()), int(g.val_mask.sum()), int(g.test_mask.sum())) == (140, 500, 1000)
+    assert tuple(len(g.nodes(s)) for s in ("train", "valid", "test")) == (140, 500, 1000)
 
 
 @pytest.mark.parametrize("fanout", [[3], [2, 4]])
 def test_neighbour_sampling_returns_a_valid_subgraph(fanout):
-    g = generate_graph(GraphSyntheticConfig(nodes=2000, average_degree=6, seed=2))
+    g = synthetic(nodes=2000, average_degree=6, seed=2)
     torch.manual_seed(0)
     seeds = torch.unique(torch.randint(0, 2000, (50,)))
-    n_id, edge_index = sample_subgraph(g.rowptr, g.col, seeds, fanout, use_pyg=False)
+    n_id, edge_index = NeighbourSampler(g.rowptr, g.col, fanout, use_pyg=False).sample(seeds)
     assert torch.equal(n_id[: len(seeds)], seeds) and len(torch.unique(n_id)) == len(n_id)
-    keys = set(g.edge_keys().tolist())
+    edges = pairs_of(g.rowptr, g.col)
     src, dst = n_id[edge_index[0]], n_id[edge_index[1]]
-    assert all(s * 2000 + d in keys for s, d in zip(src.tolist(), dst.tolist()))  # real edges only
+    assert all((s, d) in edges for s, d in zip(src.tolist(), dst.tolist()))  # real edges only
     per_target = torch.bincount(edge_index[1], minlength=len(n_id))
     assert per_target.max() <= max(fanout)
     first_hop = per_target[: len(seeds)]
-    assert torch.equal(first_hop.clamp(max=1), g.degree()[seeds].clamp(max=1))  # every seed with neighbours got some
+    assert torch.equal(first_hop.clamp(max=1), g.degree(seeds).clamp(max=1))  # every seed with neighbours got some
 
 
 def test_probe_matches_scikit_learn():
@@ -103,3 +116,34 @@ def test_auc_and_link_metrics_by_hand():
     assert perfect["auc"] == pytest.approx(1.0, abs=0.01) and perfect["mrr"] == pytest.approx(1.0, abs=0.01)
     blind = link_prediction(lambda u, v: torch.zeros(len(u)), edges, 10_000, negatives=50)  # all ties
     assert blind["auc"] == 0.5 and blind["mrr"] == pytest.approx(1 / 26)  # rank 1 + 50/2 for every edge
+
+
+def in_ram_subgraph(rowptr, col, seeds, fanout):
+    """The sampler as it was before graphs moved to disk (int64 CSR, a degree array of every
+    node): the reference that the memory-mapped one must follow draw for draw."""
+    degree = rowptr[1:] - rowptr[:-1]
+    n_id, frontier, sources, targets = seeds, seeds, [], []
+    for k in fanout:
+        reachable = frontier[degree[frontier] > 0]
+        if len(reachable) == 0:
+            break
+        picks = (torch.rand(len(reachable), k) * degree[reachable][:, None]).long()
+        pairs = torch.unique(torch.stack([reachable[:, None].expand(-1, k).reshape(-1), col[rowptr[reachable][:, None] + picks].reshape(-1)], 1), dim=0)
+        targets.append(pairs[:, 0])
+        sources.append(pairs[:, 1])
+        new = torch.unique(pairs[:, 1])
+        frontier = new[~torch.isin(new, n_id)]
+        n_id = torch.cat([n_id, frontier])
+    position = {int(g): i for i, g in enumerate(n_id)}
+    local = lambda ids: torch.tensor([position[int(g)] for g in ids], dtype=torch.long)  # noqa: E731
+    return n_id, torch.stack([local(torch.cat(sources)), local(torch.cat(targets))])
+
+
+def test_neighbour_sampling_on_the_memory_mapped_graph_equals_the_in_ram_sampler():
+    g = synthetic(nodes=1000, average_degree=5, seed=8)
+    seeds = torch.unique(torch.randint(0, 1000, (64,)))
+    torch.manual_seed(3)
+    ours = NeighbourSampler(g.rowptr, g.col, [5, 3], use_pyg=False).sample(seeds)
+    torch.manual_seed(3)
+    reference = in_ram_subgraph(g.rowptr.clone(), g.col.long(), seeds, [5, 3])
+    assert torch.equal(ours[0], reference[0]) and torch.equal(ours[1], reference[1])

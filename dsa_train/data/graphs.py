@@ -1,60 +1,93 @@
 r"""Graphs for node embeddings: PyG's Planetoid and KarateClub, and a synthetic generator.
 
-Every graph becomes a :class:`Graph`: an undirected adjacency in CSR form (each edge in both
-directions, neighbours sorted), optional community/class labels with a node split, and
-optionally held-out edges for link prediction (removed from the adjacency before training).
+Every graph is imported once into the on-disk dataset format (:mod:`.store`, kind
+``"graph"``; the arrays in :mod:`.graph_import`) under ``<data root>/imported/`` and mapped
+from there by every later run, ``--resume`` or ``eval``, as a :class:`Graph`: an undirected
+adjacency in CSR form (each edge in both directions, neighbours sorted), class or community
+labels with a node split, and the edges held out for link prediction (removed from the
+adjacency). Nothing of size N or E is held in RAM: consumers index the memory-mapped
+arrays with the nodes a batch needs (``graph.degree(nodes)``, ``graph.col[...]``).
 
 The synthetic generator is a degree-corrected stochastic block model: node :math:`u` has a
 power-law weight (popularity rank drawn :math:`\propto (k + 1)^{-s}`, scattered over the ids),
 belongs to community :math:`u \bmod K`, and each edge joins a popular node to a popular node
-of the same community with probability ``homophily`` (else of any community). It builds the
-CSR in chunks from index tensors only, so 10^7 nodes fit in a few GB.
+of the same community with probability ``homophily`` (else of any community). It writes the
+CSR out of core (:func:`~dsa_train.data.graph_import.write_csr`), so 10^8 nodes generate
+in a few hundred MB of RAM.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from ..errors import DatasetError
-from ..recipe import DatasetConfig, GraphSyntheticConfig
-from .kg import data_root
-from .synthetic import CHUNK, power_law_ids
+from ..recipe import DatasetConfig
+from .graph_import import GENERATOR_VERSION, IMPORTER_VERSION, write_pyg_graph, write_synthetic_graph
+from .kg import data_root, import_target
+from .store import Dataset, DatasetWriter, Progress, file_sources, import_folder
 
 PLANETOID = ("Cora", "CiteSeer", "PubMed")
+SPLITS = ("train", "valid", "test")
 
 
 @dataclass
 class Graph:
+    """A graph over memory-mapped, read-only tensors (copy one before writing into it)."""
+
     name: str
     num_nodes: int
     rowptr: Tensor  # (N + 1,) int64: node u's neighbours are col[rowptr[u]:rowptr[u + 1]]
-    col: Tensor  # (2E,) int64, sorted within each row
-    labels: Tensor | None = None  # (N,) int64 class or community of each node
-    train_mask: Tensor | None = None  # (N,) bool: the nodes a classifier may learn from
-    val_mask: Tensor | None = None
-    test_mask: Tensor | None = None
-    valid_edges: Tensor | None = None  # (M, 2): held-out edges for link prediction
+    col: Tensor  # (2E,) int32 (int64 past 2^31 nodes), sorted within each row
+    max_degree: int = 0
+    labels: Tensor | None = None  # (N,) int8/int16/int32 class or community of each node
+    num_classes: int = 0
+    splits: dict[str, Tensor] = field(default_factory=dict)  # train/valid/test -> ascending node ids
+    valid_edges: Tensor | None = None  # (M, 2), u < v: held-out edges for link prediction
     test_edges: Tensor | None = None
+    dataset: Dataset | None = None  # where the arrays live
 
     @property
     def num_edges(self) -> int:
         return len(self.col) // 2
 
-    @property
-    def num_classes(self) -> int:
-        return int(self.labels.max()) + 1 if self.labels is not None else 0
+    def degree(self, nodes: Tensor) -> Tensor:
+        """The degrees of these nodes (int64), read from ``rowptr``."""
+        return self.rowptr[nodes + 1] - self.rowptr[nodes]
 
-    def degree(self) -> Tensor:
-        return self.rowptr[1:] - self.rowptr[:-1]
+    def nodes(self, split: str) -> Tensor:
+        """The ascending ids of a split's nodes (``train``, ``valid``, ``test``; empty if none)."""
+        return self.splits.get(split, torch.empty(0, dtype=torch.long))
 
-    def edge_keys(self) -> Tensor:
-        """``u * N + v`` for every directed adjacency entry, ascending (rows and columns sorted)."""
-        rows = torch.repeat_interleave(torch.arange(self.num_nodes), self.degree())
-        return rows * self.num_nodes + self.col
+    def upper_edges(self, rows: int = 1 << 20) -> Tensor:
+        """Every training edge once, as ``(E, 2)`` pairs ``u < v`` in CSR order (col's dtype),
+        gathered ``rows`` nodes at a time: the only O(E) array this class makes."""
+        out = torch.empty(self.num_edges, 2, dtype=self.col.dtype)
+        filled = 0
+        for low in range(0, self.num_nodes, rows):
+            high = min(self.num_nodes, low + rows)
+            begin, end = int(self.rowptr[low]), int(self.rowptr[high])
+            source = torch.repeat_interleave(torch.arange(low, high), self.rowptr[low + 1 : high + 1] - self.rowptr[low:high])
+            target = self.col[begin:end].long()
+            upper = source < target
+            count = int(upper.sum())
+            out[filled : filled + count, 0], out[filled : filled + count, 1] = source[upper], target[upper]
+            filled += count
+        return out
+
+    @classmethod
+    def of(cls, dataset: Dataset) -> Graph:
+        meta = dataset.meta
+        return cls(
+            dataset.name, meta["num_nodes"], dataset.tensor("rowptr"), dataset.tensor("col"), meta["max_degree"],
+            labels=dataset.tensor("labels") if dataset.has("labels") else None, num_classes=meta["num_classes"],
+            splits={split: dataset.tensor(f"{split}_nodes") for split in SPLITS},
+            valid_edges=dataset.tensor("valid_edges"), test_edges=dataset.tensor("test_edges"), dataset=dataset,
+        )  # fmt: skip
 
     def __str__(self) -> str:
         parts = [f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} training edges"]
@@ -65,102 +98,67 @@ class Graph:
         return ", ".join(parts)
 
 
-def csr_from_edges(edges: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
-    """CSR of the undirected graph with these ``(E, 2)`` edges (self-loops and duplicates dropped)."""
-    return csr_from_keys(directed_keys(edges, num_nodes), num_nodes)
+def load_graph(config: DatasetConfig, *, progress: Progress | None = None, note=None) -> Graph:
+    """Load the graph a recipe names, importing (or generating) it first if it has not been,
+    or if its sources changed (other generator settings, files or ``link_split``). Raises
+    ``DatasetError``."""
+    name, target, sources, write = _source(config, progress)
+    return Graph.of(import_folder(target, kind="graph", name=name, sources=sources, build=write, note=note))
 
 
-def directed_keys(edges: Tensor, num_nodes: int) -> Tensor:
-    """``u * N + v`` for both directions of each ``(u, v)`` edge, self-loops dropped."""
-    u, v = edges[:, 0], edges[:, 1]
-    keep = u != v
-    u, v = u[keep], v[keep]
-    return torch.cat([u * num_nodes + v, v * num_nodes + u])
-
-
-def csr_from_keys(keys: Tensor, num_nodes: int) -> tuple[Tensor, Tensor]:
-    """CSR from directed edge keys ``u * N + v`` (any order, duplicates allowed).
-
-    Made to hold a 10^8-node graph: the sorted unique keys become the column array in place,
-    and the row pointers are a binary search for each row's first key."""
-    keys = torch.unique(keys)  # sorted
-    rowptr = torch.searchsorted(keys, torch.arange(num_nodes + 1) * num_nodes)
-    return rowptr, keys.remainder_(num_nodes)
-
-
-def split_edges(graph: Graph, valid: float, test: float, seed: int) -> Graph:
-    """Hold out fractions of the undirected edges for link prediction (removed from the CSR)."""
-    if valid == 0 and test == 0:
-        return graph
-    keys = graph.edge_keys()
-    u, v = keys // graph.num_nodes, keys % graph.num_nodes
-    once = u < v
-    edges = torch.stack([u[once], v[once]], 1)
-    order = torch.randperm(len(edges), generator=torch.Generator().manual_seed(seed))
-    n_valid, n_test = int(valid * len(edges)), int(test * len(edges))
-    graph.valid_edges = edges[order[:n_valid]]
-    graph.test_edges = edges[order[n_valid : n_valid + n_test]]
-    graph.rowptr, graph.col = csr_from_edges(edges[order[n_valid + n_test :]], graph.num_nodes)
-    return graph
-
-
-def load_graph(config: DatasetConfig) -> Graph:
+def _source(config: DatasetConfig, progress: Progress | None):
+    """The graph's name, import folder, sources, and the function that writes it. The held-out
+    edges depend on ``link_split`` and the seed: they are sources too (a new split re-imports
+    into the same folder)."""
+    split = {"link_split": [float(f) for f in config.link_split], "split_seed": config.graph.seed, "importer": f"graph-{IMPORTER_VERSION}"}
+    link = {"link_split": tuple(config.link_split), "seed": config.graph.seed, "progress": progress}
+    if config.kind == "synthetic_graph":
+        identity = {"generator": f"synthetic_graph-{GENERATOR_VERSION}", "settings": asdict(config.graph)}
+        write = partial(write_synthetic_graph, config=config.graph, link_split=link["link_split"], progress=progress)
+        return f"sbm-{config.graph.nodes}", import_target(config, "synthetic-graph", identity), {**identity, **split}, write
     if config.kind == "karate":
-        from torch_geometric.datasets import KarateClub
+        import torch_geometric
 
-        data = KarateClub()[0]  # built into PyG: no download
-        graph = _from_pyg("KarateClub", data)
-        graph.test_mask = ~graph.train_mask
-    elif config.kind == "planetoid":
-        graph = _planetoid(config.name, data_root(config))
-    else:
-        graph = generate_graph(config.graph)
-    return split_edges(graph, *config.link_split, seed=config.graph.seed)
+        def write_karate(writer: DatasetWriter) -> None:
+            from torch_geometric.datasets import KarateClub
+
+            data = KarateClub()[0]  # built into PyG: no download
+            write_pyg_graph(writer, data, {"train": data.train_mask, "test": ~data.train_mask}, **link)
+
+        sources = {"dataset": "KarateClub", "torch_geometric": torch_geometric.__version__, **split}
+        return "KarateClub", import_target(config, "karate", "karate"), sources, write_karate
+    root = data_root(config)
+    files = _planetoid_files(config.name, root)
+
+    def write_planetoid(writer: DatasetWriter) -> None:
+        data = _planetoid(config.name, root, files)
+        masks = {"train": data.train_mask, "valid": data.val_mask, "test": data.test_mask}
+        write_pyg_graph(writer, data, masks, **link)
+
+    target = import_target(config, f"planetoid-{config.name}", str((root / config.name).resolve()))
+    return config.name, target, file_sources(files, **split), write_planetoid
 
 
-def _from_pyg(name: str, data) -> Graph:
-    rowptr, col = csr_from_edges(data.edge_index.t(), data.num_nodes)
-    masks = {m: getattr(data, m, None) for m in ("train_mask", "val_mask", "test_mask")}
-    return Graph(name, int(data.num_nodes), rowptr, col, data.y, **masks)
+def _planetoid_files(name: str, root: Path) -> list[Path]:
+    """The raw files of a Planetoid dataset, downloaded (by PyG) if any is missing."""
+    raw = root / name / "raw"
+    files = [raw / f"ind.{name.lower()}.{part}" for part in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")]
+    if any(not f.is_file() for f in files):
+        _planetoid(name, root, files)
+    return files
 
 
-def _planetoid(name: str, root: Path) -> Graph:
+def _planetoid(name: str, root: Path, files: list[Path]):
+    """PyG's processed ``Data`` of the dataset; a ``DatasetError`` says which files to place
+    where when they are missing (offline) or unreadable."""
     from torch_geometric.datasets import Planetoid
 
-    raw = root / name / "raw"
-    files = [f"ind.{name.lower()}.{part}" for part in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")]
-    missing = [f for f in files if not (raw / f).is_file()]
+    missing = [f.name for f in files if not f.is_file()]
     try:
-        data = Planetoid(str(root), name)[0]
+        return Planetoid(str(root), name)[0]
     except Exception as e:  # offline download, unreadable or truncated files
         what = f"{', '.join(missing)} missing" if missing else f"unreadable ({type(e).__name__}: {e})"
         raise DatasetError(
-            f"Planetoid {name} files in '{raw}' are {what}",
-            hint=f"place {', '.join(files)} in '{raw}' (from {Planetoid.url}/), or set DSA_DATA_ROOT",
+            f"Planetoid {name} files in '{files[0].parent}' are {what}",
+            hint=f"place {', '.join(f.name for f in files)} in '{files[0].parent}' (from {Planetoid.url}/), or set DSA_DATA_ROOT",
         ) from None
-    return _from_pyg(name, data)
-
-
-def generate_graph(config: GraphSyntheticConfig) -> Graph:
-    generator = torch.Generator().manual_seed(config.seed)
-    n, k = config.nodes, min(config.communities, config.nodes)
-    target = n * config.average_degree // 2
-    keys = []  # each chunk's edges as directed keys, deduplicated early: memory for 10^8 nodes
-    for start in range(0, target, CHUNK):
-        count = min(CHUNK, target - start)
-        u = power_law_ids(n, count, generator, config.zipf)
-        same = torch.rand(count, generator=generator) < config.homophily
-        community = torch.where(same, u % k, torch.randint(0, k, (count,), generator=generator))
-        v = power_law_ids(n, count, generator, config.zipf)
-        v = v - v % k + community
-        v = torch.where(v >= n, v - k, v)
-        keys.append(torch.unique(directed_keys(torch.stack([u, v], 1), n)))
-    joined = torch.cat(keys)
-    del keys
-    rowptr, col = csr_from_keys(joined, n)
-    del joined
-    labels = torch.arange(n) % k
-    split = torch.rand(n, generator=generator)
-    return Graph(
-        f"sbm-{n}", n, rowptr, col, labels, train_mask=split < 0.1, val_mask=(split >= 0.1) & (split < 0.2), test_mask=split >= 0.2
-    )

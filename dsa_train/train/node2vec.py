@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ..data.graphs import Graph, load_graph
+from ..data.order import Shuffle
 from ..data.walks import WalkSampler
 from ..eval.node import link_prediction, probe_accuracy
 from ..models.node import GRAM_LIMIT, SkipGram, windows
@@ -55,12 +56,15 @@ def node2vec_working(recipe: Recipe, num_nodes: int) -> Working:
 class Node2VecTask:
     unit = "nodes"
 
-    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None) -> None:
+    def __init__(
+        self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None
+    ) -> None:  # fmt: skip
         self.recipe, self.device = recipe, device
         self.config = recipe.model.node2vec
-        self.graph: Graph = load_graph(recipe.dataset)
+        self.graph: Graph = load_graph(recipe.dataset, progress=progress, note=note)
         self.description = str(self.graph)
-        self.sampler = WalkSampler(self.graph.rowptr, self.graph.col, p=self.config.p, q=self.config.q)
+        g = self.graph
+        self.sampler = WalkSampler(g.rowptr, g.col, p=self.config.p, q=self.config.q, max_degree=g.max_degree)
         working = [node2vec_working(recipe, self.graph.num_nodes)]
         check_sizes(recipe, device, tables, table="nodes", rows=self.graph.num_nodes, other=0, working=working)
         nodes = disk_table(recipe, tables, "nodes", self.graph.num_nodes, std=SkipGram.INIT_STD)
@@ -95,23 +99,35 @@ class Node2VecTask:
 
 
 #: The probe fits and scores at most this many nodes of each split (a seeded sample): on a
-#: 10M-node graph the full split would need gigabytes of float64 features.
+#: 10^8-node graph the full split would need gigabytes of float64 features.
 PROBE_NODES = 20_000
+#: Link prediction scores at most this many held-out edges (a seeded sample).
+LINK_EDGES = 50_000
 
 
 def evaluate_node_embeddings(graph: Graph, z: Tensor, split: str, recipe: Recipe) -> dict[str, dict]:
-    """The probe (where there are labels) and link prediction (where edges are held out)."""
+    """The probe (where there are labels) and link prediction (where edges are held out).
+
+    Both run on bounded, seeded samples: the probe learns from at most :data:`PROBE_NODES`
+    training nodes and scores at most as many of the split's nodes (``nodes`` of
+    ``split_nodes`` in the result), link prediction scores at most :data:`LINK_EDGES` edges
+    (``edges`` of ``split_edges``). Smaller splits are used whole. ``z`` is read only at
+    the rows sampled (it may be a memory-mapped table)."""
     metrics: dict[str, dict] = {}
-    mask = graph.val_mask if split == "valid" else graph.test_mask
-    if graph.labels is not None and graph.train_mask is not None and mask is not None and mask.any():
-        train, scored = _sampled(graph.train_mask, recipe.train.seed), _sampled(mask, recipe.train.seed + 1)
-        nodes = torch.cat([train.nonzero().squeeze(1), scored.nonzero().squeeze(1)]).unique()
-        accuracy = probe_accuracy(z[nodes], graph.labels[nodes], train[nodes], {split: scored[nodes]})
-        metrics["probe"] = {"accuracy": accuracy[split], "train_accuracy": accuracy["train"], "nodes": int(scored.sum())}
+    scored_split = graph.nodes(split)
+    if graph.labels is not None and len(graph.nodes("train")) and len(scored_split):
+        train, scored = _sampled(graph.nodes("train"), recipe.train.seed), _sampled(scored_split, recipe.train.seed + 1)
+        nodes = torch.cat([train, scored]).unique()
+        accuracy = probe_accuracy(z[nodes], graph.labels[nodes].long(), torch.isin(nodes, train), {split: torch.isin(nodes, scored)})
+        metrics["probe"] = {
+            "accuracy": accuracy[split], "train_accuracy": accuracy["train"], "nodes": len(scored), "split_nodes": len(scored_split),
+        }  # fmt: skip
     edges = graph.valid_edges if split == "valid" else graph.test_edges
     if edges is not None and len(edges):
+        picked = _positions(len(edges), recipe.train.seed + 2, LINK_EDGES)
         score = lambda u, v: (z[u] * z[v]).sum(-1)  # noqa: E731
-        metrics["link"] = link_prediction(score, edges, graph.num_nodes, negatives=recipe.eval.link_negatives, seed=recipe.train.seed)
+        link = link_prediction(score, edges[picked].long(), graph.num_nodes, negatives=recipe.eval.link_negatives, seed=recipe.train.seed)
+        metrics["link"] = {**link, "split_edges": len(edges)}
     return metrics
 
 
@@ -124,12 +140,15 @@ def headline(metrics: dict[str, dict]) -> str:
     return ", ".join(parts) or "nothing to evaluate (no labels, no held-out edges)"
 
 
-def _sampled(mask: Tensor, seed: int) -> Tensor:
-    """The mask, thinned to at most PROBE_NODES nodes by a seeded sample."""
-    chosen = mask.nonzero().squeeze(1)
-    if len(chosen) <= PROBE_NODES:
-        return mask
-    keep = chosen[torch.randperm(len(chosen), generator=torch.Generator().manual_seed(seed))[:PROBE_NODES]]
-    thinned = torch.zeros_like(mask)
-    thinned[keep] = True
-    return thinned
+def _positions(count: int, seed: int, limit: int) -> Tensor:
+    """At most ``limit`` of the positions ``0 .. count - 1``, ascending: all of them, or a
+    seeded uniform sample without replacement (the first ``limit`` of a :class:`Shuffle`,
+    so no ``count``-long permutation is made)."""
+    if count <= limit:
+        return torch.arange(count)
+    return Shuffle(count, seed).slice(0, limit).sort().values
+
+
+def _sampled(nodes: Tensor, seed: int) -> Tensor:
+    """At most :data:`PROBE_NODES` of these (ascending) node ids, as int64."""
+    return nodes[_positions(len(nodes), seed, PROBE_NODES)].long()

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..data.graphs import Graph, load_graph
 from ..errors import ConfigError
-from ..data.neighbors import sample_subgraph
+from ..data.neighbors import NeighbourSampler
 from ..models.node import SageOverEmbeddings
 from ..recipe import Recipe
 from .tasks import FLOAT_BYTES, TableSite, Working, check_sizes, disk_table, keys_of
@@ -54,19 +54,21 @@ def sage_working(recipe: Recipe, num_nodes: int, num_edges: int, items: int) -> 
 
 
 class SageTask:
-    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None) -> None:
+    def __init__(
+        self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None
+    ) -> None:  # fmt: skip
         self.recipe, self.device = recipe, device
         self.config = recipe.model.sage
-        self.graph: Graph = load_graph(recipe.dataset)
+        self.graph: Graph = load_graph(recipe.dataset, progress=progress, note=note)
         self.description = str(self.graph)
         node_task = self.config.task == "node"
-        if node_task and (self.graph.labels is None or self.graph.train_mask is None):
-            raise ConfigError(["model.sage.task: 'node' needs a dataset with labels and a train mask"])
+        if node_task and (self.graph.labels is None or not len(self.graph.nodes("train"))):
+            raise ConfigError(["model.sage.task: 'node' needs a dataset with labels and training nodes"])
         self.unit = "nodes" if node_task else "edges"
-        keys = self.graph.edge_keys()
-        u, v = keys // self.graph.num_nodes, keys % self.graph.num_nodes
-        self.train_edges = torch.stack([u[u < v], v[u < v]], 1)
-        self.train_nodes = self.graph.train_mask.nonzero().squeeze(1) if node_task else None
+        # The link task's items: every training edge once (u < v), 2 ids each, built once.
+        self.train_edges = self.graph.upper_edges() if not node_task else None
+        self.train_nodes = self.graph.nodes("train") if node_task else None
+        self.sampler = NeighbourSampler(self.graph.rowptr, self.graph.col, self.config.fanout)
         c, dim, num_classes = self.config, recipe.model.dim, self.graph.num_classes if node_task else 0
         encoder = 2 * (dim * c.hidden + (c.layers - 1) * c.hidden * c.hidden) + (c.layers + 1) * c.hidden + (c.hidden + 1) * num_classes
         check_sizes(
@@ -84,7 +86,7 @@ class SageTask:
     def prefetch(self, picked: Tensor) -> None:
         # The seeds are known now; their sampled neighbours only inside the step.
         seeds = self.train_nodes[picked] if self.train_nodes is not None else self.train_edges[picked].flatten()
-        self.model.embedding.prefetch(seeds)
+        self.model.embedding.prefetch(seeds.long())
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return [("embedding.weight", self.model.embedding.weight)]
@@ -97,14 +99,14 @@ class SageTask:
 
     def _encode(self, seeds: Tensor) -> Tensor:
         """Encodings of the (unique, sorted) seeds on a sampled neighbourhood."""
-        n_id, edge_index = sample_subgraph(self.graph.rowptr, self.graph.col, seeds, self.config.fanout)
+        n_id, edge_index = self.sampler.sample(seeds)
         return self.model.encode(n_id.to(self.device), edge_index.to(self.device))[: len(seeds)]
 
     def loss(self, picked: Tensor) -> Tensor:
         if self.train_nodes is not None:
-            seeds = torch.unique(self.train_nodes[picked])
-            return self.model.node_loss(self._encode(seeds), self.graph.labels[seeds].to(self.device))
-        edges = self.train_edges[picked]
+            seeds = torch.unique(self.train_nodes[picked].long())
+            return self.model.node_loss(self._encode(seeds), self.graph.labels[seeds].long().to(self.device))
+        edges = self.train_edges[picked].long()
         random_pairs = torch.stack([edges[:, 0], torch.randint(0, self.graph.num_nodes, (len(edges),))], 1)
         seeds = torch.unique(torch.cat([edges.reshape(-1), random_pairs[:, 1]]))
         z = self._encode(seeds)
@@ -113,26 +115,27 @@ class SageTask:
 
     @torch.no_grad()
     def encode_all(self) -> Tensor:
-        """Every node's encoding on the whole training graph (full-batch message passing)."""
+        """Every node's encoding on the whole training graph (full-batch message passing: it
+        holds the graph's edge index, O(E), for the evaluation's duration)."""
         g = self.graph
-        rows = torch.repeat_interleave(torch.arange(g.num_nodes), g.degree())
-        edge_index = torch.stack([g.col, rows]).to(self.device)  # neighbour -> node
+        rows = torch.repeat_interleave(torch.arange(g.num_nodes), g.rowptr[1:] - g.rowptr[:-1])
+        edge_index = torch.stack([g.col.long(), rows]).to(self.device)  # neighbour -> node
         return self.model.encoder(self.model.embedding.weight, edge_index)
 
     def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
         z = self.encode_all()
         if self.train_nodes is None:
             return evaluate_node_embeddings(self.graph, z.cpu(), split, self.recipe)
-        mask = self.graph.val_mask if split == "valid" else self.graph.test_mask
-        if mask is None or not mask.any():
+        nodes, train = self.graph.nodes(split).long(), self.train_nodes.long()
+        if not len(nodes):
             return {}
         predicted = self.model.head(z).argmax(1).cpu()
         labels = self.graph.labels
         return {
             "classifier": {
-                "accuracy": float((predicted[mask] == labels[mask]).double().mean()),
-                "train_accuracy": float((predicted[self.graph.train_mask] == labels[self.graph.train_mask]).double().mean()),
-                "nodes": int(mask.sum()),
+                "accuracy": float((predicted[nodes] == labels[nodes].long()).double().mean()),
+                "train_accuracy": float((predicted[train] == labels[train].long()).double().mean()),
+                "nodes": len(nodes),
             }
         }
 

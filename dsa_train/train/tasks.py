@@ -158,7 +158,7 @@ def make_task(
     if recipe.model.kind == "node2vec":
         from .node2vec import Node2VecTask
 
-        return Node2VecTask(recipe, device, tables)
+        return Node2VecTask(recipe, device, tables, progress=progress, note=note)
     from .sage import SageTask
 
-    return SageTask(recipe, device, tables)
+    return SageTask(recipe, device, tables, progress=progress, note=note)
