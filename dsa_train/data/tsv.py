@@ -124,10 +124,11 @@ def parse_chunk(data: bytes, *, final_newline: bool) -> tuple[np.ndarray, np.nda
     """The chunk's bytes and its ``(lines, 3, 2)`` column ``(start, length)`` pairs; or, when
     any line is malformed, ``(line index, problem)`` for each bad line (and no columns)."""
     text = np.frombuffer(data, dtype=np.uint8)
-    newlines = np.flatnonzero(text == 10)
+    marks = np.flatnonzero(text <= 10)  # one pass finds tabs and newlines (and rarer control bytes)
+    kinds = text[marks]
+    newlines, tabs = marks[kinds == 10], marks[kinds == 9]
     ends = newlines if data.endswith(b"\n") else np.append(newlines, len(text))
     starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
-    tabs = np.flatnonzero(text == 9)
     if len(tabs) == 2 * len(starts) and len(starts):  # the usual case: two tabs per line, in order
         t1, t2 = tabs[0::2], tabs[1::2]
         bad = (t1 < starts) | (t2 >= ends)  # each line holds its own pair, so exactly two
@@ -140,7 +141,7 @@ def parse_chunk(data: bytes, *, final_newline: bool) -> tuple[np.ndarray, np.nda
     bad |= (ends > starts) & (text[np.maximum(ends - 1, 0)] == 13)
     if final_newline and not data.endswith(b"\n"):
         bad[-1] = True
-    if not bad.any() and (text >= 0x80).any():
+    if not bad.any() and not data.isascii():
         try:
             data.decode("utf-8")
         except UnicodeDecodeError:
