@@ -220,3 +220,25 @@ def test_shuffle_spreads_items_uniformly():
     counts = torch.bincount(where_zero, minlength=n).double()
     chi2 = ((counts - seeds / n) ** 2 / (seeds / n)).sum()
     assert chi2 < 30  # 9 degrees of freedom: p ~ 0.0004
+
+
+def test_a_foreign_folder_in_the_way_is_left_alone(tmp_path):
+    folder = write_random_kg(tmp_path / "kg")
+    config = DatasetConfig(kind="tsv", path=str(folder))
+    target = load_knowledge_graph(config).dataset.folder
+    os.rename(target, tmp_path / "moved")
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(DatasetError, match="not a dataset dsa-train imported; nothing was changed"):
+        load_knowledge_graph(config)
+    assert (target / "notes.txt").read_text() == "mine"
+
+
+def test_an_imported_folder_that_is_a_link_is_refused(tmp_path):
+    folder = write_random_kg(tmp_path / "kg")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink(elsewhere, os.path.join(os.environ["DSA_DATA_ROOT"], "imported"))
+    with pytest.raises(DatasetError, match="is a symbolic link"):
+        load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder)))
+    assert not list(elsewhere.iterdir())

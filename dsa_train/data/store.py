@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DatasetError
+from ..errors import DatasetError, StateError
 from ..fsutil import DirectoryLock, fsync_directory, read_json_object
 
 FORMAT = "dsa-train/dataset"
@@ -171,12 +171,26 @@ class DatasetWriter:
         fsync_directory(self.partial)
         retired = None
         if self.folder.exists() or self.folder.is_symlink():
+            _check_ours(self.folder)
             retired = self.folder.with_name(f"{RETIRED}{self.folder.name}-{uuid.uuid4().hex[:12]}")
             os.rename(self.folder, retired)  # a link is renamed aside, never followed
         os.rename(self.partial, self.folder)
         fsync_directory(self.folder.parent)
         if retired is not None:
             _remove_entry(retired)
+
+
+def _check_ours(folder: Path) -> None:
+    """Refuse to replace what is not a dataset we imported (a link is only a name: replacing
+    it never touches what it points to)."""
+    if folder.is_symlink():
+        return
+    manifest = read_json_object(folder / MANIFEST) if folder.is_dir() else None
+    if manifest is None or manifest.get("format") != FORMAT:
+        raise DatasetError(
+            f"'{folder}' is in the way of an import and is not a dataset dsa-train imported; nothing was changed",
+            hint="move it out of the imported/ folder and run again",
+        )
 
 
 def _remove_entry(path: Path) -> None:
@@ -209,6 +223,12 @@ class Dataset:
         with warnings.catch_warnings():  # a read-only mapping gives a read-only tensor: fine
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(self._arrays[name])
+
+    def close(self) -> None:
+        """Release the folder's descriptor (the mapped arrays stay valid while referenced)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def has(self, name: str) -> bool:
         return name in self._arrays
@@ -311,10 +331,15 @@ def import_folder(
             f"cannot create '{parent}' to import '{name}' into: {e.strerror}",
             hint="set DSA_DATA_ROOT (or dataset.root) to a writable folder",
         ) from None
+    if parent.is_symlink():
+        raise DatasetError(
+            f"'{parent}' is a symbolic link; dsa-train never writes through a link it did not make",
+            hint=f"point DSA_DATA_ROOT (or dataset.root) at the real folder '{parent.parent.resolve()}' lives in, or remove the link",
+        )
     lock = DirectoryLock(parent, purpose="dataset import folder", follow_link=False)
     try:
         lock.acquire()
-    except Exception as e:
+    except StateError as e:
         raise DatasetError(
             f"another process is importing into '{parent}': {getattr(e, 'message', e)}",
             hint="wait for it to finish and run again (the import is reused)",
@@ -351,7 +376,10 @@ def _current(folder: Path, sources: dict) -> Dataset | None:
         dataset = Dataset.open(folder)
     except DatasetError:
         return None
-    return dataset if dataset.manifest.get("sources") == sources else None
+    if dataset.manifest.get("sources") != sources:
+        dataset.close()
+        return None
+    return dataset
 
 
 def file_sources(paths: list[Path], **extra) -> dict:
