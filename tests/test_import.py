@@ -77,6 +77,7 @@ def test_import_equals_a_dict_based_parse(tmp_path, monkeypatch, memory_bytes, c
     folder = write_random_kg(tmp_path / "kg")
     monkeypatch.setattr(tsv_module, "CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(tsv_module, "WINDOW_ROWS", 37)
+    monkeypatch.setattr(tsv_module, "TOKEN_BLOCK", 53 if chunk_bytes < 1000 else tsv_module.TOKEN_BLOCK)
     real = tsv_module.write_knowledge_graph
     monkeypatch.setattr(tsv_module, "write_knowledge_graph", lambda writer, **kw: real(writer, **{**kw, "memory_bytes": memory_bytes}))
     kg = load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder)))

@@ -48,6 +48,7 @@ MAX_REPORTED = 10
 IMPORTER_VERSION = 1
 CHUNK_BYTES = 8 << 20  # text read and parsed at once
 WINDOW_ROWS = 1 << 20  # triples assembled at once in step 3
+TOKEN_BLOCK = 1 << 20  # tokens numbered at once in step 2
 MAX_PARTITIONS = 256  # each partition keeps three scratch files open
 WORKERS = min(4, os.cpu_count() or 1)  # threads that parse chunks and number partitions
 
@@ -331,9 +332,10 @@ def write_knowledge_graph(
         if found:
             _raise_problems(path, found)
     split_rows = [split_rows[path] for path in files]
-    counts = {space: _number(writer, space, parts, progress) for space, parts in spaces.items()}
+    first_ids = {space: _number(writer, space, parts, progress) for space, parts in spaces.items()}
+    counts = {space: first[-1] for space, first in first_ids.items()}
     dtype = np.int32 if max(counts.values()) < 2**31 else np.int64
-    _assemble(writer, spaces, split_rows, dtype, progress)
+    _assemble(writer, [(spaces[space], first_ids[space]) for space in spaces], split_rows, dtype, progress)
     shutil.rmtree(scratch)
     writer.meta.update(
         num_entities=counts["entities"], num_relations=counts["relations"],
@@ -341,30 +343,31 @@ def write_knowledge_graph(
     )  # fmt: skip
 
 
-def _number(writer: DatasetWriter, space: str, parts: _Partitions, progress: Progress | None) -> int:
+def _number(writer: DatasetWriter, space: str, parts: _Partitions, progress: Progress | None) -> list[int]:
     """Step 2 for one name space: ids in fingerprint order, names in id order, and each
-    partition's ``(position, id)`` records (in position order) for step 3."""
+    partition's ``(position, rank)`` records (in position order) for step 3. Returns where each
+    partition's ids start, and (last) how many names there are."""
     prints = writer.appender(f"{space}.fingerprints", np.uint64, (2,))
     names = writer.appender(f"{space}.names", np.uint8)
     offsets = writer.appender(f"{space}.offsets", np.int64)
     offsets.append(np.zeros(1, np.int64))
-    next_id, name_bytes = 0, 0
-    for p, (unique, blob, lengths, pairs) in enumerate(ordered_map(partial(_number_partition, parts), range(parts.count))):
+    first_ids, name_bytes = [0], 0
+    for p, (unique, blob, lengths) in enumerate(ordered_map(partial(_number_partition, parts), range(parts.count))):
         prints.append(unique)
         names.append(blob)
         offsets.append(name_bytes + np.cumsum(lengths))
         name_bytes += int(lengths.sum())
-        pairs[:, 1] += next_id
-        pairs.tofile(parts.folder / f"ids-{p}")
-        next_id += len(unique)
+        first_ids.append(first_ids[-1] + len(unique))
         if progress is not None:
             progress(f"numbering {space}", p + 1, parts.count)
-    return next_id
+    return first_ids
 
 
-def _number_partition(parts: _Partitions, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One partition's distinct fingerprints (sorted), their names' bytes and lengths, and its
-    tokens' ``(position, rank)`` pairs; its scratch files are removed (runs in a worker thread)."""
+def _number_partition(parts: _Partitions, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One partition's distinct fingerprints (sorted), their names' bytes and lengths; its
+    tokens' ``(position, rank)`` pairs go to ``ids-<p>``, a block of tokens at a time (a hot
+    name makes a partition's tokens many, never its distinct names); its other scratch files
+    are removed (runs in a worker thread)."""
     records = np.fromfile(parts.folder / f"names-{p}", np.uint64).reshape(-1, 3)
     blob = np.fromfile(parts.folder / f"blob-{p}", np.uint8)
     byte_starts = np.concatenate([[0], np.cumsum(records[:, 2])[:-1]]).astype(np.int64)
@@ -377,18 +380,21 @@ def _number_partition(parts: _Partitions, p: int) -> tuple[np.ndarray, np.ndarra
     keep[1:] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
     unique, lengths = np.stack([h1[keep], h2[keep]], 1), records[order[keep], 2].astype(np.int64)
     names = blob[_ranges(byte_starts[order[keep]], lengths)]
-    tokens = np.fromfile(parts.folder / f"tokens-{p}", np.uint64).reshape(-1, 3)
-    rank = _rank(unique[:, 0], tokens[:, 0])
-    while True:  # several names share this h1 (a 2^-64 event): step to the matching h2
-        off = unique[np.minimum(rank, len(unique) - 1), 1] != tokens[:, 1]
-        if not off.any():
-            break
-        rank[off] += 1
-    pairs = np.empty((len(tokens), 2), np.int64)
-    pairs[:, 0], pairs[:, 1] = tokens[:, 2], rank
+    del records, blob
+    with open(parts.folder / f"tokens-{p}", "rb") as source, open(parts.folder / f"ids-{p}", "wb") as target:
+        while len(tokens := np.fromfile(source, np.uint64, 3 * TOKEN_BLOCK).reshape(-1, 3)):
+            rank = _rank(unique[:, 0], tokens[:, 0])
+            while True:  # several names share this h1 (a 2^-64 event): step to the matching h2
+                off = unique[np.minimum(rank, len(unique) - 1), 1] != tokens[:, 1]
+                if not off.any():
+                    break
+                rank[off] += 1
+            pairs = np.empty((len(tokens), 2), np.int64)
+            pairs[:, 0], pairs[:, 1] = tokens[:, 2], rank
+            pairs.tofile(target)
     for name in ("names", "blob", "tokens"):
         (parts.folder / f"{name}-{p}").unlink()
-    return unique, names, lengths, pairs
+    return unique, names, lengths
 
 
 def _rank(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -406,10 +412,11 @@ def _rank(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return rank
 
 
-def _assemble(writer: DatasetWriter, spaces: dict, split_rows: list[int], dtype, progress: Progress | None) -> None:
-    """Step 3: merge every partition's position-ordered ``(position, id)`` stream into the
-    splits' id arrays, one window of rows at a time."""
-    streams = [_Stream(path) for space in spaces.values() for path in sorted(space.folder.glob("ids-*"))]
+def _assemble(writer: DatasetWriter, spaces: list, split_rows: list[int], dtype, progress: Progress | None) -> None:
+    """Step 3: merge every partition's position-ordered ``(position, rank)`` stream into the
+    splits' id arrays, one window of rows at a time (``spaces``: each name space's partitions
+    and where each partition's ids start)."""
+    streams = [_Stream(space.folder / f"ids-{p}", first[p]) for space, first in spaces for p in range(space.count)]
     total, row = sum(split_rows), 0
     try:
         for split, rows in zip(SPLITS, split_rows):
@@ -435,8 +442,8 @@ class _Stream:
 
     BLOCK = 1 << 14
 
-    def __init__(self, path: Path) -> None:
-        self.file = open(path, "rb")
+    def __init__(self, path: Path, first_id: int) -> None:
+        self.file, self.first_id = open(path, "rb"), first_id
         self.buffer = np.empty((0, 2), np.int64)
 
     def take(self, limit: int) -> np.ndarray:
@@ -447,5 +454,6 @@ class _Stream:
                 break
             self.buffer = np.concatenate([self.buffer, block])
         cut = int(np.searchsorted(self.buffer[:, 0], limit))
-        taken, self.buffer = self.buffer[:cut], self.buffer[cut:]
+        taken, self.buffer = self.buffer[:cut].copy(), self.buffer[cut:]
+        taken[:, 1] += self.first_id
         return taken
