@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -101,12 +100,10 @@ def load_knowledge_graph(config: DatasetConfig, *, progress: Progress | None = N
 
     def build(writer: DatasetWriter) -> None:
         write(writer)
-        splits = [writer.finished(split) for split in SPLITS]
 
-        def chunks(rows: int = 1 << 20):
-            for array in splits:
-                for start in range(0, len(array), rows):
-                    yield np.asarray(array[start : start + rows])
+        def chunks():
+            for split in SPLITS:
+                yield from writer.blocks(split)
 
         if progress is not None:
             progress("building the filter index", 0, 1)

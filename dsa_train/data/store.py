@@ -129,17 +129,20 @@ class DatasetWriter:
         self._open[name] = appender
         return appender
 
-    def finished(self, name: str) -> np.ndarray:
-        """An array written so far (an appender is finished), mapped read-only: what a later
-        step of the build reads back (the filter index reads the id arrays)."""
+    def blocks(self, name: str, rows: int = 1 << 20):
+        """The rows of an array written so far (an appender is finished first), ``rows`` at a
+        time, read with plain reads: a later step of the build (the filter index) reads the id
+        arrays back without mapping them, so resident memory stays bounded by the block."""
         if name in self._open:
             appender = self._open.pop(name)
             self.arrays[name] = {"shape": list(appender.finish()), "dtype": appender.dtype.name}
-        spec = self.arrays[name]
-        shape, dtype = tuple(spec["shape"]), np.dtype(spec["dtype"])
-        if int(np.prod(shape)) == 0:
-            return np.zeros(shape, dtype)
-        return np.memmap(self.partial / f"{name}.npy", dtype=dtype, mode="r", offset=HEADER_BYTES, shape=shape)
+        shape, dtype = tuple(self.arrays[name]["shape"]), np.dtype(self.arrays[name]["dtype"])
+        width = int(np.prod(shape[1:]))
+        with open(self.partial / f"{name}.npy", "rb") as f:
+            f.seek(HEADER_BYTES)
+            for start in range(0, shape[0], rows):
+                count = min(rows, shape[0] - start)
+                yield np.fromfile(f, dtype, count * width).reshape((count, *shape[1:]))
 
     def put(self, name: str, array: np.ndarray | torch.Tensor) -> None:
         """Write a whole (small) array."""
