@@ -6,6 +6,10 @@
 them to the module's device, the backward pass yields the usual sparse gradient on the host,
 and :class:`~dsa_train.DiskSparseAdam` keeps the moments in the same row records. Only the
 pages of touched rows ever occupy memory, so neither RAM nor VRAM bounds the table.
+
+:class:`ChainEmbedding` is a checkpoint's version of a table kept as deltas, read-only and
+read through its chain (see :mod:`dsa_train.optim.deltas`), never written out: what
+evaluation scores with.
 """
 
 from __future__ import annotations
@@ -13,11 +17,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .optim.deltas import ChainReader
+from .optim.format import TABLE_LAYOUT, RowSpec, parse_row_header
 from .optim.prefetch import shared_prefetcher
+from .optim.row_file import DTYPES
 from .optim.table import Table
 
 STATE_KEY = "table"  # a disk module's state_dict entry: a reference to its table, not N x D weights
@@ -167,3 +175,105 @@ class DiskEmbeddingBag(DiskTable):
             per_sample_weights=cpu(per_sample_weights),
         )  # fmt: skip
         return bags.to(self.output_device, non_blocking=True)
+
+
+class TableRows:
+    """The weight rows of a :class:`ChainEmbedding`, read when indexed: ``rows[ids]`` is
+    ``weight[ids]`` (a tensor of any shape of ids; each distinct row read once), so evaluation
+    that reads a sample of rows reads only those. ``cpu()`` is itself (it lives on the host)."""
+
+    def __init__(self, reader: ChainReader, spec: RowSpec) -> None:
+        self.reader, self.spec = reader, spec
+        self.dtype = DTYPES[spec.dtype]
+        self.shape = torch.Size(spec.shape)
+        self._weight_bytes = spec.row_width * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.spec.num_rows
+
+    def __getitem__(self, ids: Tensor) -> Tensor:
+        ids = torch.as_tensor(ids)
+        records = self.reader.gather(ids.reshape(-1).cpu().numpy())
+        return self._weights(records).view(*ids.shape, self.spec.row_width)
+
+    def range(self, start: int, stop: int) -> Tensor:
+        """Rows ``[start, stop)`` (one read of the base)."""
+        return self._weights(self.reader.read(start, stop))
+
+    def cpu(self) -> TableRows:
+        return self
+
+    def _weights(self, records: np.ndarray) -> Tensor:
+        raw = torch.from_numpy(np.ascontiguousarray(records[:, : self._weight_bytes]))
+        return raw.view(self.dtype)
+
+
+class ChainEmbedding(nn.Module):
+    """A checkpoint's version of a disk table (see :class:`DiskEmbedding`), read-only, read
+    through its chain: the base's records (a file, or the table drawn again from its seed,
+    chunk by chunk) with the deltas' laid over them, nothing written.
+
+    ``forward(indices)`` returns ``weight[indices]`` on the module's device, as
+    :class:`DiskEmbedding` does (without a gradient); ``rows[ids]`` reads weight rows on demand
+    (:class:`TableRows`); ``weight`` is the whole ``N x D`` weight, read into RAM chunk by
+    chunk on first use, for users that need every row at once (full-batch GraphSAGE). Its
+    state dict is the same reference to the table a :class:`DiskEmbedding` saves, and loading
+    one checks the table id against the version's header.
+    """
+
+    CHUNK_ROWS = 1 << 16
+
+    def __init__(self, reader: ChainReader, *, device: torch.device | str | None = None) -> None:
+        super().__init__()
+        meta = parse_row_header(reader.header(), f"the table version of '{reader.chain[-1]}'")
+        self.spec = RowSpec(meta["name"], tuple(meta["shape"]), meta["dtype"], meta["state_id"], TABLE_LAYOUT)
+        if meta.get("layout") != TABLE_LAYOUT or len(self.spec.shape) != 2 or reader.row_bytes != self.spec.row_bytes:
+            raise ValueError(f"'{reader.chain[-1]}' is not a version of a 2-d disk table")
+        self.num_embeddings, self.embedding_dim = self.spec.shape
+        self.rows = TableRows(reader, self.spec)
+        self._weight: Tensor | None = None
+        self.output_device = torch.device(device) if device is not None else torch.device("cpu")
+
+    @property
+    def table_id(self) -> str:
+        return self.spec.state_id
+
+    @property
+    def weight(self) -> Tensor:
+        if self._weight is None:
+            weight = torch.empty(self.rows.shape, dtype=self.rows.dtype)
+            for begin in range(0, self.num_embeddings, self.CHUNK_ROWS):
+                stop = min(begin + self.CHUNK_ROWS, self.num_embeddings)
+                weight[begin:stop] = self.rows.range(begin, stop)
+            self._weight = weight
+        return self._weight
+
+    def forward(self, indices: Tensor) -> Tensor:
+        return self.rows[indices].to(self.output_device, non_blocking=True)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        self.output_device = fn(torch.empty(0)).device  # outputs move; the table stays where it is
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + STATE_KEY] = {"path": str(self.rows.reader.chain[-1]), "table_id": self.table_id, "shape": list(self.spec.shape)}
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        ref = state_dict.get(prefix + STATE_KEY)
+        if ref is None:
+            missing_keys.append(prefix + STATE_KEY)
+        elif ref.get("table_id") != self.table_id:
+            error_msgs.append(
+                f"{prefix}{STATE_KEY}: the state_dict refers to table '{ref.get('path')}' (id {ref.get('table_id')}), "
+                f"this version is of table id {self.table_id} ('{self.rows.reader.chain[-1]}')"
+            )
+        for key in state_dict:
+            if key.startswith(prefix) and key[len(prefix) :] != STATE_KEY and "." not in key[len(prefix) :]:
+                unexpected_keys.append(key)
+
+    def close(self) -> None:
+        self.rows.reader.close()
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, chain='{self.rows.reader.chain[-1]}'"

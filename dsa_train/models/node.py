@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GraphSAGE
 
+from ..nn import ChainEmbedding
+
 EPS = 1e-15  # as PyG's Node2Vec: keeps log() finite
 
 
@@ -70,6 +72,10 @@ class SkipGram(nn.Module):
         return _logistic(scores(positive), True) + _logistic(scores(negative), False)
 
     def node_embeddings(self) -> Tensor:
+        """Every node's embedding, indexable by node ids: the weight (a view of the table file
+        for a DiskEmbedding), or a checkpoint's table read row by row when indexed."""
+        if isinstance(self.embedding, ChainEmbedding):
+            return self.embedding.rows
         return self.embedding.weight.detach()
 
 

@@ -7,7 +7,8 @@ file costs the rows written since the previous snapshot, not the file. Its layou
 bytes, integers little-endian)::
 
     [0, 4096)                      DELTA_MAGIC, then one line of JSON, NUL-padded:
-                                     format "dsa-train/row-delta", version 1,
+                                     format "dsa-train/row-delta", version 2
+                                     (1: no virtual parents),
                                      file         the target's path inside its snapshot folder
                                      file_bytes   the target's size; row_bytes its record size
                                      rows         how many records follow (R)
@@ -15,9 +16,12 @@ bytes, integers little-endian)::
                                                   snapshot folder whose version of ``file``
                                                   this applies to, that snapshot's id, the
                                                   digest of the parent file (a base copy, or
-                                                  ``file + ".delta"`` when ``delta`` is true)
-                                     base, links  the snapshot holding the chain's full copy,
-                                                  and how many deltas lead from it to here
+                                                  ``file + ".delta"`` when ``delta`` is true);
+                                                  or {"virtual": "initial" | "zeros"}: a base
+                                                  no file holds (see below)
+                                     base, links  the snapshot holding the chain's full copy
+                                                  (or the virtual base's name), and how many
+                                                  deltas lead from it to here
                                      chain_bytes  record bytes of those deltas, this one included
     [4096, 8192)                   the target's header block (row files keep theirs there)
     [8192, 8192 + 8 R)             the R row indices, int64, strictly increasing
@@ -25,11 +29,15 @@ bytes, integers little-endian)::
 
 Snapshot folders are siblings (``<root>/<snapshot>/<file>``): a delta at
 ``<root>/S/<file>.delta`` applies to ``<root>/<parent.snapshot>/<file>`` (or its ``.delta``),
-whose name sorts strictly before ``S``, so a chain always ends, at a full copy (its *base*).
-The version of the file in snapshot S is the base with every delta of the chain written over
-it, oldest first (:func:`materialise`); :class:`ChainReader` reads rows of that version
-without writing it out. Knowing what a snapshot folder is for (a checkpoint) is not this
-module's business: it only follows the names.
+whose name sorts strictly before ``S``, so a chain always ends, at a full copy (its *base*)
+or at a *virtual* base, a version of the file as it was made, which no file holds
+(:class:`VirtualBase`): ``"zeros"``, a row file as created (every record zero), or
+``"initial"``, a disk table as ``Table.create`` wrote it, drawn again from the creation
+parameters in its header (see :mod:`.table`). A virtual base's header is the header block of
+the chain's first delta. The version of the file in snapshot S is the base with every delta
+of the chain written over it, oldest first (:func:`materialise`); :class:`ChainReader` reads
+rows of that version without writing it out. Knowing what a snapshot folder is for (a
+checkpoint) is not this module's business: it only follows the names.
 """
 
 from __future__ import annotations
@@ -46,15 +54,17 @@ import numpy as np
 
 from ..errors import StateError
 from ..fsutil import copy_sparse, data_extents
-from .format import HEADER_BYTES
+from .format import HEADER_BYTES, parse_row_header
 
 DELTA_MAGIC = b"DSA-TRAIN DELTA\n"
 DELTA_FORMAT = "dsa-train/row-delta"
-DELTA_VERSION = 1
+DELTA_VERSION = 2  # 2: a parent may be virtual
+DELTA_READABLE = (1, 2)
 DELTA_SUFFIX = ".delta"
 INDEX_OFFSET = 2 * HEADER_BYTES  # the delta's own header, then the target's header block
 GATHER_ROWS = 1 << 16  # records gathered or scattered per chunk
 MAX_CHAIN = 64  # a longer chain is damage (the writer compacts long before)
+VIRTUAL = ("initial", "zeros")  # bases no file holds: a table as created, a row file as created
 _SNAPSHOT = re.compile(r"[0-9]{1,20}")
 
 
@@ -128,8 +138,11 @@ def read_delta_header(path: Path) -> dict:
             meta = None
     if not isinstance(meta, dict) or meta.get("format") != DELTA_FORMAT:
         raise StateError(f"delta '{path}' is corrupt: it does not start with a dsa-train delta header", hint=_RESTORE)
-    if meta.get("version") != DELTA_VERSION:
-        raise StateError(f"delta '{path}' has version {meta.get('version')!r}, this dsa-train reads {DELTA_VERSION}", hint=_RESTORE)
+    if meta.get("version") not in DELTA_READABLE:
+        raise StateError(
+            f"delta '{path}' has version {meta.get('version')!r}, this dsa-train reads {', '.join(map(str, DELTA_READABLE))}",
+            hint=_RESTORE,
+        )
     ints = ("file_bytes", "row_bytes", "rows", "links", "chain_bytes")
     parent = meta.get("parent")
     well_formed = (
@@ -137,9 +150,7 @@ def read_delta_header(path: Path) -> dict:
         and meta["row_bytes"] > 0
         and (meta["file_bytes"] - HEADER_BYTES) % meta["row_bytes"] == 0
         and isinstance(parent, dict)
-        and isinstance(parent.get("snapshot"), str)
-        and _SNAPSHOT.fullmatch(parent["snapshot"]) is not None
-        and isinstance(parent.get("delta"), bool)
+        and (_is_virtual(parent, meta) or _is_snapshot(parent))
         and isinstance(meta.get("file"), str)
         and all(part not in ("", ".", "..") for part in meta["file"].split("/"))
     )
@@ -151,12 +162,109 @@ def read_delta_header(path: Path) -> dict:
     return meta
 
 
-def chain_of(path: Path) -> list[Path]:
-    """The files whose versions make the one at ``path``: ``[base, delta, ..., path]``; a plain
-    row file is its own chain. Each parent must sort strictly before its child."""
-    chain = [Path(path)]
+def _is_snapshot(parent: dict) -> bool:
+    return (
+        isinstance(parent.get("snapshot"), str)
+        and _SNAPSHOT.fullmatch(parent["snapshot"]) is not None
+        and isinstance(parent.get("delta"), bool)
+    )
+
+
+def _is_virtual(parent: dict, meta: dict) -> bool:
+    """A parent ``{"virtual": kind}``: only the first delta of a chain has one."""
+    return set(parent) == {"virtual"} and parent["virtual"] in VIRTUAL and meta.get("base") == parent["virtual"] and meta.get("links") == 1
+
+
+def is_virtual(parent: dict) -> bool:
+    """Whether a delta's ``parent`` is a virtual base (the header was checked on reading)."""
+    return "virtual" in parent
+
+
+class VirtualBase:
+    """The base of a chain that no file holds (see the module docstring): ``kind`` is
+    ``"zeros"`` or ``"initial"``, ``header`` the target's header block (from the chain's first
+    delta), ``file_bytes`` and ``row_bytes`` its geometry. Made by :func:`chain_of`, which
+    checks that an ``"initial"`` header names creation parameters; the guard that this torch
+    draws what the table was made with is checked when its rows are first drawn."""
+
+    def __init__(self, kind: str, header: bytes, file_bytes: int, row_bytes: int, where: Path) -> None:
+        self.kind, self.header, self.file_bytes, self.row_bytes, self.where = kind, header, file_bytes, row_bytes, Path(where)
+        self.num_rows = (file_bytes - HEADER_BYTES) // row_bytes
+        self._initial = None
+        if kind == "initial":
+            meta = _header_meta(header)
+            if meta is None or not isinstance(meta.get("creation"), dict) or _geometry(meta) != (file_bytes, row_bytes):
+                raise StateError(
+                    f"delta '{where}' applies to the initial version of its table, but its header block names no creation "
+                    "parameters of a table of its size",
+                    hint=_RESTORE,
+                )
+
+    @property
+    def name(self) -> str:
+        """How listings show it."""
+        return "initial (drawn again from the table's seed)" if self.kind == "initial" else "zeros (a row file as created)"
+
+    def records(self, rows: np.ndarray) -> np.ndarray:
+        """The ``(len(rows), row_bytes)`` uint8 records of ``rows`` (sorted, unique)."""
+        if self.kind == "zeros":
+            return np.zeros((len(rows), self.row_bytes), dtype=np.uint8)
+        return self._table().records(rows)
+
+    def write(self, target: Path) -> None:
+        """Write this version at ``target`` (new, never through a link; fsynced)."""
+        fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            if self.kind == "zeros":
+                os.pwrite(fd, self.header, 0)
+                os.ftruncate(fd, self.file_bytes)  # holes: zeros that take no space
+                os.fsync(fd)
+            else:
+                self._table().write(fd)
+        finally:
+            os.close(fd)
+
+    def _table(self):
+        if self._initial is None:
+            from .table import InitialTable  # torch: only a table's initial version needs it
+
+            self._initial = InitialTable(_header_meta(self.header), f"delta '{self.where}'")
+        return self._initial
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def _header_meta(header: bytes) -> dict | None:
+    try:
+        return parse_row_header(header, "a header block")
+    except StateError:
+        return None
+
+
+def _geometry(meta: dict) -> tuple[int, int] | None:
+    try:
+        row_bytes = meta["row_bytes"]
+        return HEADER_BYTES + meta["shape"][0] * row_bytes, row_bytes
+    except (KeyError, TypeError, IndexError):
+        return None
+
+
+def chain_of(path: Path) -> list:
+    """The versions that make the one at ``path``: ``[base, delta, ..., path]``, the base a
+    file or a :class:`VirtualBase`; a plain row file is its own chain. Each parent must sort
+    strictly before its child."""
+    chain: list = [Path(path)]
     while chain[-1].name.endswith(DELTA_SUFFIX):
         meta = read_delta_header(chain[-1])
+        if is_virtual(meta["parent"]):
+            fd = _open_regular(chain[-1])
+            try:
+                header = os.pread(fd, HEADER_BYTES, HEADER_BYTES)
+            finally:
+                os.close(fd)
+            chain.append(VirtualBase(meta["parent"]["virtual"], header, meta["file_bytes"], meta["row_bytes"], chain[-1]))
+            break
         snapshot_dir = chain[-1]
         for _ in meta["file"].split("/"):
             snapshot_dir = snapshot_dir.parent
@@ -170,9 +278,13 @@ def chain_of(path: Path) -> list[Path]:
     return chain[::-1]
 
 
-def materialise(chain: list[Path], target: Path) -> None:
-    """Write the version a chain makes to ``target`` (new, never through a link; fsynced)."""
-    copy_sparse(chain[0], target)
+def materialise(chain: list, target: Path) -> None:
+    """Write the version a chain makes to ``target`` (new, never through a link; fsynced): its
+    base copied (a virtual one written: a table drawn again, chunk by chunk), then each delta."""
+    if isinstance(chain[0], VirtualBase):
+        chain[0].write(target)
+    else:
+        copy_sparse(chain[0], target)
     if len(chain) == 1:
         return
     with _Mapped(target, writable=True) as out:
@@ -192,13 +304,17 @@ def materialise(chain: list[Path], target: Path) -> None:
 
 class ChainReader:
     """Rows of the version a chain makes (see :func:`chain_of`), read without writing it out:
-    the base's records with each delta's laid over them. Nothing is read but what is asked."""
+    the base's records with each delta's laid over them. Nothing is read but what is asked:
+    :meth:`read` takes a range with one ``pread`` of the base (nothing mapped), :meth:`gather`
+    any rows (the base mapped read-only on first use); a virtual base's records are made."""
 
-    def __init__(self, chain: list[Path], row_bytes: int) -> None:
-        self.chain = [Path(p) for p in chain]
+    def __init__(self, chain: list, row_bytes: int) -> None:
+        self.chain = [p if isinstance(p, VirtualBase) else Path(p) for p in chain]
         self.row_bytes = row_bytes
-        self._fd = _open_regular(self.chain[0])
-        self.size = os.fstat(self._fd).st_size
+        self.virtual = self.chain[0] if isinstance(self.chain[0], VirtualBase) else None
+        self._fd = -1 if self.virtual is not None else _open_regular(self.chain[0])
+        self._mapped: _Mapped | None = None
+        self.size = self.virtual.file_bytes if self.virtual is not None else os.fstat(self._fd).st_size
         self.num_rows = (self.size - HEADER_BYTES) // row_bytes
         self._deltas = []
         try:
@@ -214,30 +330,63 @@ class ChainReader:
             self.close()
             raise
 
+    def header(self) -> bytes:
+        """The version's header block (the newest delta's copy, else the base's)."""
+        if self._deltas:
+            return bytes(self._deltas[-1][0].bytes[HEADER_BYTES:INDEX_OFFSET])
+        return self.virtual.header if self.virtual is not None else os.pread(self._fd, HEADER_BYTES, 0)
+
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as a ``(stop - start, row_bytes)`` uint8 array."""
-        size = (stop - start) * self.row_bytes
-        data = os.pread(self._fd, size, HEADER_BYTES + start * self.row_bytes)
-        if len(data) != size:  # the file shrank since it was opened
-            raise StateError(
-                f"row file '{self.chain[0]}' ended at byte {HEADER_BYTES + start * self.row_bytes + len(data):,} while it was read",
-                hint="something truncated it while it was read; restore it from a checkpoint",
-            )
-        out = np.frombuffer(bytearray(data), dtype=np.uint8).reshape(stop - start, self.row_bytes)
+        if self.virtual is not None:
+            out = self.virtual.records(np.arange(start, stop, dtype=np.int64))
+        else:
+            size = (stop - start) * self.row_bytes
+            data = os.pread(self._fd, size, HEADER_BYTES + start * self.row_bytes)
+            if len(data) != size:  # the file shrank since it was opened
+                raise StateError(
+                    f"row file '{self.chain[0]}' ended at byte {HEADER_BYTES + start * self.row_bytes + len(data):,} while it was read",
+                    hint="something truncated it while it was read; restore it from a checkpoint",
+                )
+            out = np.frombuffer(bytearray(data), dtype=np.uint8).reshape(stop - start, self.row_bytes)
         for _, index, values in self._deltas:
             lo, hi = np.searchsorted(index, [start, stop])
             out[index[lo:hi] - start] = values[lo:hi]
         return out
 
+    def gather(self, rows: np.ndarray) -> np.ndarray:
+        """The records of any ``rows`` (int64, in range, any order, repeats allowed), as a
+        ``(len(rows), row_bytes)`` uint8 array: each distinct row read once, from the newest
+        delta holding it, else from the base."""
+        unique, inverse = np.unique(np.asarray(rows, dtype=np.int64).reshape(-1), return_inverse=True)
+        if len(unique) and (unique[0] < 0 or unique[-1] >= self.num_rows):
+            raise IndexError(f"rows must lie in [0, {self.num_rows}), got {unique[0]} .. {unique[-1]}")
+        if self.virtual is not None:
+            out = self.virtual.records(unique)
+        else:
+            if self._mapped is None:
+                self._mapped = _Mapped(self.chain[0])
+            out = np.take(self._mapped.records(self.row_bytes, self.num_rows), unique, axis=0)
+        for _, index, values in self._deltas:
+            if not len(index):
+                continue
+            position = np.minimum(np.searchsorted(index, unique), len(index) - 1)
+            found = index[position] == unique
+            out[found] = values[position[found]]
+        return out[inverse]
+
     def data_rows(self) -> list[tuple[int, int]]:
         """``[lo, hi)`` row ranges that may hold data, sorted and merged: the base's data
         extents (holes, rows never written, are zeros) and every delta's rows."""
         starts, stops = [], []
-        try:
-            os.lseek(self._fd, 0, os.SEEK_DATA)
-            extents = list(data_extents(self._fd, self.size))
-        except OSError as e:
-            extents = [] if e.errno == errno.ENXIO else [(0, self.size)]  # ENXIO: all hole
+        if self.virtual is not None:  # zeros hold no data; an initial table's weights are everywhere
+            extents = [(HEADER_BYTES, self.size)] if self.virtual.kind == "initial" else []
+        else:
+            try:
+                os.lseek(self._fd, 0, os.SEEK_DATA)
+                extents = list(data_extents(self._fd, self.size))
+            except OSError as e:
+                extents = [] if e.errno == errno.ENXIO else [(0, self.size)]  # ENXIO: all hole
         for begin, end in extents:
             starts.append(max(0, (begin - HEADER_BYTES) // self.row_bytes))
             stops.append(min(self.num_rows, max(0, -(-(end - HEADER_BYTES) // self.row_bytes))))
@@ -261,6 +410,9 @@ class ChainReader:
         for mapped, _, _ in self._deltas:
             mapped.close()
         self._deltas = []
+        if self._mapped is not None:
+            self._mapped.close()
+            self._mapped = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -157,9 +157,15 @@ def read_row_header(path: Path) -> dict:
             raw = f.read(HEADER_BYTES)
     except OSError as e:
         raise StateError(f"cannot read row file '{path}': {e.strerror}") from e
+    return parse_row_header(raw, f"row file '{path}'")
+
+
+def parse_row_header(raw: bytes, where: str) -> dict:
+    """Check a row file's header block ``raw`` (``where`` names it in errors) and return its
+    JSON; a :class:`StateError` says what is wrong."""
     if not raw.startswith(MAGIC):
         raise StateError(
-            f"row file '{path}' is corrupt: it does not start with the dsa-train row header",
+            f"{where} is corrupt: it does not start with the dsa-train row header",
             hint="the file was overwritten or is not a dsa-train row file; restore the state "
             "directory from a checkpoint or start a fresh one",
         )
@@ -167,15 +173,14 @@ def read_row_header(path: Path) -> dict:
         meta = json.loads(raw[len(MAGIC) :].split(b"\n", 1)[0])
     except ValueError as e:
         raise StateError(
-            f"row file '{path}' is corrupt: its header is not valid JSON ({e})",
+            f"{where} is corrupt: its header is not valid JSON ({e})",
             hint="restore the state directory from a checkpoint or start a fresh one",
         ) from None
     if not isinstance(meta, dict) or meta.get("format") != ROWS_FORMAT:
-        raise StateError(f"row file '{path}' is corrupt: its header names no '{ROWS_FORMAT}' format")
+        raise StateError(f"{where} is corrupt: its header names no '{ROWS_FORMAT}' format")
     if meta.get("version") != ROWS_VERSION:
         raise StateError(
-            f"row file '{path}' has format version {meta.get('version')!r}, "
-            f"this dsa-train reads version {ROWS_VERSION}",
+            f"{where} has format version {meta.get('version')!r}, this dsa-train reads version {ROWS_VERSION}",
             hint="open it with the dsa-train version that wrote it, or start a fresh state_dir",
         )
     return meta

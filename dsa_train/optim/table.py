@@ -12,17 +12,33 @@ never silently continued by another with fresh step counters.
 
 A new table is written under a temporary name, in chunks of rows (never one ``N x D`` tensor
 in memory), fsynced and renamed into place: a file at ``path`` is always complete.
+
+A new table is a pure function of its shape, dtype and creation parameters (moments zero), so
+its header also records them, as ``creation``::
+
+    {"init": "normal", "std": 0.01, "bound": 0.1, "seed": 0, "chunk_rows": 65536,
+     "first_chunk_digest": BLAKE2b-128 (hex) of chunk 0's weight bytes as written,
+     "torch": the torch version that drew them}
+
+so a checkpoint can hold the rows written since creation only, on the *initial* version
+(:class:`InitialTable`: re-created in full, or read chunk by chunk, from those parameters).
+The digest guards re-creation: a torch that draws other numbers from the same seed is refused
+with a :class:`StateError` naming both versions, never used. A header without ``creation``
+(an older table) still opens; its checkpoints start from a full copy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..errors import StateError
@@ -34,6 +50,7 @@ from .row_file import DTYPES, RowFile, dtype_name
 INIT_CHUNK_ROWS = 1 << 16
 WRITE_ROWS = 1 << 12  # records assembled and written per pwrite
 INITS = ("normal", "uniform", "xavier_uniform", "zeros")
+CACHED_CHUNKS = 4  # initial weight chunks an InitialTable keeps (8 MiB each at 32 float32 columns)
 
 
 def init_chunk(init: str, chunk: torch.Tensor, generator: torch.Generator, *, std: float, bound: float, num_rows: int) -> None:
@@ -62,6 +79,7 @@ class Table:
         self.path = Path(path)
         self.spec = spec
         self.moments_of: str | None = meta.get("moments_of")
+        self.creation: dict | None = meta.get("creation")  # None: an older table, made before it was recorded
         self.writable = writable
         self.rows = RowFile(self.path, spec, writable=writable)
         self.weight = self.rows.records[:, 0].view(spec.shape)
@@ -109,26 +127,14 @@ class Table:
             raise ValueError(f"Invalid dtype {dtype}: a table holds {', '.join(DTYPES)}")
         path = Path(path)
         spec = RowSpec(name, tuple(shape), dtype_name(dtype), uuid.uuid4().hex, TABLE_LAYOUT)
+        creation = {"init": init, "std": std, "bound": bound, "seed": seed, "chunk_rows": INIT_CHUNK_ROWS}
         partial = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:12]}")
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # never through a link
         try:
-            os.pwrite(fd, table_header(spec, moments_of=None), 0)
-            os.ftruncate(fd, spec.file_bytes)
-            num_rows, width = spec.num_rows, spec.row_width
-            block = torch.empty((min(INIT_CHUNK_ROWS, num_rows), width), dtype=dtype)
-            records = torch.zeros((min(WRITE_ROWS, num_rows), 3, width), dtype=dtype)
-            for index, begin in enumerate(range(0, num_rows, INIT_CHUNK_ROWS)):
-                weights = block[: min(INIT_CHUNK_ROWS, num_rows - begin)]
-                generator = torch.Generator().manual_seed(seed * 1_000_003 + index)
-                init_chunk(init, weights, generator, std=std, bound=bound, num_rows=num_rows)
-                for start in range(0, len(weights), WRITE_ROWS):
-                    part = weights[start : start + WRITE_ROWS]
-                    records[: len(part), 0] = part
-                    raw = records[: len(part)].view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy()
-                    _pwrite_all(fd, memoryview(raw).cast("B"), HEADER_BYTES + (begin + start) * spec.row_bytes)
-                if progress is not None:
-                    progress(begin + len(weights), num_rows)
+            digest = _write_initial(fd, spec, creation, progress)
+            creation = {**creation, "first_chunk_digest": digest, "torch": torch.__version__}
+            os.pwrite(fd, table_header(spec, moments_of=None, creation=creation), 0)
             os.fsync(fd)
         except BaseException as e:  # interrupted or failed: no half-written table is left
             partial.unlink(missing_ok=True)
@@ -149,7 +155,7 @@ class Table:
         if self.moments_of == state_id:
             return
         fd = self.rows.fd
-        os.pwrite(fd, table_header(self.spec, moments_of=state_id), 0)
+        os.pwrite(fd, table_header(self.spec, moments_of=state_id, creation=self.creation), 0)
         os.fsync(fd)
         self.moments_of = state_id
 
@@ -161,11 +167,118 @@ class Table:
         self.rows.close()
 
 
-def table_header(spec: RowSpec, *, moments_of: str | None) -> bytes:
-    """The 4 KiB header of a table file: the row-file header plus ``moments_of``."""
+def table_header(spec: RowSpec, *, moments_of: str | None, creation: dict | None) -> bytes:
+    """The 4 KiB header of a table file: the row-file header plus ``moments_of`` and, for a
+    table that records them, its ``creation`` parameters (see the module docstring)."""
     meta = json.loads(spec.header()[len(MAGIC) :].split(b"\n", 1)[0])
-    raw = MAGIC + json.dumps({**meta, "moments_of": moments_of}).encode() + b"\n"
+    extra = {"moments_of": moments_of, **({"creation": creation} if creation is not None else {})}
+    raw = MAGIC + json.dumps({**meta, **extra}).encode() + b"\n"
     return raw.ljust(HEADER_BYTES, b"\0")
+
+
+def initial_weights(
+    creation: dict, shape: tuple[int, ...], dtype: torch.dtype, index: int, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Chunk ``index`` of a new table's weights, ``(rows, W)``: rows ``[index * chunk_rows,
+    ...)`` as :meth:`Table.create` draws them (its own generator, seeded ``seed * 1_000_003 +
+    index``), in the first rows of ``out`` (a ``(chunk_rows, W)`` buffer) if given."""
+    num_rows, chunk_rows = shape[0], creation["chunk_rows"]
+    rows, width = min(chunk_rows, num_rows - index * chunk_rows), math.prod(shape[1:])
+    weights = out[:rows] if out is not None else torch.empty((rows, width), dtype=dtype)
+    generator = torch.Generator().manual_seed(creation["seed"] * 1_000_003 + index)
+    init_chunk(creation["init"], weights, generator, std=creation["std"], bound=creation["bound"], num_rows=num_rows)
+    return weights
+
+
+def _chunk_digest(weights: torch.Tensor) -> str:
+    raw = weights.view(torch.int16) if weights.dtype == torch.bfloat16 else weights
+    return hashlib.blake2b(memoryview(raw.contiguous().numpy()).cast("B"), digest_size=16).hexdigest()
+
+
+def _write_initial(fd: int, spec: RowSpec, creation: dict, progress: Callable[[int, int], None] | None) -> str:
+    """Size the file at ``fd`` for ``spec`` and write every record as a new table holds it
+    (the weights drawn chunk by chunk into one buffer, zero moments); the header and the
+    fsync are the caller's. Returns the digest of the first chunk's weights."""
+    os.ftruncate(fd, spec.file_bytes)
+    dtype, num_rows, chunk_rows = DTYPES[spec.dtype], spec.num_rows, creation["chunk_rows"]
+    block = torch.empty((min(chunk_rows, num_rows), spec.row_width), dtype=dtype)
+    records = torch.zeros((min(WRITE_ROWS, num_rows), 3, spec.row_width), dtype=dtype)
+    digest = ""
+    for index, begin in enumerate(range(0, num_rows, chunk_rows)):
+        weights = initial_weights(creation, spec.shape, dtype, index, out=block)
+        if index == 0:
+            digest = _chunk_digest(weights)
+        for start in range(0, len(weights), WRITE_ROWS):
+            part = weights[start : start + WRITE_ROWS]
+            records[: len(part), 0] = part
+            raw = records[: len(part)].view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy()
+            _pwrite_all(fd, memoryview(raw).cast("B"), HEADER_BYTES + (begin + start) * spec.row_bytes)
+        if progress is not None:
+            progress(begin + len(weights), num_rows)
+    return digest
+
+
+class InitialTable:
+    """A table as :meth:`Table.create` wrote it, from the ``creation`` parameters its header
+    ``meta`` records (a checkpoint's *initial* base): written whole with :meth:`write`, or read
+    rows at a time with :meth:`records`, which draws only the 65,536-row chunks the rows fall
+    in (the last :data:`CACHED_CHUNKS` kept). Made only after the guard: this torch must draw
+    the first chunk the table was made with, else a :class:`StateError` names both versions."""
+
+    def __init__(self, meta: dict, where: str) -> None:
+        creation = meta.get("creation")
+        if meta.get("layout") != TABLE_LAYOUT or not isinstance(creation, dict):
+            raise StateError(f"{where} names no creation parameters of a table to re-create it from", hint=_DAMAGED)
+        try:
+            self.spec = RowSpec(meta["name"], tuple(meta["shape"]), meta["dtype"], meta["state_id"], TABLE_LAYOUT)
+            self.dtype = DTYPES[self.spec.dtype]
+            if creation["init"] not in INITS or creation["chunk_rows"] <= 0:
+                raise ValueError(creation["init"])
+            first = _chunk_digest(initial_weights(creation, self.spec.shape, self.dtype, 0))
+        except (KeyError, TypeError, ValueError):
+            raise StateError(f"{where} has malformed creation parameters: {creation}", hint=_DAMAGED) from None
+        if first != creation.get("first_chunk_digest"):
+            raise StateError(
+                f"table '{self.spec.name}' cannot be re-created from its seed: it was made under torch "
+                f"{creation.get('torch')}, and torch {torch.__version__} draws other initial weights from the same seed "
+                f"(first chunk digest {first}, recorded {creation.get('first_chunk_digest')})",
+                hint=f"resume or evaluate it with torch {creation.get('torch')} (pip install torch=={creation.get('torch')}); "
+                "its checkpoints hold the rows written since creation, the rest is drawn again from the seed",
+            )
+        self.creation = creation
+        self._chunks: OrderedDict[int, np.ndarray] = OrderedDict()
+
+    def write(self, fd: int, progress: Callable[[int, int], None] | None = None) -> None:
+        """Write the whole table (header included) to the empty file at ``fd``; fsynced."""
+        _write_initial(fd, self.spec, self.creation, progress)
+        os.pwrite(fd, table_header(self.spec, moments_of=None, creation=self.creation), 0)
+        os.fsync(fd)
+
+    def records(self, rows: np.ndarray) -> np.ndarray:
+        """The ``(len(rows), row_bytes)`` uint8 records of ``rows`` (sorted): weights drawn
+        again, moments zero."""
+        out = np.zeros((len(rows), self.spec.row_bytes), dtype=np.uint8)
+        weight_bytes = self.spec.row_width * self.dtype.itemsize
+        chunks = rows // self.creation["chunk_rows"]
+        bounds = np.flatnonzero(np.diff(chunks)) + 1
+        for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(rows)]):
+            index = int(chunks[lo])
+            out[lo:hi, :weight_bytes] = self._chunk(index)[rows[lo:hi] - index * self.creation["chunk_rows"]]
+        return out
+
+    def _chunk(self, index: int) -> np.ndarray:
+        if index in self._chunks:
+            self._chunks.move_to_end(index)
+            return self._chunks[index]
+        weights = initial_weights(self.creation, self.spec.shape, self.dtype, index)
+        raw = weights.view(torch.int16) if self.dtype == torch.bfloat16 else weights
+        self._chunks[index] = raw.numpy().view(np.uint8).reshape(len(weights), -1)
+        if len(self._chunks) > CACHED_CHUNKS:
+            self._chunks.popitem(last=False)
+        return self._chunks[index]
+
+
+_DAMAGED = "the checkpoint is damaged: resume from an older one"
 
 
 def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:

@@ -15,7 +15,10 @@ Row files (disk tables in ``tables/``, DiskSparseAdam's ``optimizer_state/<key>.
 written either whole (a *base*: a sparse copy, or a reflink clone where the file system has
 them) or as a *delta* (``<file>.delta``, see :mod:`dsa_train.optim.deltas`): only the records
 the optimizer wrote since the checkpoint it last saved or resumed from, which the delta names
-(folder, id and the digest of its version of the file). A chain is compacted when it grows:
+(folder, id and the digest of its version of the file), or, in a fresh run (see
+:func:`count_from_creation`), since the files were made: a delta on a *virtual* base, the
+table as ``Table.create`` drew it (``"initial"``) or the all-zero row file (``"zeros"``), which
+no file holds and no checkpoint is needed for. A chain is compacted when it grows:
 past :data:`MAX_LINKS` deltas, or past :data:`MAX_DELTA_FRACTION` of the file's records, the
 union of the chain's rows is written as one delta on the base; when even that union passes
 the fraction (or with reflink clones, which cost no write), a new base is written. The format
@@ -38,6 +41,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,23 +49,34 @@ import torch
 
 from ..errors import StateError
 from ..fsutil import copy_sparse, file_digest, fsync_directory
-from ..nn import DiskTable
+from ..nn import ChainEmbedding, DiskEmbedding, DiskTable
 from ..optim import DiskSparseAdam
-from ..optim.deltas import DELTA_SUFFIX, chain_of, materialise, read_delta_header, snapshot_path, write_delta
+from ..optim.deltas import (
+    DELTA_SUFFIX,
+    VIRTUAL,
+    ChainReader,
+    chain_of,
+    is_virtual,
+    materialise,
+    read_delta_header,
+    snapshot_path,
+    write_delta,
+)
 from ..optim.format import HEADER_BYTES, TABLE_LAYOUT, read_row_header
 from ..optim.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
 from .optimizers import load_tensors, snapshot_optimizer
 from .run_folder import CHECKPOINT_FORMAT as FORMAT
 from .run_folder import DOOMED, PARTIAL, TRAINER, checkpoint_needs, complete_checkpoints, scratch_folders
 
-VERSION = 3  # 3: row files as bases or deltas, checkpoint ids and needs; 2: every file whole
-READABLE = (2, 3)  # a version 2 checkpoint is version 3 without deltas
+VERSION = 4  # 4: deltas on virtual bases; 3: row files as bases or deltas, ids and needs; 2: every file whole
+READABLE = (2, 3, 4)  # a version 2 checkpoint is version 3 without deltas, 3 is 4 without virtual bases
 MODEL = "model.pt"
 TABLES = "tables"  # the run's disk embedding tables (weights and moments): bases or deltas
 MAX_LINKS = 8  # deltas in a chain before it is compacted
 MAX_DELTA_FRACTION = 0.5  # of a file's record bytes that a chain's deltas may hold
 FICLONE = 0x40049409  # Linux ioctl: make a file share another's blocks (copy-on-write)
 RESTORING = ".restore-"  # prefix of a row file being restored (renamed into place when whole)
+FRESH = "initial"  # the optimizer's dirty-rows label in a run whose files are as they were made
 _CLONES: dict[str, bool] = {}  # checkpoints folder -> whether its file system clones
 
 
@@ -110,6 +125,15 @@ def save_checkpoint(
     return final
 
 
+def count_from_creation(optimizer: torch.optim.Optimizer) -> None:
+    """Say that the optimizer's files are exactly as they were made (a fresh run: its disk
+    tables just written by ``Table.create``, its row files just created, nothing stepped):
+    its dirty rows then cover every change, and the next checkpoint writes deltas on the
+    virtual bases instead of full copies."""
+    if isinstance(optimizer, DiskSparseAdam):
+        optimizer.reset_dirty(FRESH)
+
+
 def checkpoint_mode(checkpoints: Path, optimizer: torch.optim.Optimizer) -> str:
     """How this run's checkpoints write row files, in words (for the run's notes)."""
     if not isinstance(optimizer, DiskSparseAdam):
@@ -153,28 +177,79 @@ def _clone(source: Path, target: Path) -> bool:
             os.close(fd)
 
 
+@dataclass
+class _Version:
+    """A version of a row file that a new delta can apply to: ``link`` is what the delta names
+    as its parent, ``base`` and ``links`` where its chain starts and how long it is,
+    ``chain_bytes`` the chain's record bytes, ``needs`` the checkpoints a delta on it needs,
+    ``path`` its file (``None`` for a virtual base)."""
+
+    link: dict
+    base: str
+    links: int
+    chain_bytes: int
+    file_bytes: int
+    needs: set[str]
+    path: Path | None
+
+
 class _Baseline:
     """The checkpoint the optimizer's dirty rows are counted from, and its trainer state."""
 
     def __init__(self, folder: Path, state: dict) -> None:
         self.folder, self.state = folder, state
 
-    def version_of(self, rel: str) -> tuple[bool, str] | None:
-        """How the baseline holds the file ``rel``: (as a delta?, its digest), or ``None``."""
-        files = self.state["files"]
-        if rel in files:
-            return False, files[rel]
-        if rel + DELTA_SUFFIX in files:
-            return True, files[rel + DELTA_SUFFIX]
-        return None
+    def version_of(self, rel: str, source: Path) -> _Version | None:
+        """The baseline's version of the file ``rel``, or ``None`` when it holds none."""
+        files, name = self.state["files"], self.folder.name
+        is_delta = rel not in files
+        digest = files.get(rel + DELTA_SUFFIX if is_delta else rel)
+        if digest is None:
+            return None
+        path = snapshot_path(self.folder.parent, name, rel, delta=is_delta)
+        link = {"snapshot": name, "id": self.state["checkpoint_id"], "digest": digest, "delta": is_delta}
+        if not is_delta:
+            return _Version(link, name, 0, 0, os.stat(path).st_size, {name}, path)
+        meta = read_delta_header(path)
+        needs = {name, *checkpoint_needs(self.folder)} if meta["base"] != name else {name}
+        return _Version(link, meta["base"], meta["links"], meta["chain_bytes"], meta["file_bytes"], needs, path)
+
+    def base_of(self, rel: str, version: _Version) -> _Version:
+        """The base of ``version``'s chain, as a version to write a compacted delta on."""
+        if version.base in VIRTUAL:
+            return _Version({"virtual": version.base}, version.base, 0, 0, version.file_bytes, set(), None)
+        state = read_trainer_state(self.folder.parent / version.base)
+        link = {"snapshot": version.base, "id": state["checkpoint_id"], "digest": state["files"][rel], "delta": False}
+        return _Version(link, version.base, 0, 0, version.file_bytes, {version.base}, None)
 
 
-def _baseline(checkpoints: Path, optimizer: torch.optim.Optimizer, name: str) -> _Baseline | None:
-    """The checkpoint the optimizer's dirty rows are counted from, if it is still there as it
-    was (its id matches) and is not the one about to be replaced; else ``None`` (write bases)."""
+class _Fresh:
+    """A fresh run's baseline: every file as it was made, a virtual base (``"initial"`` for a
+    disk table whose header records its creation, ``"zeros"`` for any other row file)."""
+
+    def version_of(self, rel: str, source: Path) -> _Version | None:
+        meta = read_row_header(source)
+        if meta.get("layout") == TABLE_LAYOUT:
+            if not isinstance(meta.get("creation"), dict):
+                return None  # made before tables recorded how: its first checkpoint is a copy
+            kind = "initial"
+        else:
+            kind = "zeros"
+        return _Version({"virtual": kind}, kind, 0, 0, os.stat(source).st_size, set(), None)
+
+    def base_of(self, rel: str, version: _Version) -> _Version:
+        return version
+
+
+def _baseline(checkpoints: Path, optimizer: torch.optim.Optimizer, name: str) -> _Baseline | _Fresh | None:
+    """What the optimizer's dirty rows are counted from: the files as made (a fresh run), or a
+    checkpoint, if it is still there as it was (its id matches) and is not the one about to be
+    replaced; else ``None`` (write bases)."""
     label = getattr(optimizer, "dirty_since", None) if isinstance(optimizer, DiskSparseAdam) else None
     if label is None:
         return None
+    if label == FRESH:
+        return _Fresh()
     folder_name, _, checkpoint_id = label.partition(":")
     folder = checkpoints / folder_name
     if folder_name == name or not (folder / TRAINER).is_file():
@@ -190,52 +265,38 @@ class _RowWriter:
     """Writes each row file into the partial checkpoint as a base or a delta (see the module
     docstring for the rules), and collects the checkpoints the new one needs."""
 
-    def __init__(self, partial: Path, optimizer, baseline: _Baseline | None, clones: bool) -> None:
+    def __init__(self, partial: Path, optimizer, baseline: _Baseline | _Fresh | None, clones: bool) -> None:
         self.partial, self.optimizer, self.baseline, self.clones = partial, optimizer, baseline, clones
         self.needs: set[str] = set()
 
     def __call__(self, source: Path, rel: str) -> None:
         target = self.partial / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        parent = self.baseline.version_of(rel) if self.baseline is not None else None
-        rows = self.optimizer.dirty_rows(source) if parent is not None else None
-        if rows is None:
-            return self._base(source, target)
-        is_delta, digest = parent
+        rows = self.optimizer.dirty_rows(source) if self.baseline is not None else None
+        parent = self.baseline.version_of(rel, source) if rows is not None else None
         size = os.stat(source).st_size
+        if parent is None or parent.file_bytes != size:
+            return self._base(source, target)
         row_bytes = read_row_header(source)["row_bytes"]
         limit = MAX_DELTA_FRACTION * (size - HEADER_BYTES)
-        parent_path = snapshot_path(self.baseline.folder.parent, self.baseline.folder.name, rel, delta=is_delta)
-        if is_delta:
-            meta = read_delta_header(parent_path)
-            base, links, chain_bytes, parent_size = meta["base"], meta["links"], meta["chain_bytes"], meta["file_bytes"]
-        else:
-            base, links, chain_bytes, parent_size = self.baseline.folder.name, 0, 0, os.stat(parent_path).st_size
-        if parent_size != size:
+        if parent.links + 1 <= MAX_LINKS and parent.chain_bytes + len(rows) * row_bytes <= limit:
+            return self._delta(source, rows, target, rel, row_bytes, parent, parent.links + 1, parent.chain_bytes + len(rows) * row_bytes)
+        if self.clones or parent.links == 0:
             return self._base(source, target)
-        if links + 1 <= MAX_LINKS and chain_bytes + len(rows) * row_bytes <= limit:
-            link = {"snapshot": self.baseline.folder.name, "id": self.baseline.state["checkpoint_id"], "digest": digest, "delta": is_delta}
-            return self._delta(source, rows, target, rel, row_bytes, link, base, links + 1, chain_bytes + len(rows) * row_bytes)
-        if self.clones or not is_delta:
-            return self._base(source, target)
-        chain = chain_of(parent_path)  # compaction: the union of the chain's rows, on its base
+        chain = chain_of(parent.path)  # compaction: the union of the chain's rows, on its base
         union = np.union1d(rows, np.concatenate([_delta_rows(path) for path in chain[1:]]))
         if len(union) * row_bytes > limit:
             return self._base(source, target)
-        base_state = read_trainer_state(self.baseline.folder.parent / base)
-        link = {"snapshot": base, "id": base_state["checkpoint_id"], "digest": base_state["files"][rel], "delta": False}
-        return self._delta(source, union, target, rel, row_bytes, link, base, 1, len(union) * row_bytes)
+        return self._delta(source, union, target, rel, row_bytes, self.baseline.base_of(rel, parent), 1, len(union) * row_bytes)
 
     def _base(self, source: Path, target: Path) -> None:
         if not (self.clones and _clone(source, target)):
             copy_sparse(source, target)
 
-    def _delta(self, source, rows, target, rel, row_bytes, link, base, links, chain_bytes) -> None:
-        meta = {"file": rel, "row_bytes": row_bytes, "parent": link, "base": base, "links": links, "chain_bytes": chain_bytes}
+    def _delta(self, source, rows, target, rel, row_bytes, parent: _Version, links: int, chain_bytes: int) -> None:
+        meta = {"file": rel, "row_bytes": row_bytes, "parent": parent.link, "base": parent.base, "links": links, "chain_bytes": chain_bytes}
         write_delta(source, rows, target.with_name(target.name + DELTA_SUFFIX), meta)
-        self.needs.add(link["snapshot"])
-        if link["snapshot"] != base:
-            self.needs.update(checkpoint_needs(self.baseline.folder))
+        self.needs |= parent.needs
 
 
 def _delta_rows(path: Path) -> np.ndarray:
@@ -338,8 +399,16 @@ def _verify_link(checkpoint: Path, name: str, verified: dict[Path, dict]) -> set
     names of the checkpoints the chain passes through."""
     meta = read_delta_header(checkpoint / name)
     link = meta["parent"]
-    parent = checkpoint.parent / link["snapshot"]
     rel = name.removesuffix(DELTA_SUFFIX)
+    if is_virtual(link):  # the file as it was made: nothing to reach, its header must say how
+        if meta["file"] != rel:
+            raise StateError(f"checkpoint '{checkpoint}' is damaged: {name} names the file {meta['file']!r}", hint="resume from an older checkpoint")
+        try:
+            chain_of(checkpoint / name)
+        except StateError as e:
+            raise StateError(f"checkpoint '{checkpoint}' is damaged: {e.message}", hint="resume from an older checkpoint") from None
+        return set()
+    parent = checkpoint.parent / link["snapshot"]
     if meta["file"] != rel or not link["snapshot"] < checkpoint.name or not (parent / TRAINER).is_file():
         raise StateError(
             f"checkpoint '{checkpoint}' is damaged: {name} needs checkpoint {link['snapshot']}, which is missing or not older",
@@ -458,23 +527,60 @@ def restore_row_file(version: Path, target: Path) -> None:
         raise
 
 
+class ReadableTables:
+    """A checkpoint's tables, opened read-only without writing any of them (see
+    :func:`readable_tables`): build the task's tables from ``directory``, then :meth:`attach`."""
+
+    def __init__(self, directory: Path, readers: dict[str, ChainReader]) -> None:
+        self.directory, self._readers = directory, readers
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Replace each DiskEmbedding of ``model`` opened on a stand-in by a
+        :class:`~dsa_train.nn.ChainEmbedding` reading the checkpoint's version (same output
+        device); nothing to do when the tables were bases, mapped as they are."""
+        for name, module in list(model.named_modules()):
+            if isinstance(module, DiskEmbedding) and module.path.parent == self.directory and module.path.name in self._readers:
+                owner_name, _, attribute = name.rpartition(".")
+                owner = model.get_submodule(owner_name) if owner_name else model
+                setattr(owner, attribute, ChainEmbedding(self._readers.pop(module.path.name), device=module.output_device))
+                module.table.close()
+
+    def close(self) -> None:
+        for reader in self._readers.values():  # never attached
+            reader.close()
+        self._readers = {}
+
+
 @contextmanager
-def readable_tables(checkpoint: Path, scratch_parent: Path) -> Iterator[Path]:
-    """A folder holding the checkpoint's tables as whole files, to open them read-only: its
-    own ``tables/`` when every table there is a base, else a temporary folder in
-    ``scratch_parent`` where the tables with deltas are materialised (it costs the bytes of
-    the whole table, see docs/checkpoints.md) and which is removed on exit (tables opened
-    inside keep their mapping)."""
+def readable_tables(checkpoint: Path, scratch_parent: Path) -> Iterator[ReadableTables]:
+    """The checkpoint's tables, to evaluate with, with no table written. When every table there
+    is a base, ``directory`` is the checkpoint's ``tables/`` (mapped read-only, as a run maps
+    its tables). Otherwise each table is read through its chain (:class:`ChainReader`: the
+    base, a file or the initial table drawn again chunk by chunk, with the deltas laid over
+    it), and ``directory`` is a temporary folder in ``scratch_parent`` of stand-ins for the
+    task to open: each a header block and holes of the table's size (4 KiB on disk), never
+    read, replaced by :meth:`ReadableTables.attach` and removed on exit."""
     names = _table_names(checkpoint)
     if all((checkpoint / TABLES / name).is_file() for name in names):
-        yield checkpoint / TABLES
+        yield ReadableTables(checkpoint / TABLES, {})
         return
     scratch = Path(tempfile.mkdtemp(dir=scratch_parent, prefix=".eval-tables-"))
+    tables = ReadableTables(scratch, {})
     try:
         for name in names:
-            restore_row_file(checkpoint / TABLES / name, scratch / name)
-        yield scratch
+            version = checkpoint / TABLES / name
+            chain = chain_of(version if version.is_file() else version.with_name(name + DELTA_SUFFIX))
+            meta = read_delta_header(chain[-1]) if len(chain) > 1 else read_row_header(chain[0])
+            reader = tables._readers[name] = ChainReader(chain, meta["row_bytes"])
+            fd = os.open(scratch / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            try:
+                os.pwrite(fd, reader.header(), 0)
+                os.ftruncate(fd, reader.size)
+            finally:
+                os.close(fd)
+        yield tables
     finally:
+        tables.close()
         shutil.rmtree(scratch)
 
 

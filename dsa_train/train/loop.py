@@ -32,7 +32,15 @@ from ..data.order import Shuffle
 from ..errors import DsaError
 from ..memory import PeakRssAnon, peak_rss_bytes, rss_anon_bytes
 from ..recipe import Recipe
-from .checkpoint import checkpoint_mode, find_checkpoint, load_model_state, readable_tables, restore_tables, save_checkpoint
+from .checkpoint import (
+    checkpoint_mode,
+    count_from_creation,
+    find_checkpoint,
+    load_model_state,
+    readable_tables,
+    restore_tables,
+    save_checkpoint,
+)
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, load_tensors, restore_state_dir
 from .run_folder import MetricsLog, RunFolder, complete_checkpoints
 from .tasks import TableSite, Task, make_task
@@ -185,7 +193,9 @@ class Training:
         dense = self.task.dense_parameters()
         if dense:
             self.dense_optimizer = torch.optim.Adam(dense, lr=recipe.optimizer.dense_lr)
-        if checkpoint is not None:
+        if checkpoint is None:  # its tables and row files were just made: checkpoints start as deltas on them
+            count_from_creation(self.optimizer)
+        else:
             load_optimizer_state(self.optimizer, checkpoint)
             if hasattr(self.optimizer, "skipped_steps"):
                 self.optimizer.skipped_steps = trainer["skipped_steps"]
@@ -381,9 +391,10 @@ def evaluate_run(
     for warning in damaged:
         reporter.note(f"warning: {warning}")
     torch.manual_seed(recipe.train.seed)
-    with readable_tables(path, run.path) as tables:  # tables with deltas are materialised to be read
-        site = TableSite(tables, writable=False)
+    with readable_tables(path, run.path) as tables:  # tables kept as deltas are read through their chains
+        site = TableSite(tables.directory, writable=False)
         task = make_task(recipe, resolve_device(recipe.train.device), site, progress=WorkProgress(reporter), note=reporter.note)
+        tables.attach(task.model)
     load_model_state(path, task.model)
     task.model.eval()
     metrics = task.evaluate(split, final=True, reporter=reporter)
