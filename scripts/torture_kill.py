@@ -10,9 +10,10 @@ metrics history (losses and metrics; timings aside) must equal the reference's b
 
 With ``--storage disk`` the entity table is a disk table (weights and moments in one file)
 in a larger graph, checkpointed every 3 steps, so checkpoints are deltas of the rows written
-and their chains are compacted every few checkpoints; a fourth moment, "compaction", kills
-while a checkpoint that compacts a chain is written (the newest complete one ends a chain of
-the longest allowed length).
+(the first one of a fresh run a delta on the table as it was made) and their chains are
+compacted every few checkpoints; a fourth moment, "compaction", kills while a checkpoint
+that compacts a chain is written (the newest complete one ends a chain of the longest
+allowed length). The final checkpoints' tables are compared as their chains make them.
 
     python scripts/torture_kill.py --kills 21
     python scripts/torture_kill.py --kills 20 --storage disk
@@ -130,16 +131,29 @@ def comparable(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records(run)]
 
 
+def records_of(checkpoint: Path, name: str) -> np.ndarray:
+    """Every record of a checkpoint's version of a row file (a base, or a delta read through
+    its chain, which may start at the table as it was made), past the header (which names the
+    run's own table and state ids)."""
+    from dsa_train.optim.deltas import DELTA_SUFFIX, ChainReader, chain_of, read_delta_header
+    from dsa_train.optim.format import read_row_header
+
+    path = checkpoint / name
+    if not path.exists():
+        path = path.with_name(path.name + DELTA_SUFFIX)
+    chain = chain_of(path)
+    row_bytes = (read_delta_header(path) if path.name.endswith(DELTA_SUFFIX) else read_row_header(path))["row_bytes"]
+    with ChainReader(chain, row_bytes) as reader:
+        return reader.read(0, reader.num_rows)
+
+
 def same_run(a: Path, b: Path, storage: str) -> dict[str, bool]:
     final_a = sorted((a / "checkpoints").iterdir())[-1]
     final_b = sorted((b / "checkpoints").iterdir())[-1]
     weights_a, weights_b = torch.load(final_a / "model.pt"), torch.load(final_b / "model.pt")
     rows = ["optimizer_state/rel_emb.weight.rows"]
     rows += ["tables/entities.table"] if storage == "disk" else ["optimizer_state/node_emb.weight.rows"]
-    moments = all(  # past the header, which names the run's own table and state ids
-        np.array_equal(np.fromfile(a / name, dtype=np.float32, offset=4096), np.fromfile(b / name, dtype=np.float32, offset=4096))
-        for name in rows
-    )
+    moments = all(np.array_equal(records_of(final_a, name), records_of(final_b, name)) for name in rows)
     return {
         "same final step": final_a.name == final_b.name,
         "weights equal": all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a if isinstance(weights_a[k], torch.Tensor)),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -311,3 +312,348 @@ def test_no_clones_here_is_detected_once(tmp_path):
     finally:
         ckpt._clone = original
     assert first == second and len(calls) == 1 and os.listdir(tmp_path) == []  # the probe leaves nothing
+
+
+# -- a fresh run: deltas on the files as they were made (virtual bases) ---------------------
+
+
+def on_disk(folder: Path) -> int:
+    """Bytes the files below ``folder`` take on disk (holes excluded)."""
+    return sum(p.stat().st_blocks * 512 for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_fresh_runs_first_checkpoint_is_a_delta_on_the_files_as_made(parts, tmp_path):
+    ckpt.count_from_creation(parts.opt)
+    checkpoints = tmp_path / "checkpoints"
+    parts.train(0, 3)
+    first = parts.save(checkpoints, 3)
+    live = parts.files()
+    assert kinds(first) == {"tables/t.table": "delta", "optimizer_state/plain.weight.rows": "delta"}
+    table_delta = read_delta_header(first / "tables" / "t.table.delta")
+    rows_delta = read_delta_header(first / "optimizer_state" / "plain.weight.rows.delta")
+    assert table_delta["parent"] == {"virtual": "initial"} and table_delta["base"] == "initial" and table_delta["links"] == 1
+    assert rows_delta["parent"] == {"virtual": "zeros"} and 0 < table_delta["rows"] <= 36
+    state = json.loads((first / "trainer.json").read_text())
+    assert state["version"] == ckpt.VERSION and state["needs"] == []  # no checkpoint holds a base
+    assert on_disk(first / "tables") < (parts.tables / "t.table").stat().st_size / 10  # no file of the table's size
+    assert on_disk(first / "optimizer_state") < on_disk(parts.state) / 2
+
+    back = restored(first, tmp_path / "back", parts.opt.state_id)  # the table drawn again, the deltas laid over it
+    assert back == live
+
+    parts.train(3, 4)  # and it goes on exactly as the uninterrupted run does
+    uninterrupted = parts.files()
+    parts.close()
+    again = Parts(tmp_path / "back" / "tables", tmp_path / "back" / "state")
+    load_model_state(first, again.model)
+    load_optimizer_state(again.opt, first)
+    again.train(3, 4)
+    assert again.files() == uninterrupted
+    again.close()
+
+
+def test_chains_on_the_initial_table_are_compacted_onto_it_and_restore(parts, tmp_path):
+    ckpt.count_from_creation(parts.opt)
+    checkpoints = tmp_path / "checkpoints"
+    expected, headers = {}, []
+    for n in range(1, 2 * MAX_LINKS + 4):
+        parts.train(10 * n, 2)
+        path = parts.save(checkpoints, n, keep=2)
+        expected[path.name] = parts.files()
+        headers.append(read_delta_header(path / "tables" / "t.table.delta"))
+        assert kinds(path)["tables/t.table"] == "delta"  # never a copy of the table
+    links = [h["links"] for h in headers]
+    assert links[: MAX_LINKS + 1] == [*range(1, MAX_LINKS + 1), 1]  # compacted after MAX_LINKS links...
+    merged = headers[MAX_LINKS]
+    assert merged["parent"] == {"virtual": "initial"} and merged["rows"] > 24  # ...the chain's union, on the initial table
+    kept = complete_checkpoints(checkpoints)
+    newest = json.loads((kept[-1] / "trainer.json").read_text())["needs"]
+    assert [p.name for p in kept] == sorted({*newest, kept[-2].name, kept[-1].name})  # pruning kept the chain only
+    for i, path in enumerate(kept):
+        assert restored(path, tmp_path / f"r{i}", parts.opt.state_id) == expected[path.name], path.name
+
+
+def test_a_fresh_run_touching_most_rows_writes_a_base(parts, tmp_path):
+    ckpt.count_from_creation(parts.opt)
+    parts.train(0, 1, everywhere=True)
+    first = parts.save(tmp_path / "checkpoints", 1)
+    assert kinds(first)["tables/t.table"] == "base"
+    assert restored(first, tmp_path / "back", parts.opt.state_id) == parts.files()
+
+
+def test_damage_to_a_delta_on_the_initial_table_is_found(parts, tmp_path):
+    ckpt.count_from_creation(parts.opt)
+    checkpoints = tmp_path / "checkpoints"
+    for n in (1, 2):
+        parts.train(10 * n, 2)
+        parts.save(checkpoints, n)
+    first = checkpoints / "0000000001"
+    flip(first / "tables" / "t.table.delta", ckpt.HEADER_BYTES + 40)  # the header block: the creation parameters
+    with pytest.raises(StateError, match="every checkpoint .* is damaged") as caught:
+        find_checkpoint(checkpoints)
+    assert "t.table.delta does not match its digest" in caught.value.message
+    shutil.rmtree(first)  # a missing link
+    with pytest.raises(StateError, match="needs checkpoint 0000000001, which is missing"):
+        find_checkpoint(checkpoints, 2)
+
+
+def test_a_torch_that_draws_other_initial_weights_is_refused(parts, tmp_path, monkeypatch):
+    from dsa_train.optim import table
+
+    ckpt.count_from_creation(parts.opt)
+    parts.train(0, 2)
+    first = parts.save(tmp_path / "checkpoints", 1)
+    real = table.init_chunk
+
+    def other_numbers(init, chunk, generator, **kwargs):
+        real(init, chunk, generator, **kwargs)
+        chunk.add_(1e-3)
+
+    monkeypatch.setattr(table, "init_chunk", other_numbers)
+    assert find_checkpoint(tmp_path / "checkpoints")[2] == []  # intact: the guard is not damage
+    where = tmp_path / "back" / "tables"
+    where.mkdir(parents=True)
+    with pytest.raises(StateError, match=r"cannot be re-created from its seed: it was made under torch .*, and torch .* draws other") as caught:
+        restore_tables(first, where)
+    assert f"torch=={torch.__version__}" in caught.value.hint
+    assert list(where.iterdir()) == []  # nothing half-restored left
+
+
+def test_reading_a_chain_on_the_initial_table_draws_only_its_chunks(tmp_path):
+    """A table of three 65,536-row chunks: rows read through a delta-on-initial chain (ranges and
+    gathers, across chunk borders) equal the live file's; only the chunks asked for are drawn."""
+    from dsa_train.optim import table
+    from dsa_train.optim.deltas import ChainReader, chain_of
+
+    rows = 2 * table.INIT_CHUNK_ROWS + 7
+    emb = DiskEmbedding(rows, 2, path=tmp_path / "t.table", std=0.1, seed=5)
+    model = torch.nn.ModuleDict({"t": emb})
+    with DiskSparseAdam(model.named_parameters(), lr=0.01, state_dir=tmp_path / "state") as opt:
+        ckpt.count_from_creation(opt)
+        picked = torch.tensor([0, 5, table.INIT_CHUNK_ROWS - 1, table.INIT_CHUNK_ROWS, rows - 1])
+        emb(picked).pow(2).sum().backward()
+        opt.step()
+        path = save_checkpoint(tmp_path / "checkpoints", 1, model, opt, {"run_id": "r", "step": 1}, keep=2)
+        emb.flush()
+    live = np.fromfile(tmp_path / "t.table", dtype=np.uint8, offset=ckpt.HEADER_BYTES).reshape(rows, -1)
+    drawn = []
+    real = table.initial_weights
+    monkey = lambda creation, shape, dtype, index, out=None: drawn.append(index) or real(creation, shape, dtype, index, out)  # noqa: E731
+    table.initial_weights = monkey
+    try:
+        with ChainReader(chain_of(path / "tables" / "t.table.delta"), live.shape[1]) as reader:
+            assert np.array_equal(reader.read(table.INIT_CHUNK_ROWS - 3, table.INIT_CHUNK_ROWS + 3), live[table.INIT_CHUNK_ROWS - 3 : table.INIT_CHUNK_ROWS + 3])
+            asked = np.array([rows - 1, 3, 3, table.INIT_CHUNK_ROWS, 17])
+            assert np.array_equal(reader.gather(asked), live[asked])
+            assert sorted(set(drawn)) == [0, 1, 2] and drawn.count(2) == 1  # each chunk drawn once (cached), the guard's 0 again
+    finally:
+        table.initial_weights = real
+
+
+def test_inspect_state_reads_a_checkpoint_kept_as_a_delta_on_the_initial_table(parts, tmp_path):
+    from dsa_train.optim.inspect import StateInspector
+
+    ckpt.count_from_creation(parts.opt)
+    parts.train(0, 3)
+    first = parts.save(tmp_path / "checkpoints", 3)
+    moments = parts.table.table.rows.moments.clone()
+    parts.train(3, 3)  # the live table moves on; the checkpoint's version stays
+    inspector = StateInspector.of(first / "optimizer_state")
+    touched = np.flatnonzero(moments[:, 1].abs().sum(1).numpy())
+    asked = [int(touched[0]), int(touched[-1]), ROWS - 1 if ROWS - 1 not in touched else 1]
+    m, v = inspector.read_rows("table.weight", asked)
+    assert np.array_equal(m, moments[asked, 0].double().numpy()) and np.array_equal(v, moments[asked, 1].double().numpy())
+    assert not v[2].any() and v[0].any()
+    summary = inspector.summary("table.weight")
+    assert summary.chain[0]["file"].startswith("initial") and summary.allocated_bytes == 0
+    assert inspector.check("table.weight")["bad_rows"] == 0
+
+
+# -- whole runs: resume and eval from deltas on the initial table ----------------------------
+
+RUN_RECIPE = """\
+name: fresh
+description: a disk table large enough for its first checkpoints to be deltas
+dataset:
+  kind: synthetic
+  synthetic: {entities: 20000, relations: 8, triples: 6000, valid: 200, test: 200, clusters: 12, seed: 3}
+model: {kind: distmult, dim: 16, init_std: 0.05, dropout: 0.1, embedding_storage: disk}
+train: {epochs: 1, max_steps: 8, batch_size: 64, negatives: 16, log_every: 2, checkpoint_every: 3, keep_checkpoints: 2}
+optimizer: {kind: dsa, lr: 0.01}
+eval: {final_splits: [test], entity_chunk: 3000}
+"""
+
+
+def cli(*args):
+    from typer.testing import CliRunner
+
+    from dsa_train.cli.app import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def history(run: Path) -> list[dict]:
+    from dsa_train.train.run_folder import MetricsLog
+
+    timings = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib")
+    return [{k: v for k, v in r.items() if k not in timings} for r in MetricsLog.read(run / "metrics.jsonl")]
+
+
+def final_versions(run: Path) -> dict[str, np.ndarray]:
+    """The final checkpoint's table and row file records, read through their chains."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from torture_kill import records_of
+
+    final = complete_checkpoints(run / "checkpoints")[-1]
+    return {name: records_of(final, name) for name in ("tables/entities.table", "optimizer_state/rel_emb.weight.rows")}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fresh")
+    (root / "fresh.yaml").write_text(RUN_RECIPE)
+    done = cli("run", root / "fresh.yaml", "--output", root / "whole")
+    assert done.exit_code == 0, done.stderr
+    return root / "fresh.yaml", root / "whole"
+
+
+def test_a_run_resumed_from_its_first_checkpoint_a_delta_on_the_initial_table_ends_as_uninterrupted(uninterrupted, tmp_path, monkeypatch):
+    from dsa_train.train import loop
+
+    recipe, whole = uninterrupted
+    real_step = loop.Training.step
+
+    def crash_at_4(self, picked):
+        if self.step_count == 4:  # after the first checkpoint (step 3)
+            raise RuntimeError("power cut")
+        return real_step(self, picked)
+
+    monkeypatch.setattr(loop.Training, "step", crash_at_4)
+    broken = tmp_path / "broken"
+    assert cli("run", recipe, "--output", broken).exit_code == 1
+    first = broken / "checkpoints" / "0000000003"
+    assert read_delta_header(first / "tables" / "entities.table.delta")["parent"] == {"virtual": "initial"}
+    assert not (first / "tables" / "entities.table").exists()
+    assert on_disk(first) < (broken / "tables" / "entities.table").stat().st_size / 10
+    monkeypatch.setattr(loop.Training, "step", real_step)
+    resumed = cli("run", recipe, "--output", broken, "--resume")
+    assert resumed.exit_code == 0 and "resuming from" in resumed.stderr and "step 3" in resumed.stderr, resumed.stderr
+    assert history(broken) == history(whole)
+    ours, theirs = final_versions(broken), final_versions(whole)
+    assert all(np.array_equal(ours[k], theirs[k]) for k in ours)
+    live = lambda run: np.fromfile(run / "tables" / "entities.table", dtype=np.uint8, offset=4096)  # noqa: E731
+    assert np.array_equal(live(broken), live(whole))
+
+
+KILLED_IN_THE_FIRST_DELTA = textwrap.dedent(
+    """
+    import os, signal, sys
+    from dsa_train.train import checkpoint
+
+    real = checkpoint.write_delta
+
+    def killed_half_way(source, rows, target, meta):
+        real(source, rows, target, meta)
+        os.truncate(target, os.path.getsize(target) // 2)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoint.write_delta = killed_half_way
+    from dsa_train.cli.app import main
+    sys.argv = ["dsa-train", "run", {recipe!r}, "--output", {out!r}]
+    main()
+    """
+)
+
+
+def test_a_kill_in_the_first_delta_then_resume_ends_as_uninterrupted(uninterrupted, tmp_path):
+    recipe, whole = uninterrupted
+    victim = tmp_path / "victim"
+    done = subprocess.run([sys.executable, "-c", KILLED_IN_THE_FIRST_DELTA.format(recipe=str(recipe), out=str(victim))], capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert list((victim / "checkpoints").glob(".partial-0000000003/*/*.delta")), "the kill did not land in the first delta"
+    assert complete_checkpoints(victim / "checkpoints") == []
+    resumed = cli("run", recipe, "--output", victim, "--resume")
+    assert resumed.exit_code == 0 and "has no checkpoint yet" in resumed.stderr, resumed.stderr
+    assert history(victim) == history(whole)
+    ours, theirs = final_versions(victim), final_versions(whole)
+    assert all(np.array_equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_eval_of_a_delta_checkpoint_reads_it_through_its_chain_and_scores_as_the_table_itself(uninterrupted, monkeypatch):
+    """The reference: the same checkpoint scored with the run's live table (its version at the
+    final step), mapped as a DiskEmbedding. eval writes no table: nothing is materialised,
+    and its stand-ins take a few KiB."""
+    from dsa_train.optim import deltas
+    from dsa_train.train import loop
+    from dsa_train.train.run_folder import RunFolder
+    from dsa_train.train.tasks import TableSite, make_task
+
+    recipe, whole = uninterrupted
+    final = complete_checkpoints(whole / "checkpoints")[-1]
+    assert (final / "tables" / "entities.table.delta").exists() and not (final / "tables" / "entities.table").exists()
+    table_bytes = (whole / "tables" / "entities.table").stat().st_size
+    stand_ins, real_attach = [], ckpt.ReadableTables.attach
+
+    def attach(self, model):
+        stand_ins.append(on_disk(self.directory))
+        return real_attach(self, model)
+
+    def never(*args, **kwargs):
+        raise AssertionError("a table was materialised")
+
+    monkeypatch.setattr(ckpt.ReadableTables, "attach", attach)
+    monkeypatch.setattr(ckpt, "materialise", never)
+    monkeypatch.setattr(deltas, "copy_sparse", never)
+    path, metrics, _ = loop.evaluate_run(RunFolder.find(whole), "test")
+    assert path == final and len(stand_ins) == 1 and stand_ins[0] < table_bytes / 100
+    assert not list(whole.glob(".eval-tables-*"))
+
+    run_recipe = RunFolder.find(whole).read_config([])
+    torch.manual_seed(run_recipe.train.seed)
+    task = make_task(run_recipe, torch.device("cpu"), TableSite(whole / "tables", writable=False))
+    load_model_state(final, task.model)
+    task.model.eval()
+    assert metrics == task.evaluate("test", final=True, reporter=loop.SilentReporter())
+    assert metrics["both"]["queries"] == 400
+
+
+NODE2VEC_RECIPE = """\
+name: fresh-node2vec
+description: node2vec with its node table on disk, checkpointed as deltas
+dataset:
+  kind: synthetic_graph
+  graph: {nodes: 20000, communities: 4, average_degree: 4, homophily: 0.9, seed: 1}
+  link_split: [0.1, 0.2]
+model:
+  kind: node2vec
+  dim: 8
+  embedding_storage: disk
+  node2vec: {walk_length: 4, context_size: 2, walks_per_node: 1}
+train: {epochs: 1, max_steps: 4, batch_size: 32, log_every: 2, checkpoint_every: 3, keep_checkpoints: 2}
+optimizer: {kind: dsa, lr: 0.05}
+eval: {final_splits: [test], link_negatives: 5}
+"""
+
+
+def test_node2vec_eval_of_a_delta_checkpoint_reads_only_the_rows_it_scores(tmp_path, monkeypatch):
+    from dsa_train.nn import TableRows
+    from dsa_train.train import loop
+    from dsa_train.train.run_folder import RunFolder
+    from dsa_train.train.tasks import TableSite, make_task
+
+    (tmp_path / "n.yaml").write_text(NODE2VEC_RECIPE)
+    assert cli("run", tmp_path / "n.yaml", "--output", tmp_path / "run").exit_code == 0
+    run = RunFolder.find(tmp_path / "run")
+    final = complete_checkpoints(run.checkpoints)[-1]
+    assert read_delta_header(final / "tables" / "nodes.table.delta")["base"] == "initial"
+    read, real = [], TableRows.__getitem__
+    monkeypatch.setattr(TableRows, "__getitem__", lambda self, ids: read.append(len(ids)) or real(self, ids))
+    _, metrics, _ = loop.evaluate_run(run, "test")
+    assert read and "link" in metrics
+
+    recipe = run.read_config([])
+    torch.manual_seed(recipe.train.seed)
+    task = make_task(recipe, torch.device("cpu"), TableSite(run.tables_dir, writable=False))
+    load_model_state(final, task.model)
+    task.model.eval()
+    assert metrics == task.evaluate("test", final=True, reporter=loop.SilentReporter())

@@ -74,7 +74,8 @@ def inspect_state(
 
     Given a checkpoint's optimizer_state/, rows are read as that checkpoint holds them: a
     row file (or disk table) kept as a delta is read through its chain (base, then deltas),
-    and the chain's files and bytes are listed.
+    and the chain's files and bytes are listed. A chain may start from the file as it was
+    made, which no file holds: zeros, or a table's initial weights, drawn again from its seed.
 
     Examples:
 
@@ -125,8 +126,8 @@ def _check(inspector: StateInspector, names: list[str]) -> dict:
     reporter = ProgressReporter()
     result = {"ok": True, "rows_scanned": 0, "rows_read": 0, "params": {}}
     for name in names:
-        _, _, info = inspector.row_file(name)
-        long_scan = info.st_blocks * 512 > LONG_SCAN_BYTES
+        base, _, size, allocated = inspector.row_file(name)
+        long_scan = (allocated if isinstance(base, Path) else size) > LONG_SCAN_BYTES  # a virtual base is drawn, not read
         if long_scan:
             reporter.work_start(f"checking {name}", inspector.spec(name).num_rows)
         try:
@@ -194,7 +195,7 @@ def _print(document: dict, holder: str | None, inspector: StateInspector, select
     shown = lambda xs: ", ".join(f"{x:.4g}" for x in xs[:6]) + (", ..." if len(xs) > 6 else "")  # noqa: E731
     for name, p in document["params"].items():
         if p["layout"] == "w|m|v":
-            where = inspector.chain(name)[0] if document["checkpoint"] else p["file"]
+            where = inspector.chain(name)[-1] if document["checkpoint"] else p["file"]
             stdout.print(f"{name}: weights and moments in the disk table {where}", highlight=False)
         if p.get("chain"):
             base, *deltas = p["chain"]

@@ -12,7 +12,9 @@ The ``optimizer_state/`` of a checkpoint is read as that checkpoint holds it: a 
 as a delta (``<file>.delta``, see :mod:`.deltas`) is read through its chain (the base's
 records with every delta's laid over them, nothing written), and a disk table's moments come
 from the checkpoint's ``tables/`` (its base or delta), not from the live table the manifest
-names. :meth:`StateInspector.chain` lists the files of a chain and their bytes.
+names. :meth:`StateInspector.chain` lists the files of a chain and their bytes. A chain may
+start at a virtual base (see :mod:`.deltas`): zeros, or a table's initial weights, which are
+drawn again from its seed (this one needs torch, imported only then).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import numpy as np
 
 from ..errors import StateError
 from ..fsutil import lock_holder as live_holder  # noqa: F401  (re-exported: the CLI asks who holds a directory)
-from .deltas import DELTA_SUFFIX, ChainReader, chain_of
-from .format import LAYOUT, MANIFEST, TABLE_LAYOUT, RowSpec, load_manifest, moments_file, read_row_header
+from .deltas import DELTA_SUFFIX, ChainReader, VirtualBase, chain_of
+from .format import LAYOUT, MANIFEST, TABLE_LAYOUT, RowSpec, load_manifest, moments_file, parse_row_header, read_row_header
 
 _NUMPY = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": np.uint16}
 SAMPLE_SEED = 20_261_202  # not 0: a table trained with seed-0 lookups must not match its own sample
@@ -84,9 +86,10 @@ class StateInspector:
         parent = self.path.parent
         return parent if self.path.name == "optimizer_state" and (parent / "trainer.json").is_file() else None
 
-    def chain(self, name: str) -> list[Path]:
+    def chain(self, name: str) -> list:
         """The files that make the parameter's records: ``[row file]``, or in a checkpoint that
-        keeps it as a delta, ``[base, delta, ..., delta]`` (see :mod:`.deltas`)."""
+        keeps it as a delta, ``[base, delta, ..., delta]``, the base a file or a
+        :class:`~.deltas.VirtualBase` (see :mod:`.deltas`)."""
         entry = self._entry(name)
         checkpoint = self.checkpoint
         if checkpoint is not None and entry.get("layout", LAYOUT) == TABLE_LAYOUT:
@@ -99,8 +102,8 @@ class StateInspector:
         return [path]
 
     def _reader(self, name: str) -> ChainReader:
-        path, spec, _ = self.row_file(name)
-        return ChainReader([path, *self.chain(name)[1:]], spec.row_bytes)
+        base, spec, _, _ = self.row_file(name)
+        return ChainReader([base, *self.chain(name)[1:]], spec.row_bytes)
 
     def _entry(self, name: str) -> dict:
         if name not in self.params:
@@ -112,10 +115,11 @@ class StateInspector:
         entry = self._entry(name)
         return RowSpec(name, tuple(entry["shape"]), entry["dtype"], "", entry.get("layout", LAYOUT))
 
-    def row_file(self, name: str) -> tuple[Path, RowSpec, os.stat_result]:
-        """The parameter's row file (for a disk table: the table file), its layout and its
-        ``stat``, once checked: present, a valid header that agrees with the manifest, and
-        exactly the size the manifest's shape and layout need."""
+    def row_file(self, name: str) -> tuple[Path | VirtualBase, RowSpec, int, int]:
+        """The parameter's row file (for a disk table: the table file; in a checkpoint, its
+        chain's base), its layout, its size and the bytes it takes on disk, once checked:
+        present, a valid header that agrees with the manifest, and exactly the size the
+        manifest's shape and layout need. A virtual base takes none."""
         entry = self._entry(name)
         spec = self.spec(name)
         path = self.chain(name)[0]
@@ -130,20 +134,26 @@ class StateInspector:
                 f"but its shape {list(spec.shape)} and layout '{spec.layout}' make {spec.row_bytes}",
                 hint=restore,
             )
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            raise StateError(f"row file '{path}' of parameter '{name}' is missing", hint=restore) from None
-        except OSError as e:
-            raise StateError(f"cannot read row file '{path}' of parameter '{name}': {e.strerror}", hint=restore) from e
-        if info.st_size != spec.file_bytes:
+        if isinstance(path, VirtualBase):  # no file: its header is the chain's first delta's
+            size, allocated = path.file_bytes, 0
+            meta = parse_row_header(path.header, f"the header block of '{path.where}'")
+        else:
+            try:
+                info = os.stat(path)
+            except FileNotFoundError:
+                raise StateError(f"row file '{path}' of parameter '{name}' is missing", hint=restore) from None
+            except OSError as e:
+                raise StateError(f"cannot read row file '{path}' of parameter '{name}': {e.strerror}", hint=restore) from e
+            size, allocated = info.st_size, info.st_blocks * 512
+        if size != spec.file_bytes:
             raise StateError(
-                f"row file '{path}' of parameter '{name}' is {info.st_size:,} bytes, but {spec.num_rows:,} rows of "
+                f"row file '{path}' of parameter '{name}' is {size:,} bytes, but {spec.num_rows:,} rows of "
                 f"{spec.row_bytes:,} bytes (shape {list(spec.shape)}, layout '{spec.layout}') need {spec.file_bytes:,} "
-                f"({'truncated' if info.st_size < spec.file_bytes else 'longer than its manifest says'})",
+                f"({'truncated' if size < spec.file_bytes else 'longer than its manifest says'})",
                 hint=restore,
             )
-        meta = read_row_header(path)
+        if not isinstance(path, VirtualBase):
+            meta = read_row_header(path)
         theirs = (meta.get("shape"), meta.get("layout", LAYOUT), meta.get("row_bytes"))
         if theirs != (list(spec.shape), spec.layout, spec.row_bytes):
             raise StateError(
@@ -151,7 +161,7 @@ class StateInspector:
                 f"manifest gives parameter '{name}' shape {list(spec.shape)}, layout '{spec.layout}', {spec.row_bytes}",
                 hint=restore,
             )
-        return path, spec, info
+        return path, spec, size, allocated
 
     def check_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> None:
         """Refuse any ``[start, stop)`` range outside the parameter's rows, before reading."""
@@ -205,7 +215,7 @@ class StateInspector:
 
     def summary(self, name: str, *, sample: int = 2048) -> ParamSummary:
         entry = self._entry(name)
-        _, _, stat = self.row_file(name)
+        _, _, size, allocated = self.row_file(name)
         chain = self.chain(name)
         rows = self.sample_rows(name, sample)
         _, v = self.read_rows(name, rows)
@@ -217,11 +227,11 @@ class StateInspector:
             layout=entry["layout"],
             step=entry["step"],
             file=entry.get("table", entry["file"]),
-            apparent_bytes=stat.st_size,
-            allocated_bytes=stat.st_blocks * 512,
+            apparent_bytes=size,
+            allocated_bytes=allocated,
             touched_rows_fraction=touched,
             sampled_rows=len(rows),
-            chain=[{"file": str(p), "bytes": os.stat(p).st_size} for p in chain] if len(chain) > 1 else None,
+            chain=[{"file": str(p), "bytes": 0 if isinstance(p, VirtualBase) else os.stat(p).st_size} for p in chain] if len(chain) > 1 else None,
         )
 
     def statistics(self, name: str, *, sample: int = 10_000) -> dict:
