@@ -68,7 +68,7 @@ def imported_summary(config: DatasetConfig, *, progress, note) -> dict:
     else:
         from ..data.graphs import load_graph
 
-        data = load_graph(config)
+        data = load_graph(config, progress=progress, note=note)
     dataset = getattr(data, "dataset", None)
     folder = dataset.folder if dataset is not None else None
     return {

@@ -9,7 +9,7 @@ once into a folder under the data root (see :func:`import_folder`), and every la
                        "name", "meta": {counts...}, "sources": {what it was made from},
                        "arrays": {name: {"shape": [...], "dtype": "int32"}}}
       <name>.npy      one array each (NumPy's .npy format with a 128-byte header), mapped
-                      read-only; never read whole
+                      read-only and advised MADV_RANDOM; never read whole
       <subfolder>/    anything a builder writes itself (the filter index, say)
 
 ``sources`` records what the dataset was made from (each source file's size and mtime, or a
@@ -25,6 +25,7 @@ which renames a new folder into place, can never mix the files of two versions.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import stat
@@ -299,7 +300,9 @@ def _map(folder: Path, fd: int, name: str, spec: dict) -> np.ndarray:
             )
         if size == HEADER_BYTES:
             return np.zeros(shape, dtype)
-        return np.memmap(f, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=shape)
+        mapping = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        mapping.madvise(mmap.MADV_RANDOM)  # rows are read where batches and walks land: no readahead
+        return np.frombuffer(mapping, dtype=dtype, count=int(np.prod(shape)), offset=HEADER_BYTES).reshape(shape)
 
 
 def imports_root(data_root: Path) -> Path:
