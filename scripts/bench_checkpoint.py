@@ -3,7 +3,10 @@
 records vs today's full copy.
 
 A disk table of ``--rows`` x ``--dim`` float32 rows (records [w | m | v]: 10^7 x 32 is a
-3.8 GB file) is trained by DiskSparseAdam, and a first checkpoint (a base) is written. Then,
+3.8 GB file) is trained by DiskSparseAdam as a fresh run is, and its first checkpoint is
+timed: a delta of the rows written since the table was made, on the initial table (no file
+holds it: a resume draws it again from its seed), where it used to be a full copy; and so is
+restoring the table from it, as ``--resume`` does. Then,
 ``--repeats`` times, ``--steps`` steps of a power-law batch (``--batch`` lookups) touch some rows, and three
 things are timed, alternating on the same machine (the rows of a step are ``u^3 * rows`` for uniform u:
 a power law, low ids hot, the same rows every round):
@@ -12,14 +15,15 @@ a power law, low ids hot, the same rows every round):
                the rows written since the previous checkpoint, digests, fsyncs, commit;
   (b) records  the same record bytes (gathered beforehand) written with one sequential
                ``pwrite`` to a fresh file, then ``fsync``: the floor any checkpoint has;
-  (c) full     today's (format 2) checkpoint of the table: ``copy_sparse`` of the whole file
+  (c) full     a full copy of the table (a base; every first checkpoint was one before the
+               initial table): ``copy_sparse`` of the whole file
                plus its digest, with the table's pages warm, and again after dropping them
                from the page cache (cold: what a table larger than RAM sees).
 
 It prints each round and the medians' ratios delta/records (target <= 2) and full/delta.
 
     python scripts/bench_checkpoint.py                      # 10^7 rows: a 3.8 GB table
-    python scripts/bench_checkpoint.py --rows 100000000     # 38 GB: needs ~80 GB free
+    python scripts/bench_checkpoint.py --rows 100000000     # 38 GB: needs ~42 GB free
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from dsa_train.fsutil import copy_sparse, file_digest
 from dsa_train.nn import DiskEmbedding
 from dsa_train.optim.deltas import read_delta_header
 from dsa_train.optim.format import HEADER_BYTES
-from dsa_train.train.checkpoint import save_checkpoint
+from dsa_train.train.checkpoint import count_from_creation, restore_row_file, save_checkpoint
 
 
 def power_law_batch(rows: int, batch: int, seed: int) -> torch.Tensor:
@@ -103,6 +107,8 @@ def run(args, root: Path) -> None:
     print(f"table: {args.rows:,} x {args.dim} float32 [w|m|v] = {size / 1e9:.2f} GB, written in {time.perf_counter() - started:.1f} s")
     checkpoints, step = root / "checkpoints", 0
     with DiskSparseAdam(model.named_parameters(), lr=0.01, state_dir=root / "state") as opt:
+        count_from_creation(opt)  # as a fresh run does: the table is as Table.create made it
+
         def train() -> np.ndarray:
             nonlocal step
             touched = []
@@ -118,9 +124,18 @@ def run(args, root: Path) -> None:
         def checkpoint() -> Path:
             return save_checkpoint(checkpoints, step, model, opt, {"run_id": "bench", "step": step}, keep=2)
 
-        train()
-        base = timed(checkpoint)
-        print(f"first checkpoint (a base: the whole table copied and digested): {base:.2f} s")
+        first_rows = train()
+        first = timed(checkpoint)
+        written = read_delta_header(checkpoints / f"{step:010d}" / "tables" / "entities.table.delta")
+        on_disk = sum(p.stat().st_blocks * 512 for p in (checkpoints / f"{step:010d}").rglob("*") if p.is_file())
+        assert written["base"] == "initial" and written["rows"] == len(first_rows), written
+        print(
+            f"first checkpoint of the fresh run (a delta on the initial table: {written['rows']:,} rows): {first:.3f} s, "
+            f"{on_disk / 1e6:.1f} MB on disk ({on_disk / size:.2%} of the table)"
+        )
+        restore = timed(lambda: restore_row_file(checkpoints / f"{step:010d}" / "tables" / "entities.table", root / "restored.table"))
+        (root / "restored.table").unlink()
+        print(f"restoring the table from it (what --resume does: the table drawn again, the delta laid over it): {restore:.2f} s")
         row_bytes = table.table.spec.row_bytes
         results = {"delta": [], "records": [], "full warm": [], "full cold": []}
         for round_ in range(args.repeats):
