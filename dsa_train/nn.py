@@ -257,7 +257,8 @@ class ChainEmbedding(nn.Module):
         return self
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
-        destination[prefix + STATE_KEY] = {"path": str(self.rows.reader.chain[-1]), "table_id": self.table_id, "shape": list(self.spec.shape)}
+        where = str(self.rows.reader.chain[-1])
+        destination[prefix + STATE_KEY] = {"path": where, "table_id": self.table_id, "shape": list(self.spec.shape)}
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         ref = state_dict.get(prefix + STATE_KEY)

@@ -442,7 +442,8 @@ def test_reading_a_chain_on_the_initial_table_draws_only_its_chunks(tmp_path):
     table.initial_weights = monkey
     try:
         with ChainReader(chain_of(path / "tables" / "t.table.delta"), live.shape[1]) as reader:
-            assert np.array_equal(reader.read(table.INIT_CHUNK_ROWS - 3, table.INIT_CHUNK_ROWS + 3), live[table.INIT_CHUNK_ROWS - 3 : table.INIT_CHUNK_ROWS + 3])
+            border = table.INIT_CHUNK_ROWS
+            assert np.array_equal(reader.read(border - 3, border + 3), live[border - 3 : border + 3])
             asked = np.array([rows - 1, 3, 3, table.INIT_CHUNK_ROWS, 17])
             assert np.array_equal(reader.gather(asked), live[asked])
             assert sorted(set(drawn)) == [0, 1, 2] and drawn.count(2) == 1  # each chunk drawn once (cached), the guard's 0 again
@@ -568,7 +569,8 @@ KILLED_IN_THE_FIRST_DELTA = textwrap.dedent(
 def test_a_kill_in_the_first_delta_then_resume_ends_as_uninterrupted(uninterrupted, tmp_path):
     recipe, whole = uninterrupted
     victim = tmp_path / "victim"
-    done = subprocess.run([sys.executable, "-c", KILLED_IN_THE_FIRST_DELTA.format(recipe=str(recipe), out=str(victim))], capture_output=True, text=True)
+    script = KILLED_IN_THE_FIRST_DELTA.format(recipe=str(recipe), out=str(victim))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == -signal.SIGKILL, done.stderr
     assert list((victim / "checkpoints").glob(".partial-0000000003/*/*.delta")), "the kill did not land in the first delta"
     assert complete_checkpoints(victim / "checkpoints") == []

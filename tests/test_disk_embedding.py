@@ -226,3 +226,34 @@ def test_inspect_state_reads_moments_from_the_table(tmp_path):
     assert torch.equal(torch.from_numpy(v).float(), disk.table.rows.moments[[3, 7, 8], 1])
     assert inspector.summary("weight").layout == "w|m|v"
     opt.close()
+
+
+def test_a_table_records_how_it_was_made_and_an_older_header_still_opens(tmp_path):
+    """The header's creation parameters re-create the table exactly; a table made before they
+    were recorded opens as before, and a fresh run's first checkpoint of it is a full copy
+    (there is nothing to re-create it from)."""
+    from dsa_train.optim.table import InitialTable, Table, table_header
+    from dsa_train.train.checkpoint import count_from_creation, save_checkpoint
+
+    disk = DiskEmbedding(ROWS, DIM, path=tmp_path / "t.table", init="uniform", bound=0.3, seed=11)
+    meta = read_row_header(tmp_path / "t.table")
+    creation = meta["creation"]
+    assert {k: creation[k] for k in ("init", "bound", "seed", "chunk_rows")} == {"init": "uniform", "bound": 0.3, "seed": 11, "chunk_rows": INIT_CHUNK_ROWS}
+    assert creation["torch"] == torch.__version__ and len(creation["first_chunk_digest"]) == 32
+    drawn = InitialTable(meta, "test").records(torch.arange(ROWS).numpy())
+    assert drawn.tobytes() == (tmp_path / "t.table").read_bytes()[HEADER_BYTES:]
+
+    old = tmp_path / "old" / "t.table"  # the same table with a header of before: no creation
+    old.parent.mkdir()
+    old.write_bytes((tmp_path / "t.table").read_bytes())
+    with open(old, "r+b") as f:
+        f.write(table_header(disk.table.spec, moments_of=None, creation=None))
+    assert Table.open(old, (ROWS, DIM), torch.float32).creation is None
+    older = DiskEmbedding(ROWS, DIM, path=old)
+    opt = DiskSparseAdam(older.named_parameters(), lr=0.01, state_dir=tmp_path / "state")
+    count_from_creation(opt)
+    older(torch.tensor([1, 2])).sum().backward()
+    opt.step()
+    first = save_checkpoint(tmp_path / "checkpoints", 1, older, opt, {"step": 1}, keep=1)
+    assert (first / "tables" / "t.table").is_file() and not (first / "tables" / "t.table.delta").exists()
+    opt.close()

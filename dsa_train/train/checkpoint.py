@@ -402,7 +402,9 @@ def _verify_link(checkpoint: Path, name: str, verified: dict[Path, dict]) -> set
     rel = name.removesuffix(DELTA_SUFFIX)
     if is_virtual(link):  # the file as it was made: nothing to reach, its header must say how
         if meta["file"] != rel:
-            raise StateError(f"checkpoint '{checkpoint}' is damaged: {name} names the file {meta['file']!r}", hint="resume from an older checkpoint")
+            raise StateError(
+                f"checkpoint '{checkpoint}' is damaged: {name} names the file {meta['file']!r}", hint="resume from an older checkpoint"
+            )
         try:
             chain_of(checkpoint / name)
         except StateError as e:
