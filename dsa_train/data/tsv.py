@@ -399,12 +399,17 @@ def _number_partition(parts: _Partitions, p: int) -> tuple[np.ndarray, np.ndarra
 
 def _rank(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """``np.searchsorted(values, keys)`` for sorted, uniformly spread uint64 ``values`` and keys
-    that are among them: a table of where each top-bits bucket starts, then a step or two
-    forward (about twice as fast as a binary search per key, which misses the cache)."""
+    that are among them: a table of where each bucket of the values' range starts, then a step
+    or two forward (about twice as fast as a binary search per key, which misses the cache).
+    The buckets split ``[values[0], values[-1]]``, not all of uint64: a partition's values
+    share their top bits."""
+    if not len(values):
+        return np.zeros(len(keys), np.int64)
     bits = max(1, len(values).bit_length())
-    shift = np.uint64(64 - bits)
-    starts = np.searchsorted(values, np.arange(1 << bits, dtype=np.uint64) << shift)
-    rank = starts[(keys >> shift).astype(np.int64)]
+    low = values[0]
+    shift = np.uint64(max(0, int(values[-1] - low).bit_length() - bits))
+    starts = np.searchsorted(values, low + (np.arange(1 << bits, dtype=np.uint64) << shift))
+    rank = starts[((keys - low) >> shift).astype(np.int64)]
     behind = np.flatnonzero(values[np.minimum(rank, len(values) - 1)] < keys)
     while len(behind):
         rank[behind] += 1
