@@ -243,3 +243,16 @@ def test_an_imported_folder_that_is_a_link_is_refused(tmp_path):
     with pytest.raises(DatasetError, match="is a symbolic link"):
         load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder)))
     assert not list(elsewhere.iterdir())
+
+
+def test_names_are_looked_up_on_disk(tmp_path):
+    folder = write_random_kg(tmp_path / "kg")
+    kg = load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder)))
+    names = kg.entity_names(range(kg.num_entities))
+    assert kg.entity_ids(names) == list(range(kg.num_entities))
+    assert kg.entity_ids(["no such entity", names[0] + " "]) == [None, None]
+    relations = kg.relation_names(range(kg.num_relations))
+    assert kg.relation_ids(relations[::-1]) == list(range(kg.num_relations))[::-1]
+    synthetic = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=SyntheticConfig(entities=100, triples=2000, valid=10, test=10)))
+    with pytest.raises(DatasetError, match="has no names"):
+        synthetic.entity_ids(["0"])

@@ -81,7 +81,7 @@ def mix64(x: np.ndarray) -> np.ndarray:
 
 
 def fingerprint_of(name: bytes) -> tuple[int, int]:
-    """The fingerprint of one string (for lookups by name)."""
+    """The fingerprint of one string (a lookup by name, see ``KnowledgeGraph.entity_ids``)."""
     buffer = np.frombuffer(name, dtype=np.uint8)
     pair = fingerprints(buffer, np.array([0]), np.array([len(name)]))[0]
     return int(pair[0]), int(pair[1])

@@ -14,10 +14,13 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from ..errors import DatasetError
 from ..recipe import DatasetConfig
+from .fingerprint import fingerprint_of
 from .store import Dataset, DatasetWriter, Progress, file_sources, import_folder, imports_root
 from .triple_index import TripleIndex, write_triple_index
 
@@ -60,6 +63,15 @@ class KnowledgeGraph:
     def relation_names(self, ids) -> list[str]:
         return _names(self.dataset, "relations", ids)
 
+    def entity_ids(self, names) -> list[int | None]:
+        """The ids of these entity names (``None`` for a name the graph does not have), looked up
+        on disk: a binary search of the name's fingerprint in the sorted fingerprints, then the
+        stored name compared, so a lookup is exact."""
+        return _ids(self.dataset, "entities", names)
+
+    def relation_ids(self, names) -> list[int | None]:
+        return _ids(self.dataset, "relations", names)
+
     @classmethod
     def of(cls, dataset: Dataset) -> KnowledgeGraph:
         meta = dataset.meta
@@ -79,6 +91,21 @@ def _names(dataset: Dataset | None, space: str, ids) -> list[str]:
         return [str(i) for i in ids]
     names, offsets = dataset.array(f"{space}.names"), dataset.array(f"{space}.offsets")
     return [bytes(names[offsets[i] : offsets[i + 1]]).decode("utf-8") for i in ids]
+
+
+def _ids(dataset: Dataset | None, space: str, names) -> list[int | None]:
+    if dataset is None or not dataset.has(f"{space}.fingerprints"):
+        raise DatasetError(f"this {space[:-1]} table has no names (its ids are its names)", hint="look names up in a graph imported from TSV files")
+    prints = dataset.array(f"{space}.fingerprints")
+    found = []
+    for name in names:
+        h1, h2 = fingerprint_of(name.encode("utf-8"))
+        i = int(np.searchsorted(prints[:, 0], np.uint64(h1)))
+        while i < len(prints) and int(prints[i, 0]) == h1 and int(prints[i, 1]) != h2:
+            i += 1
+        hit = i < len(prints) and int(prints[i, 0]) == h1 and _names(dataset, space, [i])[0] == name
+        found.append(i if hit else None)
+    return found
 
 
 def data_root(config: DatasetConfig) -> Path:
