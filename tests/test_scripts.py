@@ -44,3 +44,18 @@ def test_out_of_core_benchmark_runs_quick(tmp_path):
     for line in ("disk random 4 KiB reads", "cold rows paged in", "with prefetch / without", "peak resident anonymous memory"):
         assert line in result.stdout
     assert not list(tmp_path.iterdir()), "the benchmark left its table behind"
+
+
+def test_import_benchmark_runs_quick(tmp_path):
+    """The import benchmark's small version runs both parsers and checks they agree on the counts."""
+    result = subprocess.run(
+        [sys.executable, SCRIPTS / "bench_import.py", "--triples", "20000", "--entities", "3000", "--held-out", "100",
+         "--folder", tmp_path, "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    import json
+
+    report = json.loads(result.stdout)
+    assert report["counts (entities relations train valid test)"].split()[2:] == ["20000", "100", "100"]
+    assert report["import"]["peak_rss"] > 0 and report["speedup (old / import)"] > 0
