@@ -37,11 +37,10 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +48,7 @@ import torch
 
 from ..errors import StateError
 from ..fsutil import copy_sparse, file_digest, fsync_directory
-from ..nn import ChainEmbedding, DiskEmbedding, DiskTable
+from ..nn import ChainEmbedding, DiskTable
 from ..optim import DiskSparseAdam
 from ..optim.deltas import (
     DELTA_SUFFIX,
@@ -529,61 +528,22 @@ def restore_row_file(version: Path, target: Path) -> None:
         raise
 
 
-class ReadableTables:
-    """A checkpoint's tables, opened read-only without writing any of them (see
-    :func:`readable_tables`): build the task's tables from ``directory``, then :meth:`attach`."""
-
-    def __init__(self, directory: Path, readers: dict[str, ChainReader]) -> None:
-        self.directory, self._readers = directory, readers
-
-    def attach(self, model: torch.nn.Module) -> None:
-        """Replace each DiskEmbedding of ``model`` opened on a stand-in by a
-        :class:`~dsa_train.nn.ChainEmbedding` reading the checkpoint's version (same output
-        device); nothing to do when the tables were bases, mapped as they are."""
-        for name, module in list(model.named_modules()):
-            if isinstance(module, DiskEmbedding) and module.path.parent == self.directory and module.path.name in self._readers:
-                owner_name, _, attribute = name.rpartition(".")
-                owner = model.get_submodule(owner_name) if owner_name else model
-                setattr(owner, attribute, ChainEmbedding(self._readers.pop(module.path.name), device=module.output_device))
-                module.table.close()
-
-    def close(self) -> None:
-        for reader in self._readers.values():  # never attached
-            reader.close()
-        self._readers = {}
+def table_versions(checkpoint: Path) -> dict[str, Callable[[], ChainEmbedding]]:
+    """How to open each table a checkpoint keeps as a delta, to evaluate with, with no table
+    written: by file name, a function making a :class:`~dsa_train.nn.ChainEmbedding` that reads
+    the checkpoint's version through its chain (:class:`ChainReader`: the base, a file or the
+    initial table drawn again chunk by chunk, with the deltas laid over it). Tables kept whole
+    are not listed: they are mapped read-only from the checkpoint's ``tables/``."""
+    versions = {}
+    for name in _table_names(checkpoint):
+        if not (checkpoint / TABLES / name).is_file():
+            chain = chain_of(checkpoint / TABLES / f"{name}{DELTA_SUFFIX}")
+            versions[name] = partial(_chain_embedding, chain)
+    return versions
 
 
-@contextmanager
-def readable_tables(checkpoint: Path, scratch_parent: Path) -> Iterator[ReadableTables]:
-    """The checkpoint's tables, to evaluate with, with no table written. When every table there
-    is a base, ``directory`` is the checkpoint's ``tables/`` (mapped read-only, as a run maps
-    its tables). Otherwise each table is read through its chain (:class:`ChainReader`: the
-    base, a file or the initial table drawn again chunk by chunk, with the deltas laid over
-    it), and ``directory`` is a temporary folder in ``scratch_parent`` of stand-ins for the
-    task to open: each a header block and holes of the table's size (4 KiB on disk), never
-    read, replaced by :meth:`ReadableTables.attach` and removed on exit."""
-    names = _table_names(checkpoint)
-    if all((checkpoint / TABLES / name).is_file() for name in names):
-        yield ReadableTables(checkpoint / TABLES, {})
-        return
-    scratch = Path(tempfile.mkdtemp(dir=scratch_parent, prefix=".eval-tables-"))
-    tables = ReadableTables(scratch, {})
-    try:
-        for name in names:
-            version = checkpoint / TABLES / name
-            chain = chain_of(version if version.is_file() else version.with_name(name + DELTA_SUFFIX))
-            meta = read_delta_header(chain[-1]) if len(chain) > 1 else read_row_header(chain[0])
-            reader = tables._readers[name] = ChainReader(chain, meta["row_bytes"])
-            fd = os.open(scratch / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-            try:
-                os.pwrite(fd, reader.header(), 0)
-                os.ftruncate(fd, reader.size)
-            finally:
-                os.close(fd)
-        yield tables
-    finally:
-        tables.close()
-        shutil.rmtree(scratch)
+def _chain_embedding(chain: list[Path]) -> ChainEmbedding:
+    return ChainEmbedding(ChainReader(chain, read_delta_header(chain[-1])["row_bytes"]))
 
 
 def is_table_file(path: Path) -> bool:

@@ -33,13 +33,14 @@ from ..errors import DsaError
 from ..memory import PeakRssAnon, peak_rss_bytes, rss_anon_bytes
 from ..recipe import Recipe
 from .checkpoint import (
+    TABLES,
     checkpoint_mode,
     count_from_creation,
     find_checkpoint,
     load_model_state,
-    readable_tables,
     restore_tables,
     save_checkpoint,
+    table_versions,
 )
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, load_tensors, restore_state_dir
 from .run_folder import MetricsLog, RunFolder, complete_checkpoints
@@ -391,10 +392,8 @@ def evaluate_run(
     for warning in damaged:
         reporter.note(f"warning: {warning}")
     torch.manual_seed(recipe.train.seed)
-    with readable_tables(path, run.path) as tables:  # tables kept as deltas are read through their chains
-        site = TableSite(tables.directory, writable=False)
-        task = make_task(recipe, resolve_device(recipe.train.device), site, progress=WorkProgress(reporter), note=reporter.note)
-        tables.attach(task.model)
+    site = TableSite(path / TABLES, writable=False, versions=table_versions(path))  # deltas read through their chains
+    task = make_task(recipe, resolve_device(recipe.train.device), site, progress=WorkProgress(reporter), note=reporter.note)
     load_model_state(path, task.model)
     task.model.eval()
     metrics = task.evaluate(split, final=True, reporter=reporter)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +25,8 @@ class TableSite:
     directory: Path
     writable: bool = True
     progress: Callable[[int, int], None] | None = None  # called while a new table is written
+    # tables read another way, by file name (a checkpoint's version read through its deltas)
+    versions: Mapping[str, Callable[[], nn.Module]] = field(default_factory=dict)
 
 
 def disk_table(recipe: Recipe, site: TableSite | None, name: str, num_rows: int, *, std: float) -> nn.Module | None:
@@ -39,6 +41,14 @@ def disk_table(recipe: Recipe, site: TableSite | None, name: str, num_rows: int,
         )
     from ..nn import DiskEmbedding
 
+    if f"{name}.table" in site.versions:
+        table = site.versions[f"{name}.table"]()
+        if (table.num_embeddings, table.embedding_dim) != (num_rows, recipe.model.dim):
+            raise DsaError(
+                f"table '{name}' of '{site.directory}' is {table.num_embeddings:,} x {table.embedding_dim}, the recipe needs {num_rows:,} x {recipe.model.dim}",
+                hint="evaluate a checkpoint with the recipe of the run that wrote it",
+            )
+        return table
     path = site.directory / f"{name}.table"
     if not site.writable and not path.exists():
         raise DsaError(f"table '{path}' is missing", hint="evaluate a checkpoint written by a run with these tables")
