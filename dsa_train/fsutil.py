@@ -6,21 +6,29 @@
 * :class:`DirectoryLock` is an exclusive ``flock`` on a directory itself that records who holds
   it in ``<dir>/.lock``, so a second writer gets an error naming the first. The kernel drops
   the lock when its holder dies, so a lock left by a killed process never blocks anyone.
+* :func:`file_digest` digests a file (BLAKE2b of its size and non-zero 64 KiB blocks);
+  :func:`write_digested` writes a new file and computes the same digest from the bytes as they
+  are written (:class:`StreamDigest`, on a second thread), so the file is never read back.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import hashlib
 import json
 import os
+import queue
 import socket
 import stat
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
+
+import numpy as np
 
 from .errors import StateError
 
@@ -290,6 +298,126 @@ def file_digest(path: Path) -> str:
                     digest.update(data)
                 done = block
     return digest.hexdigest()
+
+
+class StreamDigest:
+    """:func:`file_digest` of a file of ``size`` bytes, computed from its bytes as they are
+    written instead of reading the file back: the same BLAKE2b of the size and of the
+    non-zero 64 KiB blocks with their numbers. Feed every byte once, in order, in pieces of
+    any length (:meth:`update`); :meth:`hexdigest` once all ``size`` bytes were fed."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.fed = size, 0
+        self._digest = hashlib.blake2b(digest_size=20)
+        self._digest.update(size.to_bytes(8, "little"))
+        self._carry = bytearray()  # the start of a block not yet whole: always fed % DIGEST_BLOCK bytes
+
+    def update(self, data) -> None:
+        view = memoryview(data).cast("B")
+        at, length, done = self.fed, len(view), 0
+        if at + length > self.size:
+            raise ValueError(f"{at + length} bytes fed to the digest of a {self.size}-byte file")
+        if self._carry:
+            done = min(DIGEST_BLOCK - len(self._carry), length)
+            self._carry += view[:done]
+            if len(self._carry) == DIGEST_BLOCK:
+                self._block((at + done) // DIGEST_BLOCK - 1, self._carry)
+                self._carry = bytearray()
+        while length - done >= DIGEST_BLOCK:  # whole blocks straight from the caller's buffer
+            self._block((at + done) // DIGEST_BLOCK, view[done : done + DIGEST_BLOCK])
+            done += DIGEST_BLOCK
+        if done < length:
+            self._carry += view[done:]
+        self.fed = at + length
+
+    def hexdigest(self) -> str:
+        if self.fed != self.size:
+            raise ValueError(f"{self.fed} bytes fed to the digest of a {self.size}-byte file")
+        if self._carry:
+            self._block(self.fed // DIGEST_BLOCK, self._carry)
+            self._carry = bytearray()
+        return self._digest.hexdigest()
+
+    def _block(self, number: int, data) -> None:
+        whole = len(data) // 8 * 8
+        if np.frombuffer(data, dtype=np.uint64, count=whole // 8).any() or any(data[whole:]):
+            self._digest.update(number.to_bytes(8, "little"))
+            self._digest.update(data)  # the GIL is released while it hashes
+
+
+def write_digested(fd: int, size: int, chunks, *, depth: int) -> str:
+    """Write ``chunks`` (buffers, ``size`` bytes in all) one after the other at the start of
+    the new file ``fd``, fsync it, and return its :func:`file_digest`, computed from the
+    bytes as they are written, on a second thread, while the next chunk is made and
+    written; the file is never read back.
+
+    ``chunks`` is an iterator that may reuse a buffer once ``depth`` more chunks were asked
+    of it (a ring of ``depth`` buffers): a chunk is hashed before the one ``depth`` places
+    after it is asked for. Writeback of each chunk starts as soon as it is written
+    (``sync_file_range``, where there is one), so the final fsync waits for little.
+    """
+    digest, queue_ = StreamDigest(size), queue.SimpleQueue()
+    free = threading.Semaphore(depth)  # buffers the iterator may fill: released as chunks are hashed
+    failed: list[BaseException] = []
+
+    def hash_chunks() -> None:
+        while (chunk := queue_.get()) is not None:
+            try:
+                if not failed:
+                    digest.update(chunk)
+            except BaseException as e:  # noqa: BLE001: handed to the writer
+                failed.append(e)
+            finally:
+                chunk = None
+                free.release()
+
+    hasher = threading.Thread(target=hash_chunks, name="dsa-train digest", daemon=True)
+    hasher.start()
+    written, iterator = 0, iter(chunks)
+    try:
+        while not failed:
+            free.acquire()
+            chunk = next(iterator, None)
+            if chunk is None:
+                break
+            view = memoryview(chunk).cast("B")
+            if written + view.nbytes > size:
+                raise ValueError(f"more than the {size} bytes announced were written")
+            start = written
+            while view.nbytes:
+                done = os.write(fd, view)
+                view, written = view[done:], written + done
+            queue_.put(chunk)
+            _start_writeback(fd, start, written - start)
+        if not failed:
+            if written != size:
+                raise ValueError(f"{written} bytes were written, {size} announced")
+            os.fsync(fd)  # while the last chunks are hashed
+    finally:
+        queue_.put(None)
+        hasher.join()
+    if failed:
+        raise failed[0]
+    return digest.hexdigest()
+
+
+SYNC_FILE_RANGE_WRITE = 2
+_LIBC: list = []
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing these bytes to the disk now, without waiting for them
+    (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``; nothing elsewhere). Durability is
+    still the fsync's: this only lets the disk work while the next chunk is made."""
+    if not _LIBC:
+        try:
+            function = ctypes.CDLL(None, use_errno=True).sync_file_range
+            function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+            _LIBC.append(function)
+        except (OSError, AttributeError):
+            _LIBC.append(None)
+    if _LIBC[0] is not None and length:
+        _LIBC[0](fd, offset, length, SYNC_FILE_RANGE_WRITE)
 
 
 def copy_sparse(source: Path, target: Path) -> None:

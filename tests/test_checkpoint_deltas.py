@@ -5,6 +5,7 @@ complete checkpoint."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -12,16 +13,19 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from dsa_train import DiskSparseAdam
+from dsa_train import DiskSparseAdam, fsutil
 from dsa_train.errors import StateError
 from dsa_train.fsutil import copy_sparse
 from dsa_train.nn import DiskEmbedding
+from dsa_train.optim import deltas
 from dsa_train.optim.deltas import DELTA_SUFFIX, DirtyRows, read_delta_header
 from dsa_train.train import checkpoint as ckpt
 from dsa_train.train.checkpoint import MAX_LINKS, find_checkpoint, load_model_state, restore_tables, save_checkpoint
@@ -652,3 +656,135 @@ def test_node2vec_eval_of_a_delta_checkpoint_reads_only_the_rows_it_scores(tmp_p
     load_model_state(final, task.model)
     task.model.eval()
     assert metrics == task.evaluate("test", final=True, reporter=loop.SilentReporter())
+
+
+# A delta's digest is computed from its bytes as they are written (on a second thread), never
+# by reading the file back: it must be file_digest's, byte for byte.
+
+
+def _pattern(size: int, seed: int) -> bytes:
+    """``size`` bytes, with whole 64 KiB blocks of zeros, a zero tail and zeros across a block
+    boundary among random ones."""
+    data = bytearray(np.random.default_rng(seed).integers(1, 256, size, dtype=np.uint8).tobytes())
+    block = fsutil.DIGEST_BLOCK
+    for start in range(block, size, 3 * block):  # every third block zero
+        data[start : start + block] = bytes(len(data[start : start + block]))
+    data[max(0, size - 100) :] = bytes(min(size, 100))
+    if size > block + 50:
+        data[block - 50 : block + 50] = bytes(100)  # zeros straddling a boundary (the block still has data)
+    return bytes(data)
+
+
+@pytest.mark.parametrize("size", [0, 1, 8191, 65535, 65536, 65537, 2 * 65536, 5 * 65536 + 12_345])
+@pytest.mark.parametrize("pieces", ["whole", "header across a block boundary", "ragged"])
+def test_the_digest_computed_while_writing_is_file_digest(tmp_path, size, pieces):
+    data = _pattern(size, seed=size)
+    if pieces == "whole":
+        cuts = [size]
+    elif pieces == "header across a block boundary":
+        cuts = [min(size, 70_000), size]  # the first piece ends past the first block
+    else:
+        cuts = sorted({min(size, c) for c in (0, 3, 8192, 8193, 65_530, 65_536, 100_000, 200_001)} | {size})
+    chunks = [data[a:b] for a, b in zip([0, *cuts], cuts)]
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        digest = fsutil.write_digested(fd, size, iter(chunks), depth=2)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == data
+    assert digest == fsutil.file_digest(path)
+    streamed = fsutil.StreamDigest(size)
+    for chunk in chunks:
+        streamed.update(chunk)
+    assert streamed.hexdigest() == digest
+
+
+def test_zero_blocks_and_holes_digest_alike(tmp_path):
+    """A block of zeros counts the same written or a hole: the streamed digest of written
+    zeros equals file_digest of a sparse file with the same content."""
+    block = fsutil.DIGEST_BLOCK
+    data = b"x" * 10 + bytes(3 * block) + b"y" * 5
+    sparse = tmp_path / "sparse"
+    with open(sparse, "wb") as f:
+        f.write(data[:10])
+        f.seek(len(data) - 5)
+        f.write(data[-5:])
+    streamed = fsutil.StreamDigest(len(data))
+    streamed.update(data)
+    assert streamed.hexdigest() == fsutil.file_digest(sparse)
+
+
+def test_a_delta_digest_is_file_digest_with_a_slow_hasher_and_a_reused_ring(tmp_path, monkeypatch):
+    """Many small chunks through the ring of buffers, the hasher slowed down: a buffer is
+    never refilled before it was hashed, and the digest is the file's; zero records make
+    zero blocks."""
+    table = DiskEmbedding(3000, 8, path=tmp_path / "t.table", std=0.1)
+    records = tmp_path / "t.table"
+    row_bytes = table.table.spec.row_bytes
+    table.table.close()
+    with open(records, "r+b") as f:  # rows 1000..1999: all zeros (whole zero blocks in the delta)
+        f.seek(4096 + 1000 * row_bytes)
+        f.write(bytes(1000 * row_bytes))
+    real_update = fsutil.StreamDigest.update
+
+    def slow_update(self, data):
+        time.sleep(0.002)
+        real_update(self, data)
+
+    monkeypatch.setattr(fsutil.StreamDigest, "update", slow_update)
+    monkeypatch.setattr(deltas, "WRITE_BYTES", 5000)  # a few rows a chunk, not block-aligned
+    for n, rows in enumerate([np.arange(3000), np.arange(0, 3000, 7), np.array([5]), np.array([], dtype=np.int64)]):
+        target = tmp_path / f"{n}.delta"
+        meta = {"file": "tables/t.table", "row_bytes": row_bytes, "parent": {"virtual": "initial"}, "base": "initial", "links": 1, "chain_bytes": len(rows) * row_bytes}
+        written = deltas.write_delta(records, rows, target, meta)
+        assert written.size == target.stat().st_size == deltas.INDEX_OFFSET + len(rows) * (8 + row_bytes)
+        assert written.digest == fsutil.file_digest(target)
+        assert read_delta_header(target)["rows"] == len(rows)
+
+
+def test_a_failure_while_writing_or_hashing_is_raised_and_leaves_no_thread(tmp_path, monkeypatch):
+    threads = threading.active_count()
+
+    def broken_chunks():
+        yield b"a" * 100
+        raise OSError(errno.EIO, "gathering failed")
+
+    fd = os.open(tmp_path / "a", os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        with pytest.raises(OSError, match="gathering failed"):
+            fsutil.write_digested(fd, 200, broken_chunks(), depth=2)
+        with pytest.raises(ValueError, match="100 bytes were written, 200 announced"):
+            fsutil.write_digested(fd, 200, iter([b"b" * 100]), depth=2)
+        monkeypatch.setattr(fsutil.StreamDigest, "update", lambda self, data: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            fsutil.write_digested(fd, 10 << 20, iter([bytes(1 << 20)] * 10), depth=2)
+    finally:
+        os.close(fd)
+    assert threading.active_count() == threads
+
+
+def test_a_checkpoint_fsyncs_each_file_once_and_never_reads_a_delta_back(parts, tmp_path, monkeypatch):
+    checkpoints = tmp_path / "checkpoints"
+    parts.train(0, 3)
+    parts.save(checkpoints, 3)
+    parts.train(3, 3)
+    synced, digested, real_fsync, real_digest = [], [], os.fsync, ckpt.file_digest
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(ckpt, "file_digest", lambda path: digested.append(Path(path).name) or real_digest(path))
+    second = parts.save(checkpoints, 6)
+    monkeypatch.undo()
+    files = [p for p in second.rglob("*") if p.is_file()]
+    in_checkpoint = [Path(p).relative_to((checkpoints / ".partial-0000000006").resolve()) for p in synced if ".partial-" in p]
+    assert sorted(map(str, in_checkpoint)) == sorted(set(map(str, in_checkpoint)))  # each once...
+    assert {str(p.relative_to(second)) for p in files} <= {str(p) for p in in_checkpoint}  # ...every file
+    assert not [name for name in digested if name.endswith(DELTA_SUFFIX)]  # digested as written
+    state = json.loads((second / "trainer.json").read_text())
+    assert kinds(second) == {"tables/t.table": "delta", "optimizer_state/plain.weight.rows": "delta"}
+    assert {name: fsutil.file_digest(second / name) for name in state["files"]} == state["files"]
+    assert find_checkpoint(checkpoints)[0] == second

@@ -49,11 +49,12 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import StateError
-from ..fsutil import copy_sparse, data_extents
+from ..fsutil import copy_sparse, data_extents, write_digested
 from .format import HEADER_BYTES, parse_row_header
 
 DELTA_MAGIC = b"DSA-TRAIN DELTA\n"
@@ -62,7 +63,9 @@ DELTA_VERSION = 2  # 2: a parent may be virtual
 DELTA_READABLE = (1, 2)
 DELTA_SUFFIX = ".delta"
 INDEX_OFFSET = 2 * HEADER_BYTES  # the delta's own header, then the target's header block
-GATHER_ROWS = 1 << 16  # records gathered or scattered per chunk
+GATHER_ROWS = 1 << 16  # records scattered per chunk
+WRITE_BYTES = 1 << 22  # records gathered and written per chunk of a delta: hashed while the next is gathered
+WRITE_BUFFERS = 3  # the ring those chunks are gathered into
 MAX_CHAIN = 64  # a longer chain is damage (the writer compacts long before)
 VIRTUAL = ("initial", "zeros")  # bases no file holds: a table as created, a row file as created
 _SNAPSHOT = re.compile(r"[0-9]{1,20}")
@@ -95,10 +98,19 @@ def snapshot_path(root: Path, snapshot: str, file: str, *, delta: bool) -> Path:
     return Path(root) / snapshot / (file + DELTA_SUFFIX if delta else file)
 
 
-def write_delta(source: Path, rows: np.ndarray, target: Path, meta: dict) -> int:
+class Written(NamedTuple):
+    """A delta as written: its size in bytes and its :func:`~dsa_train.fsutil.file_digest`."""
+
+    size: int
+    digest: str
+
+
+def write_delta(source: Path, rows: np.ndarray, target: Path, meta: dict) -> Written:
     """Write the records ``rows`` (sorted, unique) of the row file ``source`` as a delta at
     ``target`` (created exclusively, never through a link; fsynced). ``meta`` gives ``file``,
-    ``parent``, ``base``, ``links`` and ``chain_bytes``. Returns the bytes written."""
+    ``parent``, ``base``, ``links`` and ``chain_bytes``. Returns its size and its digest,
+    computed from the bytes as they were written (on a second thread, while the next records
+    are gathered), so the delta is never read back."""
     rows = np.ascontiguousarray(rows, dtype="<i8")
     with _Mapped(source) as src:
         row_bytes, num_rows = _row_geometry(src.size, meta["row_bytes"], source)
@@ -106,20 +118,30 @@ def write_delta(source: Path, rows: np.ndarray, target: Path, meta: dict) -> int
             raise ValueError(f"delta rows of '{source}' must be sorted, unique and below {num_rows}")
         header = {"format": DELTA_FORMAT, "version": DELTA_VERSION, "file_bytes": src.size, "rows": len(rows), **meta}
         raw = DELTA_MAGIC + json.dumps(header).encode() + b"\n"
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb", buffering=1 << 22) as out:
-            out.write(raw.ljust(HEADER_BYTES, b"\0"))
-            out.write(src.bytes[:HEADER_BYTES])
-            out.write(rows.tobytes())
-            records = src.records(row_bytes, num_rows)
-            buffer = np.empty((min(GATHER_ROWS, len(rows)), row_bytes), dtype=np.uint8)
-            for begin in range(0, len(rows), GATHER_ROWS):
-                chunk = rows[begin : begin + GATHER_ROWS]
-                np.take(records, chunk, axis=0, out=buffer[: len(chunk)])  # one copy, straight from the mapping
-                out.write(memoryview(buffer[: len(chunk)]).cast("B"))
-            out.flush()
-            os.fsync(out.fileno())
-            return out.tell()
+        size = INDEX_OFFSET + len(rows) * (8 + row_bytes)
+        chunks = _delta_chunks(raw.ljust(HEADER_BYTES, b"\0") + src.bytes[:HEADER_BYTES].tobytes(), rows, src.records(row_bytes, num_rows))
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            try:
+                return Written(size, write_digested(fd, size, chunks, depth=WRITE_BUFFERS))
+            finally:
+                os.close(fd)
+        finally:
+            chunks.close()  # lets go of its view of the mapping
+
+
+def _delta_chunks(headers: bytes, rows: np.ndarray, records: np.ndarray):
+    """A delta's bytes in order: its headers, the indices, then the records gathered from
+    the mapped file ``WRITE_BYTES`` at a time into a ring of ``WRITE_BUFFERS`` buffers."""
+    yield headers
+    yield rows
+    per = max(1, WRITE_BYTES // records.shape[1])
+    ring = [np.empty((min(per, len(rows)), records.shape[1]), dtype=np.uint8) for _ in range(WRITE_BUFFERS)]
+    for n, begin in enumerate(range(0, len(rows), per)):
+        chunk = rows[begin : begin + per]
+        buffer = ring[n % WRITE_BUFFERS][: len(chunk)]
+        np.take(records, chunk, axis=0, out=buffer)  # one copy, straight from the mapping
+        yield buffer
 
 
 def read_delta_header(path: Path) -> dict:
