@@ -39,6 +39,7 @@ import shutil
 import stat
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -267,11 +268,20 @@ class _RowWriter:
     def __init__(self, partial: Path, optimizer, baseline: _Baseline | _Fresh | None, clones: bool) -> None:
         self.partial, self.optimizer, self.baseline, self.clones = partial, optimizer, baseline, clones
         self.needs: set[str] = set()
+        self.synced: set[str] = set()  # files written here, fsynced already
+        self.digests: dict[str, str] = {}  # ... and those whose digest was computed as they were written
+        self._dirty: dict[Path, np.ndarray | None] = {}
+
+    def dirty_rows(self, source: Path) -> np.ndarray | None:
+        """The optimizer's dirty rows of ``source`` (``None``: a file it does not write), once."""
+        if source not in self._dirty:
+            self._dirty[source] = self.optimizer.dirty_rows(source) if isinstance(self.optimizer, DiskSparseAdam) else None
+        return self._dirty[source]
 
     def __call__(self, source: Path, rel: str) -> None:
         target = self.partial / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        rows = self.optimizer.dirty_rows(source) if self.baseline is not None else None
+        rows = self.dirty_rows(source) if self.baseline is not None else None
         parent = self.baseline.version_of(rel, source) if rows is not None else None
         size = os.stat(source).st_size
         if parent is None or parent.file_bytes != size:
@@ -291,10 +301,13 @@ class _RowWriter:
     def _base(self, source: Path, target: Path) -> None:
         if not (self.clones and _clone(source, target)):
             copy_sparse(source, target)
+        self.synced.add(str(target.relative_to(self.partial)))  # both fsync; its digest reads it (a clone too)
 
     def _delta(self, source, rows, target, rel, row_bytes, parent: _Version, links: int, chain_bytes: int) -> None:
         meta = {"file": rel, "row_bytes": row_bytes, "parent": parent.link, "base": parent.base, "links": links, "chain_bytes": chain_bytes}
-        write_delta(source, rows, target.with_name(target.name + DELTA_SUFFIX), meta)
+        written = write_delta(source, rows, target.with_name(target.name + DELTA_SUFFIX), meta)  # fsynced, digested as written
+        self.synced.add(rel + DELTA_SUFFIX)
+        self.digests[rel + DELTA_SUFFIX] = written.digest
         self.needs |= parent.needs
 
 
@@ -306,27 +319,45 @@ def _delta_rows(path: Path) -> np.ndarray:
 
 
 def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict, extra: dict, rows: _RowWriter) -> None:
+    """Every file of the checkpoint, each fsynced once and digested once (a delta as it is
+    written), then ``trainer.json``, then the folders."""
     partial.mkdir()
+    flushed = isinstance(optimizer, DiskSparseAdam)
+    if flushed:
+        optimizer.flush()  # once: its row files, the disk tables it writes, a clean manifest to copy
     torch.save(model.state_dict(), partial / MODEL)  # a disk table's entry is a reference...
     for module in model.modules():  # ...and its file (weights and moments) is a base or a delta
         if isinstance(module, DiskTable):
-            module.flush()
+            if not (flushed and rows.dirty_rows(module.path) is not None):
+                module.flush()  # a table no DiskSparseAdam writes (the one that does has just flushed it)
             rows(module.path, f"{TABLES}/{module.path.name}")
-    snapshot_optimizer(optimizer, partial, rows)
+    snapshot_optimizer(optimizer, partial, rows, flushed=flushed)
     for name, obj in extra.items():
         torch.save(obj, partial / name)
-    files = sorted(p for p in partial.rglob("*") if p.is_file())
-    for path in files:
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-    digests = {str(p.relative_to(partial)): file_digest(p) for p in files}
+    files = {str(p.relative_to(partial)): p for p in sorted(partial.rglob("*")) if p.is_file()}
+    digests = {name: rows.digests.get(name) or file_digest(path) for name, path in files.items()}  # small files: page cache
     state = {"format": FORMAT, "version": VERSION, **trainer, "needs": sorted(rows.needs), "files": digests}
-    with open(partial / TRAINER, "w") as f:
+    fd = os.open(partial / TRAINER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
         f.write(json.dumps({**state, "checksum": trainer_checksum(state)}, indent=2))
-        f.flush()
-        os.fsync(f.fileno())
-    for directory in [p for p in partial.rglob("*") if p.is_dir()] + [partial]:
-        fsync_directory(directory)
+    unsynced = [path for name, path in files.items() if name not in rows.synced]
+    _fsync_together([*unsynced, partial / TRAINER, *(p for p in partial.rglob("*") if p.is_dir()), partial])
+
+
+def _fsync_together(paths: list[Path]) -> None:
+    """fsync files and folders at once, each on its own thread: the file system commits them
+    together (one journal commit for all, on ext4) instead of one after the other. Returns
+    when every one is durable; raises the first error."""
+    def fsync(path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if path.is_dir() else 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(max_workers=min(len(paths), 16), thread_name_prefix="dsa-train fsync") as pool:
+        for done in [pool.submit(fsync, path) for path in paths]:
+            done.result()
 
 
 def read_trainer_state(checkpoint: Path) -> dict:

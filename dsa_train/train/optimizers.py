@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import StateError
-from ..fsutil import DirectoryLock, copy_sparse, fsync_directory, is_regular_file, lock_holder, read_json_object
+from ..fsutil import DirectoryLock, fsync_directory, is_regular_file, lock_holder, read_json_object
 from ..optim import DiskSparseAdam
 from ..optim.deltas import DELTA_SUFFIX, chain_of, materialise
 from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, TABLE_LAYOUT, load_manifest
@@ -44,21 +44,34 @@ def build_optimizer(config: OptimizerConfig, named_parameters: list[tuple[str, t
     return torch.optim.SparseAdam([p for _, p in named_parameters], **kwargs)
 
 
-def snapshot_optimizer(optimizer: torch.optim.Optimizer, target: Path, write_rows: Callable[[Path, str], None]) -> None:
+def snapshot_optimizer(
+    optimizer: torch.optim.Optimizer, target: Path, write_rows: Callable[[Path, str], None], *, flushed: bool = False
+) -> None:
     """Write the optimizer's complete state into the checkpoint folder ``target``;
-    ``write_rows(source, name)`` writes a row file as ``target/name`` (or its delta)."""
+    ``write_rows(source, name)`` writes a row file as ``target/name`` (or its delta).
+    ``flushed``: the caller has just flushed the optimizer. The manifest's copy and
+    ``optimizer.pt`` are not fsynced here: the caller fsyncs every file it commits."""
     if isinstance(optimizer, DiskSparseAdam):
-        optimizer.flush()
+        if not flushed:
+            optimizer.flush()
         copy = target / STATE_COPY
         copy.mkdir(exist_ok=True)
         for source in owned_state_files(optimizer.state_dir, {optimizer.state_id}):
             if source.name.startswith(RESTORING):
                 continue  # a killed restore's leftover, never part of the state
             if source.name == MANIFEST:
-                copy_sparse(source, copy / MANIFEST)
+                _copy_small(source, copy / MANIFEST)
             else:
                 write_rows(source, f"{STATE_COPY}/{source.name}")
     torch.save(optimizer.state_dict(), target / STATE_DICT)
+
+
+def _copy_small(source: Path, target: Path) -> None:
+    """Copy a small file to ``target`` (new, never through a link), without an fsync."""
+    data = source.read_bytes()
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
 
 
 def restore_state_dir(checkpoint: Path | None, state_dir: Path, *, owned: set[str | None] = frozenset()) -> None:
