@@ -16,6 +16,7 @@ import torch
 
 from dsa_train.data import load_knowledge_graph
 from dsa_train.data import tsv as tsv_module
+from dsa_train.data import tsv_import
 from dsa_train.data.fingerprint import fingerprint_of, fingerprints
 from dsa_train.data.order import Shuffle
 from dsa_train.data.store import Dataset
@@ -76,10 +77,10 @@ def check_against_reference(kg, folder):
 def test_import_equals_a_dict_based_parse(tmp_path, monkeypatch, memory_bytes, chunk_bytes):
     folder = write_random_kg(tmp_path / "kg")
     monkeypatch.setattr(tsv_module, "CHUNK_BYTES", chunk_bytes)
-    monkeypatch.setattr(tsv_module, "WINDOW_ROWS", 37)
-    monkeypatch.setattr(tsv_module, "TOKEN_BLOCK", 53 if chunk_bytes < 1000 else tsv_module.TOKEN_BLOCK)
-    real = tsv_module.write_knowledge_graph
-    monkeypatch.setattr(tsv_module, "write_knowledge_graph", lambda writer, **kw: real(writer, **{**kw, "memory_bytes": memory_bytes}))
+    monkeypatch.setattr(tsv_import, "WINDOW_ROWS", 37)
+    monkeypatch.setattr(tsv_import, "TOKEN_BLOCK", 53 if chunk_bytes < 1000 else tsv_import.TOKEN_BLOCK)
+    real = tsv_import.write_knowledge_graph
+    monkeypatch.setattr(tsv_import, "write_knowledge_graph", lambda writer, **kw: real(writer, **{**kw, "memory_bytes": memory_bytes}))
     kg = load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder)))
     check_against_reference(kg, folder)
     assert kg.train.dtype == torch.int32
@@ -94,7 +95,7 @@ def test_names_that_share_the_first_half_of_a_fingerprint_keep_their_own_ids(tmp
         prints[:, 0] &= np.uint64(0xF << 60)
         return prints
 
-    monkeypatch.setattr(tsv_module, "fingerprints", clashing)
+    monkeypatch.setattr(tsv_import, "fingerprints", clashing)
     check_against_reference(load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder))), folder)
 
 
@@ -152,10 +153,10 @@ def test_an_import_folder_that_is_a_link_is_replaced_not_followed(tmp_path):
 
 KILLER = """
 import os, signal, sys
-from dsa_train.data import load_knowledge_graph, tsv
+from dsa_train.data import load_knowledge_graph, tsv, tsv_import
 from dsa_train.recipe import DatasetConfig
 tsv.CHUNK_BYTES = 64
-tsv.partitions_for = lambda total, memory: 8
+tsv_import.partitions_for = lambda total, memory: 8
 calls = []
 def progress(what, done, total):
     calls.append(what)

@@ -152,7 +152,8 @@ def _source(config: DatasetConfig, progress: Progress | None):
         write = partial(write_synthetic_knowledge_graph, config=config.synthetic, progress=progress)
         return f"synthetic-{config.synthetic.entities}", import_target(config, "synthetic", sources), sources, write
     if config.kind == "tsv":
-        from .tsv import IMPORTER_VERSION, tsv_files, write_knowledge_graph
+        from .tsv import tsv_files
+        from .tsv_import import IMPORTER_VERSION, write_knowledge_graph
 
         folder = Path(config.path)
         folder = folder if folder.is_absolute() else data_root(config) / folder

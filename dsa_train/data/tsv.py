@@ -1,56 +1,25 @@
-"""Folders of ``train.txt`` / ``valid.txt`` / ``test.txt`` with ``head<TAB>relation<TAB>tail`` lines,
-imported into the on-disk dataset format (see :mod:`.store`) in bounded memory.
+"""Folders of ``train.txt`` / ``valid.txt`` / ``test.txt`` with ``head<TAB>relation<TAB>tail`` lines:
+reading them in chunks of whole lines and checking every line, vectorised.
 
 Every line must have exactly three non-empty tab-separated columns and a plain ``\\n`` ending;
 anything else (a CRLF ending, a wrong column count, an empty line or column, invalid UTF-8) is
 reported with its file and line number, never dropped or mis-parsed. Names are kept as bytes
-(WN18RR's synset ids keep their leading zeros).
-
-The import streams the text in chunks and never holds a name table in memory:
-
-1. **Read.** Each chunk is checked and split into columns by NumPy (positions of tabs and
-   newlines), and every name gets a 128-bit fingerprint (:mod:`.fingerprint`). Entity tokens
-   go to one of ``P`` partition files by their fingerprint's top bits, as
-   ``(fingerprint, position)`` records; each chunk's distinct names go there too, with their
-   bytes. Relations use one partition.
-2. **Number.** Partition by partition (each fits the memory budget), the distinct
-   fingerprints are sorted: an entity's id is its rank in fingerprint order, so
-   ``entities.fingerprints.npy`` (sorted) is also the on-disk name -> id lookup, and the
-   names are written in id order (``entities.names`` bytes, ``entities.offsets``). Each
-   token record gets its id.
-3. **Assemble.** The per-partition ``(position, id)`` streams, each in position order, are
-   merged window by window into the ``(M, 3)`` id arrays of the splits (int32 where the ids
-   fit), written sequentially.
-
-RAM holds one chunk, one partition or one window at a time, whatever the size of the files;
-scratch files (about 40 bytes per triple) live in the partial dataset folder and go before
-it is committed.
+(WN18RR's synset ids keep their leading zeros). :mod:`.tsv_import` turns the checked chunks
+into an imported dataset.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DatasetError
-from .fingerprint import fingerprints
-from .store import DatasetWriter, Progress
 
 SPLITS = ("train", "valid", "test")
 MAX_REPORTED = 10
-IMPORTER_VERSION = 1
 CHUNK_BYTES = 8 << 20  # text read and parsed at once
-WINDOW_ROWS = 1 << 20  # triples assembled at once in step 3
-TOKEN_BLOCK = 1 << 20  # tokens numbered at once in step 2
-MAX_PARTITIONS = 256  # each partition keeps three scratch files open
-WORKERS = min(4, os.cpu_count() or 1)  # threads that parse chunks and number partitions
 
 
 def tsv_files(folder: Path) -> list[Path]:
@@ -83,7 +52,7 @@ def line_problem(raw: bytes, *, final_newline: bool) -> str | None:
     return None
 
 
-def _raise_problems(path: Path, problems: list[str]) -> None:
+def raise_problems(path: Path, problems: list[str]) -> None:
     shown = problems[:MAX_REPORTED] + (["... (more after these)"] if len(problems) > MAX_REPORTED else [])
     raise DatasetError(
         f"'{path}' has malformed lines:\n" + "\n".join(f"  {p}" for p in shown),
@@ -91,7 +60,7 @@ def _raise_problems(path: Path, problems: list[str]) -> None:
     )
 
 
-def _all_chunks(files: list[Path]) -> Iterator[tuple[Path, bytes, int, int]]:
+def all_chunks(files: list[Path]) -> Iterator[tuple[Path, bytes, int, int]]:
     """Every file's chunks as ``(path, data, lines before it in its file, rows before it in all files)``."""
     row = 0
     for path in files:
@@ -169,296 +138,8 @@ def check_tsv_file(path: Path, *, final_newline: bool = False) -> int:
             break
         lines += len(columns)
     if problems:
-        _raise_problems(path, problems)
+        raise_problems(path, problems)
     return lines
 
 
 # -- the import -------------------------------------------------------------------------------
-class _Partitions:
-    """Scratch files of one name space: token records and distinct names, per partition."""
-
-    def __init__(self, folder: Path, count: int) -> None:
-        self.folder, self.count = folder, count
-        self.bits = count.bit_length() - 1
-        # the smallest h1 of each partition (its top bits), and an end: h1 order is partition order
-        self.first_keys = np.array([p << (64 - self.bits) if self.bits else 0 for p in range(count)] + [2**64 - 1], np.uint64)
-        folder.mkdir()
-        self.tokens = [open(folder / f"tokens-{p}", "wb") for p in range(count)]
-        self.names = [open(folder / f"names-{p}", "wb") for p in range(count)]
-        self.blobs = [open(folder / f"blob-{p}", "wb") for p in range(count)]
-
-    def prepare(self, text: np.ndarray, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray) -> list[tuple[int, bytes, bytes, bytes]]:
-        """A chunk's tokens as ``(partition, token records, name records, name bytes)``:
-        token records ``(h1, h2, position)`` in position order, and the chunk's distinct names
-        ``(h1, h2, length)`` with their bytes."""
-        prints = fingerprints(text, starts, lengths)
-        tokens = np.empty((len(starts), 3), np.uint64)
-        tokens[:, :2], tokens[:, 2] = prints, positions
-        partition = (prints[:, 0] >> np.uint64(64 - self.bits)).astype(np.uint16) if self.bits else np.zeros(len(starts), np.uint16)
-        order = np.argsort(partition, kind="stable")  # a radix sort: cheap, and positions stay in order
-        token_bounds = np.searchsorted(partition[order], np.arange(self.count + 1))
-        tokens = tokens[order]
-        distinct = _distinct(prints)  # in h1 order, which is partition order
-        names = np.empty((len(distinct), 3), np.uint64)
-        names[:, :2], names[:, 2] = prints[distinct], lengths[distinct]
-        name_bounds = np.searchsorted(names[:, 0], self.first_keys)
-        ends = np.concatenate([[0], np.cumsum(lengths[distinct])])
-        blob = text[_ranges(starts[distinct], lengths[distinct])]
-        out = []
-        for p in np.flatnonzero(np.diff(token_bounds)).tolist():
-            lo, hi = name_bounds[p], name_bounds[p + 1]
-            tokens_p = tokens[token_bounds[p] : token_bounds[p + 1]].tobytes()
-            out.append((p, tokens_p, names[lo:hi].tobytes(), blob[ends[lo] : ends[hi]].tobytes()))
-        return out
-
-    def write(self, prepared: list[tuple[int, bytes, bytes, bytes]]) -> None:
-        for p, tokens, names, blob in prepared:
-            self.tokens[p].write(tokens)
-            self.names[p].write(names)
-            self.blobs[p].write(blob)
-
-    def close(self) -> None:
-        for f in self.tokens + self.names + self.blobs:
-            f.close()
-
-
-def _distinct(prints: np.ndarray) -> np.ndarray:
-    """Indices of one row per distinct fingerprint, in fingerprint order (a clash of h1 keeps
-    every distinct h2)."""
-    h1 = prints[:, 0]
-    sample = h1[:: max(1, len(h1) // 4096)]
-    if len(np.unique(sample)) * 8 < len(sample):  # few names repeated a lot (relations, say)
-        values = np.unique(h1)
-        group = np.searchsorted(values, h1)
-        first = np.empty(len(values), np.int64)
-        first[group[::-1]] = np.arange(len(h1) - 1, -1, -1)  # the first row of each value
-        clashing = np.flatnonzero(prints[first[group], 1] != prints[:, 1])
-    else:
-        order = np.argsort(h1)
-        ordered = h1[order]
-        new = np.ones(len(order), bool)
-        new[1:] = ordered[1:] != ordered[:-1]
-        first = order[new]
-        group = np.cumsum(new) - 1  # in sorted order
-        clashing = order[prints[first[group], 1] != prints[order, 1]]
-    if not len(clashing):
-        return first
-    rows = np.union1d(first, clashing)
-    rows = rows[np.lexsort((prints[rows, 1], prints[rows, 0]))]
-    keep = np.ones(len(rows), bool)
-    keep[1:] = (prints[rows[1:]] != prints[rows[:-1]]).any(1)
-    return rows[keep]
-
-
-def ordered_map(function, items, workers: int = WORKERS):
-    """``map(function, items)`` on a few threads (NumPy releases the GIL in its loops), in
-    order, with at most ``workers + 1`` results waiting: memory stays bounded."""
-    if workers <= 1:
-        yield from map(function, items)
-        return
-    with ThreadPoolExecutor(workers) as pool:
-        pending: deque = deque()
-        for item in items:
-            pending.append(pool.submit(function, item))
-            if len(pending) > workers:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-
-
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Indices of the concatenated ranges ``[starts[i], starts[i] + lengths[i])`` (lengths
-    positive: names are never empty): a running sum of ones that jumps to each range's start."""
-    lengths = lengths.astype(np.int64)
-    steps = np.ones(int(lengths.sum()), np.int32 if len(lengths) and starts.max() + lengths.sum() < 2**31 else np.int64)
-    if len(steps):
-        steps[0] = starts[0]
-        steps[np.cumsum(lengths)[:-1]] = starts[1:] - (starts[:-1] + lengths[:-1]) + 1
-    return np.cumsum(steps)
-
-
-def partitions_for(total_bytes: int, memory_bytes: int) -> int:
-    """Partitions so that one holds at most ``memory_bytes`` of work: a token costs at most
-    ~60 bytes in step 2 and takes at least 2 bytes of text."""
-    needed = max(1, -(-total_bytes // 2 * 60 // max(memory_bytes, 1)))
-    return min(MAX_PARTITIONS, 1 << (needed - 1).bit_length())
-
-
-def write_knowledge_graph(
-    writer: DatasetWriter, *, files: list[Path], memory_bytes: int = 256 << 20, final_newline: bool = False,
-    progress: Progress | None = None,
-) -> None:  # fmt: skip
-    """Import the split files (train, valid, test) into ``writer`` (see the module docstring)."""
-    scratch = writer.path(".scratch")
-    scratch.mkdir()
-    total = sum(f.stat().st_size for f in files)
-    spaces = {
-        "entities": _Partitions(scratch / "entities", partitions_for(total, memory_bytes)),
-        "relations": _Partitions(scratch / "relations", 1),
-    }
-    def read(item):
-        path, data, before, row = item
-        text, columns, found = parse_chunk(data, final_newline=final_newline)
-        if found:
-            return path, len(data), [f"{path}:{before + index + 1}: line {problem}" for index, problem in found], 0, []
-        rows = np.arange(len(columns), dtype=np.int64) + row
-        ends = columns[:, [0, 2]]
-        entity_positions = (rows[:, None] * 3 + np.array([0, 2])).ravel()
-        prepared = [
-            spaces["entities"].prepare(text, ends[..., 0].ravel(), ends[..., 1].ravel(), entity_positions),
-            spaces["relations"].prepare(text, columns[:, 1, 0], columns[:, 1, 1], rows * 3 + 1),
-        ]
-        return path, len(data), [], len(columns), prepared
-
-    split_rows = {path: 0 for path in files}
-    problems: dict[Path, list[str]] = {}
-    done = 0
-    try:
-        for path, size, found, rows, prepared in ordered_map(read, _all_chunks(files)):
-            problems.setdefault(path, []).extend(found)
-            if len(problems[path]) > MAX_REPORTED:
-                break
-            if not found:
-                for space, chunk in zip(spaces.values(), prepared):
-                    space.write(chunk)
-            split_rows[path] += rows
-            done += size
-            if progress is not None:
-                progress("reading the text", done, total)
-    finally:
-        for space in spaces.values():
-            space.close()
-    for path, found in problems.items():
-        if found:
-            _raise_problems(path, found)
-    split_rows = [split_rows[path] for path in files]
-    first_ids = {space: _number(writer, space, parts, progress) for space, parts in spaces.items()}
-    counts = {space: first[-1] for space, first in first_ids.items()}
-    dtype = np.int32 if max(counts.values()) < 2**31 else np.int64
-    _assemble(writer, [(spaces[space], first_ids[space]) for space in spaces], split_rows, dtype, progress)
-    shutil.rmtree(scratch)
-    writer.meta.update(
-        num_entities=counts["entities"], num_relations=counts["relations"],
-        splits={split: rows for split, rows in zip(SPLITS, split_rows)}, names=True,
-    )  # fmt: skip
-
-
-def _number(writer: DatasetWriter, space: str, parts: _Partitions, progress: Progress | None) -> list[int]:
-    """Step 2 for one name space: ids in fingerprint order, names in id order, and each
-    partition's ``(position, rank)`` records (in position order) for step 3. Returns where each
-    partition's ids start, and (last) how many names there are."""
-    prints = writer.appender(f"{space}.fingerprints", np.uint64, (2,))
-    names = writer.appender(f"{space}.names", np.uint8)
-    offsets = writer.appender(f"{space}.offsets", np.int64)
-    offsets.append(np.zeros(1, np.int64))
-    first_ids, name_bytes = [0], 0
-    for p, (unique, blob, lengths) in enumerate(ordered_map(partial(_number_partition, parts), range(parts.count))):
-        prints.append(unique)
-        names.append(blob)
-        offsets.append(name_bytes + np.cumsum(lengths))
-        name_bytes += int(lengths.sum())
-        first_ids.append(first_ids[-1] + len(unique))
-        if progress is not None:
-            progress(f"numbering {space}", p + 1, parts.count)
-    return first_ids
-
-
-def _number_partition(parts: _Partitions, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One partition's distinct fingerprints (sorted), their names' bytes and lengths; its
-    tokens' ``(position, rank)`` pairs go to ``ids-<p>``, a block of tokens at a time (a hot
-    name makes a partition's tokens many, never its distinct names); its other scratch files
-    are removed (runs in a worker thread)."""
-    records = np.fromfile(parts.folder / f"names-{p}", np.uint64).reshape(-1, 3)
-    blob = np.fromfile(parts.folder / f"blob-{p}", np.uint8)
-    byte_starts = np.concatenate([[0], np.cumsum(records[:, 2])[:-1]]).astype(np.int64)
-    order = np.argsort(records[:, 0])
-    h1, h2 = records[order, 0], records[order, 1]
-    if ((h1[1:] == h1[:-1]) & (h2[1:] != h2[:-1])).any():  # two names share h1 (2^-64): order by h2 too
-        order = np.lexsort((records[:, 1], records[:, 0]))
-        h1, h2 = records[order, 0], records[order, 1]
-    keep = np.ones(len(order), bool)
-    keep[1:] = (h1[1:] != h1[:-1]) | (h2[1:] != h2[:-1])
-    unique, lengths = np.stack([h1[keep], h2[keep]], 1), records[order[keep], 2].astype(np.int64)
-    names = blob[_ranges(byte_starts[order[keep]], lengths)]
-    del records, blob
-    with open(parts.folder / f"tokens-{p}", "rb") as source, open(parts.folder / f"ids-{p}", "wb") as target:
-        while len(tokens := np.fromfile(source, np.uint64, 3 * TOKEN_BLOCK).reshape(-1, 3)):
-            rank = _rank(unique[:, 0], tokens[:, 0])
-            while True:  # several names share this h1 (a 2^-64 event): step to the matching h2
-                off = unique[np.minimum(rank, len(unique) - 1), 1] != tokens[:, 1]
-                if not off.any():
-                    break
-                rank[off] += 1
-            pairs = np.empty((len(tokens), 2), np.int64)
-            pairs[:, 0], pairs[:, 1] = tokens[:, 2], rank
-            pairs.tofile(target)
-    for name in ("names", "blob", "tokens"):
-        (parts.folder / f"{name}-{p}").unlink()
-    return unique, names, lengths
-
-
-def _rank(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """``np.searchsorted(values, keys)`` for sorted, uniformly spread uint64 ``values`` and keys
-    that are among them: a table of where each bucket of the values' range starts, then a step
-    or two forward (about twice as fast as a binary search per key, which misses the cache).
-    The buckets split ``[values[0], values[-1]]``, not all of uint64: a partition's values
-    share their top bits."""
-    if not len(values):
-        return np.zeros(len(keys), np.int64)
-    bits = max(1, len(values).bit_length())
-    low = values[0]
-    shift = np.uint64(max(0, int(values[-1] - low).bit_length() - bits))
-    starts = np.searchsorted(values, low + (np.arange(1 << bits, dtype=np.uint64) << shift))
-    rank = starts[((keys - low) >> shift).astype(np.int64)]
-    behind = np.flatnonzero(values[np.minimum(rank, len(values) - 1)] < keys)
-    while len(behind):
-        rank[behind] += 1
-        behind = behind[values[np.minimum(rank[behind], len(values) - 1)] < keys[behind]]
-    return rank
-
-
-def _assemble(writer: DatasetWriter, spaces: list, split_rows: list[int], dtype, progress: Progress | None) -> None:
-    """Step 3: merge every partition's position-ordered ``(position, rank)`` stream into the
-    splits' id arrays, one window of rows at a time (``spaces``: each name space's partitions
-    and where each partition's ids start)."""
-    streams = [_Stream(space.folder / f"ids-{p}", first[p]) for space, first in spaces for p in range(space.count)]
-    total, row = sum(split_rows), 0
-    try:
-        for split, rows in zip(SPLITS, split_rows):
-            out = writer.appender(split, dtype, (3,))
-            end = row + rows
-            while row < end:
-                stop = min(row + WINDOW_ROWS, end)
-                window = np.empty((stop - row) * 3, dtype)
-                for stream in streams:
-                    part = stream.take(stop * 3)
-                    window[part[:, 0] - row * 3] = part[:, 1]
-                out.append(window.reshape(-1, 3))
-                row = stop
-                if progress is not None:
-                    progress("writing the id arrays", row, total)
-    finally:
-        for stream in streams:
-            stream.file.close()
-
-
-class _Stream:
-    """A file of ``(position, id)`` int64 pairs in position order, read a block at a time."""
-
-    BLOCK = 1 << 14
-
-    def __init__(self, path: Path, first_id: int) -> None:
-        self.file, self.first_id = open(path, "rb"), first_id
-        self.buffer = np.empty((0, 2), np.int64)
-
-    def take(self, limit: int) -> np.ndarray:
-        """The next pairs whose position is below ``limit``."""
-        while not len(self.buffer) or self.buffer[-1, 0] < limit:
-            block = np.fromfile(self.file, np.int64, 2 * self.BLOCK).reshape(-1, 2)
-            if not len(block):
-                break
-            self.buffer = np.concatenate([self.buffer, block])
-        cut = int(np.searchsorted(self.buffer[:, 0], limit))
-        taken, self.buffer = self.buffer[:cut].copy(), self.buffer[cut:]
-        taken[:, 1] += self.first_id
-        return taken
