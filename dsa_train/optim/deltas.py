@@ -85,9 +85,9 @@ class DirtyRows:
 
     def rows(self) -> np.ndarray:
         """The marked rows, sorted, as int64 (memory grows with their number, not with ``N``)."""
-        bytes_ = np.flatnonzero(self._bits)
-        bits = np.unpackbits(self._bits[bytes_][:, None], axis=1, bitorder="little").astype(bool)
-        return (bytes_[:, None] * 8 + np.arange(8))[bits].astype(np.int64)
+        bytes_ = np.flatnonzero(self._bits).astype(np.int64)
+        bits = np.flatnonzero(np.unpackbits(self._bits[bytes_], bitorder="little"))  # of those bytes' bits
+        return bytes_[bits >> 3] * 8 + (bits & 7)
 
     def clear(self) -> None:
         self._bits[:] = 0
@@ -105,21 +105,35 @@ class Written(NamedTuple):
     digest: str
 
 
-def write_delta(source: Path, rows: np.ndarray, target: Path, meta: dict) -> Written:
+class LiveRows(NamedTuple):
+    """A row file at ``path`` and a ``(rows, row_bytes)`` uint8 view of its records through
+    a mapping this process already holds (the one its writer writes through): records
+    gathered from it cost no page faults for the rows the writer touched, where a fresh
+    mapping faults on every page."""
+
+    path: Path
+    records: np.ndarray
+
+
+def write_delta(source: Path | LiveRows, rows: np.ndarray, target: Path, meta: dict) -> Written:
     """Write the records ``rows`` (sorted, unique) of the row file ``source`` as a delta at
     ``target`` (created exclusively, never through a link; fsynced). ``meta`` gives ``file``,
     ``parent``, ``base``, ``links`` and ``chain_bytes``. Returns its size and its digest,
     computed from the bytes as they were written (on a second thread, while the next records
     are gathered), so the delta is never read back."""
     rows = np.ascontiguousarray(rows, dtype="<i8")
+    live = source.records if isinstance(source, LiveRows) else None
+    source = source.path if isinstance(source, LiveRows) else source
     with _Mapped(source) as src:
         row_bytes, num_rows = _row_geometry(src.size, meta["row_bytes"], source)
+        if live is None or live.shape != (num_rows, row_bytes) or live.dtype != np.uint8:
+            live = src.records(row_bytes, num_rows)
         if len(rows) and (rows[0] < 0 or rows[-1] >= num_rows or np.any(np.diff(rows) <= 0)):
             raise ValueError(f"delta rows of '{source}' must be sorted, unique and below {num_rows}")
         header = {"format": DELTA_FORMAT, "version": DELTA_VERSION, "file_bytes": src.size, "rows": len(rows), **meta}
         raw = DELTA_MAGIC + json.dumps(header).encode() + b"\n"
         size = INDEX_OFFSET + len(rows) * (8 + row_bytes)
-        chunks = _delta_chunks(raw.ljust(HEADER_BYTES, b"\0") + src.bytes[:HEADER_BYTES].tobytes(), rows, src.records(row_bytes, num_rows))
+        chunks = _delta_chunks(raw.ljust(HEADER_BYTES, b"\0") + src.bytes[:HEADER_BYTES].tobytes(), rows, live)
         try:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
             try:

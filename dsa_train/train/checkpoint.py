@@ -55,6 +55,7 @@ from ..optim.deltas import (
     DELTA_SUFFIX,
     VIRTUAL,
     ChainReader,
+    LiveRows,
     chain_of,
     is_virtual,
     materialise,
@@ -278,7 +279,9 @@ class _RowWriter:
             self._dirty[source] = self.optimizer.dirty_rows(source) if isinstance(self.optimizer, DiskSparseAdam) else None
         return self._dirty[source]
 
-    def __call__(self, source: Path, rel: str) -> None:
+    def __call__(self, source: Path, rel: str, live: np.ndarray | None = None) -> None:
+        """Write ``source`` as ``rel`` in the checkpoint; ``live``: its records as the process
+        maps them already (see :class:`~dsa_train.optim.deltas.LiveRows`), to gather from."""
         target = self.partial / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         rows = self.dirty_rows(source) if self.baseline is not None else None
@@ -289,6 +292,7 @@ class _RowWriter:
         row_bytes = read_row_header(source)["row_bytes"]
         limit = MAX_DELTA_FRACTION * (size - HEADER_BYTES)
         if parent.links + 1 <= MAX_LINKS and parent.chain_bytes + len(rows) * row_bytes <= limit:
+            source = LiveRows(source, live) if live is not None else source
             return self._delta(source, rows, target, rel, row_bytes, parent, parent.links + 1, parent.chain_bytes + len(rows) * row_bytes)
         if self.clones or parent.links == 0:
             return self._base(source, target)
@@ -296,6 +300,7 @@ class _RowWriter:
         union = np.union1d(rows, np.concatenate([_delta_rows(path) for path in chain[1:]]))
         if len(union) * row_bytes > limit:
             return self._base(source, target)
+        source = LiveRows(source, live) if live is not None else source
         return self._delta(source, union, target, rel, row_bytes, self.baseline.base_of(rel, parent), 1, len(union) * row_bytes)
 
     def _base(self, source: Path, target: Path) -> None:
@@ -309,6 +314,14 @@ class _RowWriter:
         self.synced.add(rel + DELTA_SUFFIX)
         self.digests[rel + DELTA_SUFFIX] = written.digest
         self.needs |= parent.needs
+
+
+def _live_records(module: DiskTable) -> np.ndarray | None:
+    """A disk table's records as the run maps them, ``(rows, row_bytes)`` uint8, or ``None``."""
+    records = getattr(getattr(module.table, "rows", None), "records", None)
+    if not isinstance(records, torch.Tensor) or records.device.type != "cpu" or not records.is_contiguous():
+        return None
+    return records.view(torch.uint8).reshape(records.shape[0], -1).numpy()
 
 
 def _delta_rows(path: Path) -> np.ndarray:
@@ -330,7 +343,7 @@ def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
         if isinstance(module, DiskTable):
             if not (flushed and rows.dirty_rows(module.path) is not None):
                 module.flush()  # a table no DiskSparseAdam writes (the one that does has just flushed it)
-            rows(module.path, f"{TABLES}/{module.path.name}")
+            rows(module.path, f"{TABLES}/{module.path.name}", _live_records(module))
     snapshot_optimizer(optimizer, partial, rows, flushed=flushed)
     for name, obj in extra.items():
         torch.save(obj, partial / name)
