@@ -21,9 +21,14 @@ a power law, low ids hot, the same rows every round):
                from the page cache (cold: what a table larger than RAM sees).
 
 It prints each round and the medians' ratios delta/records (target <= 2) and full/delta.
+With ``--profile``, one more round's delta checkpoint is taken apart after the timed rounds:
+the wall time of each part (flushing the live files, torch files, gathering, writing and
+fsyncing the delta, hashing it, digests read back, fsyncs of files and folders), nested as
+they are called, the digest thread's hashing apart (it runs alongside).
 
     python scripts/bench_checkpoint.py                      # 10^7 rows: a 3.8 GB table
     python scripts/bench_checkpoint.py --rows 100000000     # 38 GB: needs ~42 GB free
+    python scripts/bench_checkpoint.py --profile            # and where a delta checkpoint's time goes
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +90,104 @@ def full_copy(table: Path, target: Path) -> None:
     file_digest(target)
 
 
+class Profile:
+    """Wall time of wrapped functions, keyed by the chain of wrapped calls they were made in
+    (per thread); installed for one checkpoint, then removed."""
+
+    def __init__(self) -> None:
+        self.totals: dict[tuple, float] = defaultdict(float)
+        self.counts: dict[tuple, int] = defaultdict(int)
+        self._stack = threading.local()
+        self._undo: list = []
+
+    def wrap(self, owner, name: str, label) -> None:
+        real = getattr(owner, name, None) if owner is not None else None
+        if real is None:  # not in this version of dsa-train
+            return
+        profile = self
+
+        def timed_call(*args, **kwargs):
+            stack = profile._stack.__dict__.setdefault("labels", ())
+            name = label(*args) if callable(label) else label
+            thread = threading.current_thread()
+            if stack or thread is threading.main_thread():
+                key = (*stack, name)
+            else:  # alongside the main thread: apart, not in its sum
+                key = (f"[{thread.name.rstrip('_0123456789')} thread] {name}",)
+            profile._stack.labels = key
+            started = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                profile.totals[key] += time.perf_counter() - started
+                profile.counts[key] += 1
+                profile._stack.labels = stack
+
+        setattr(owner, name, timed_call)
+        self._undo.append((owner, name, real))
+
+    def undo(self) -> None:
+        for owner, name, real in reversed(self._undo):
+            setattr(owner, name, real)
+        self._undo = []
+
+    def report(self, wall: float) -> str:
+        lines = [f"profile of one delta checkpoint: {wall:.3f} s wall"]
+        top = sum(t for key, t in self.totals.items() if len(key) == 1 and not key[0].startswith("["))
+        for key in sorted(self.totals, key=lambda k: [(-self._total(k[: i + 1]), k[i]) for i in range(len(k))]):
+            lines.append(f"  {'  ' * (len(key) - 1)}{self.totals[key]:7.3f} s  {key[-1]} ({self.counts[key]}x)")
+        lines.append(f"  {wall - top:7.3f} s  the rest (Python, JSON, mkdir, rename, pruning: not wrapped)")
+        return "\n".join(lines)
+
+    def _total(self, key: tuple) -> float:
+        return self.totals.get(key, 0.0)
+
+
+def fsync_label(fd: int) -> str:
+    path = os.readlink(f"/proc/self/fd/{fd}")
+    if os.path.isdir(path):
+        return "fsync: a folder"
+    if path.endswith(".delta"):
+        return "fsync: the delta"
+    if "/checkpoints/" in path:
+        return f"fsync: {os.path.basename(path)}"
+    return f"fsync: live {os.path.basename(path)}"
+
+
+def profiled_checkpoint(checkpoint) -> str:
+    """Run ``checkpoint()`` with its parts timed; the report."""
+    from dsa_train import fsutil
+    from dsa_train.nn import DiskTable
+    from dsa_train.optim import deltas, row_file, state_dir
+    from dsa_train.train import checkpoint as ckpt
+    from dsa_train.train import optimizers
+
+    profile = Profile()
+    profile.wrap(DiskSparseAdam, "flush", "DiskSparseAdam.flush (the live files)")
+    profile.wrap(row_file.RowFile, "flush", "RowFile.flush: msync + fsync")
+    profile.wrap(state_dir, "atomic_write_bytes", "manifest committed (temporary file, rename)")
+    profile.wrap(DiskTable, "flush", "DiskTable.flush")
+    profile.wrap(torch, "save", lambda obj, f, *a: f"torch.save {os.path.basename(str(f))}")
+    profile.wrap(ckpt, "write_delta", "write_delta")
+    profile.wrap(np, "take", "gather the records (np.take from the mapping)")
+    profile.wrap(os, "write", "write()")
+    profile.wrap(os, "fsync", fsync_label)
+    profile.wrap(fsutil, "_start_writeback", "sync_file_range: start writeback")
+    profile.wrap(getattr(fsutil, "StreamDigest", None), "update", "hash the delta as it is written")
+    profile.wrap(ckpt, "_fsync_together", "fsync the files and folders together")
+    profile.wrap(deltas, "copy_sparse", "copy_sparse")
+    profile.wrap(optimizers, "copy_sparse", "copy the manifest")
+    profile.wrap(optimizers, "_copy_small", "copy the manifest")
+    profile.wrap(ckpt, "copy_sparse", "copy_sparse (a base)")
+    profile.wrap(ckpt, "file_digest", lambda path: f"file_digest {path.name} (read back)")
+    profile.wrap(ckpt, "_baseline", "read the previous checkpoint")
+    try:
+        wall = timed(checkpoint)
+    finally:
+        profile.undo()
+    return profile.report(wall)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -91,6 +196,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16_384, help="lookups per step")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dir", type=Path, default=None, help="where the table and checkpoints go (default: a temporary folder here)")
+    parser.add_argument("--profile", action="store_true", help="then take one more delta checkpoint apart")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir=args.dir or Path.cwd()))
     try:
@@ -161,6 +267,10 @@ def run(args, root: Path) -> None:
                 f"round {round_ + 1}: {len(rows):,} rows touched ({len(data) / 1e6:.1f} MB of records, links {delta['links']}): "
                 f"delta {t_delta:.3f} s, records {t_records:.3f} s, full warm {t_warm:.2f} s, full cold {t_cold:.2f} s"
             )
+        if args.profile:
+            train()
+            opt.flush()
+            print(profiled_checkpoint(checkpoint))
     median = {key: statistics.median(values) for key, values in results.items()}
     print(
         f"medians: delta {median['delta']:.3f} s, records {median['records']:.3f} s, full {median['full warm']:.2f} s warm / "
