@@ -49,7 +49,6 @@ import json
 import os
 import shutil
 import stat
-import struct
 import tempfile
 import uuid
 import warnings
@@ -63,6 +62,7 @@ from torch import Tensor
 
 from ..errors import DatasetError
 from ..fsutil import atomic_write_bytes, fsync_directory, read_json_object
+from .store import npy_header
 
 FORMAT = "dsa-train-triple-index"
 VERSION = 1
@@ -276,14 +276,6 @@ def _map_column(path: Path, dtype: np.dtype, rows: int) -> np.ndarray:
 
 
 # --- building ----------------------------------------------------------------------------
-
-
-def _npy_header(dtype: np.dtype, rows: int, size: int | None = None) -> bytes:
-    """A version 1.0 .npy header for a ``(rows,)`` array, padded to ``size`` bytes (default:
-    the next multiple of 64), so it can be rewritten in place once the final count is known."""
-    text = repr({"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": (rows,)}).encode("latin1")
-    size = size or -(-(10 + len(text) + 1) // 64) * 64
-    return b"\x93NUMPY\x01\x00" + struct.pack("<H", size - 10) + text + b" " * (size - 11 - len(text)) + b"\n"
 
 
 @dataclass(frozen=True)
@@ -536,8 +528,7 @@ class _Builder:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
                 f = os.fdopen(fd, "wb")
                 self.outputs[side][column] = (path, f)
-                f.write(_npy_header(dtypes[column], rows))
-        self.reserved_rows = rows
+                f.write(npy_header(dtypes[column], (rows,)))
 
     def _append(self, side: str, query: np.ndarray, answer: np.ndarray) -> None:
         query.astype(QUERY_DTYPE, copy=False).tofile(self.outputs[side]["query"][1])
@@ -552,8 +543,8 @@ class _Builder:
         for side in SIDES:
             for column, (_, f) in self.outputs[side].items():
                 f.flush()
-                f.seek(0)  # the header reserved for every row read; the distinct count pads it
-                f.write(_npy_header(dtypes[column], rows, size=len(_npy_header(dtypes[column], self.reserved_rows))))
+                f.seek(0)  # the header reserved for every row read, rewritten for the distinct count
+                f.write(npy_header(dtypes[column], (rows,)))  # fixed size: it fits the same bytes
                 f.flush()
                 os.fsync(f.fileno())
                 f.close()
