@@ -80,6 +80,22 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x
 
 
+#: one odd multiplier per column of :func:`hash_columns`
+_COLUMN_MULTIPLIERS = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9))
+
+
+def hash_columns(columns: list[np.ndarray], seed: int) -> np.ndarray:
+    r"""A seeded 64-bit hash of each row of up to three integer columns :math:`c_0, c_1, \dots`:
+    :math:`k \leftarrow \mathrm{mix}(c_0 m_0 + s)`, then :math:`k \leftarrow \mathrm{mix}(k \oplus c_i m_i)`
+    (``mix`` is :func:`mix64`, products modulo :math:`2^{64}`). What picks held-out triples and
+    edges, and partitions, by a uniform draw per row."""
+    with np.errstate(over="ignore"):
+        key = mix64(np.asarray(columns[0]).astype(np.uint64) * _COLUMN_MULTIPLIERS[0] + np.uint64(seed % 2**64))
+        for column, multiplier in zip(columns[1:], _COLUMN_MULTIPLIERS[1:], strict=False):
+            key = mix64(key ^ (np.asarray(column).astype(np.uint64) * multiplier))
+    return key
+
+
 def fingerprint_of(name: bytes) -> tuple[int, int]:
     """The fingerprint of one string (a lookup by name, see ``KnowledgeGraph.entity_ids``)."""
     buffer = np.frombuffer(name, dtype=np.uint8)

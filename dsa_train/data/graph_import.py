@@ -44,7 +44,7 @@ import torch
 
 from ..errors import DatasetError
 from ..recipe import GraphSyntheticConfig
-from .fingerprint import mix64
+from .fingerprint import hash_columns, mix64
 from .store import DatasetWriter, Progress
 from .synthetic import CHUNK, power_law_ids
 
@@ -75,9 +75,7 @@ def label_dtype(num_classes: int) -> np.dtype:
 
 def edge_priority(a: np.ndarray, b: np.ndarray, seed: int) -> np.ndarray:
     """The seeded 64-bit priority of the undirected edges ``{a, b}`` (symmetric in a and b)."""
-    with np.errstate(over="ignore"):
-        low, high = np.minimum(a, b).astype(np.uint64), np.maximum(a, b).astype(np.uint64)
-        return mix64(mix64(low * _GOLDEN + np.uint64(seed % 2**64)) ^ (high * _SECOND))
+    return hash_columns([np.minimum(a, b), np.maximum(a, b)], seed)
 
 
 def node_priority(nodes: np.ndarray, seed: int) -> np.ndarray:

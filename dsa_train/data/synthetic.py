@@ -25,7 +25,7 @@ import torch
 
 from ..errors import DatasetError
 from ..recipe import SyntheticConfig
-from .fingerprint import mix64
+from .fingerprint import hash_columns
 from .store import DatasetWriter, Progress
 
 CHUNK = 1 << 20
@@ -126,11 +126,7 @@ def _into_cluster(ids: torch.Tensor, cluster: torch.Tensor, clusters: int, n: in
 
 def _priority(triples: np.ndarray, seed: int) -> np.ndarray:
     """A seeded 64-bit hash of each ``(head, relation, tail)`` row."""
-    with np.errstate(over="ignore"):
-        t = triples.astype(np.uint64)
-        key = mix64(t[:, 0] * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed))
-        key = mix64(key ^ (t[:, 1] * np.uint64(0xC2B2AE3D27D4EB4F)))
-        return mix64(key ^ (t[:, 2] * np.uint64(0x165667B19E3779F9)))
+    return hash_columns([triples[:, 0], triples[:, 1], triples[:, 2]], seed)
 
 
 def _unique_rows(rows: np.ndarray) -> np.ndarray:
