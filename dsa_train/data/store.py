@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError, StateError
-from ..fsutil import DirectoryLock, fsync_directory, read_json_object
+from ..fsutil import DirectoryLock, fsync_all, fsync_directory, read_json_object
 
 FORMAT = "dsa-train/dataset"
 VERSION = 1
@@ -158,12 +158,7 @@ class DatasetWriter:
         for name, appender in self._open.items():
             self.arrays[name] = {"shape": list(appender.finish()), "dtype": appender.dtype.name}
         self._open.clear()
-        for path in sorted(self.partial.rglob("*")):
-            if path.is_file():
-                with open(path, "rb") as f:
-                    os.fsync(f.fileno())
-        for path in sorted((p for p in self.partial.rglob("*") if p.is_dir()), reverse=True):
-            fsync_directory(path)
+        fsync_all(sorted(self.partial.rglob("*")))
         manifest = {
             "format": FORMAT, "version": VERSION, "kind": self.kind, "name": self.name,
             "meta": self.meta, "sources": self.sources, "arrays": self.arrays,

@@ -39,7 +39,6 @@ import shutil
 import stat
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -48,7 +47,7 @@ import numpy as np
 import torch
 
 from ..errors import StateError
-from ..fsutil import copy_sparse, file_digest, fsync_directory
+from ..fsutil import copy_sparse, file_digest, fsync_all, fsync_directory
 from ..nn import ChainEmbedding, DiskTable
 from ..optim import DiskSparseAdam
 from ..optim.deltas import (
@@ -354,23 +353,7 @@ def _write(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps({**state, "checksum": trainer_checksum(state)}, indent=2))
     unsynced = [path for name, path in files.items() if name not in rows.synced]
-    _fsync_together([*unsynced, partial / TRAINER, *(p for p in partial.rglob("*") if p.is_dir()), partial])
-
-
-def _fsync_together(paths: list[Path]) -> None:
-    """fsync files and folders at once, each on its own thread: the file system commits them
-    together (one journal commit for all, on ext4) instead of one after the other. Returns
-    when every one is durable; raises the first error."""
-    def fsync(path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if path.is_dir() else 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    with ThreadPoolExecutor(max_workers=min(len(paths), 16), thread_name_prefix="dsa-train fsync") as pool:
-        for done in [pool.submit(fsync, path) for path in paths]:
-            done.result()
+    fsync_all([*unsynced, partial / TRAINER, *(p for p in partial.rglob("*") if p.is_dir()), partial])
 
 
 def read_trainer_state(checkpoint: Path) -> dict:
