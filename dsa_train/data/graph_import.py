@@ -45,11 +45,10 @@ import torch
 from ..errors import DatasetError
 from ..recipe import GraphSyntheticConfig
 from .fingerprint import hash_columns, mix64
-from .store import DatasetWriter, Progress
+from .store import MAX_PARTITIONS, DatasetWriter, Progress
 from .synthetic import CHUNK, power_law_ids
 
 IMPORTER_VERSION = 1
-MAX_PARTITIONS = 256
 KEY_BYTES = 8
 #: Bytes of RAM a key costs while its partition is sorted and deduplicated (counted: the key,
 #: its source and target, the priority of held-out edges, their filtered copies and masks).

@@ -48,8 +48,17 @@ RETIRED = ".retired-"
 HEADER_BYTES = 128  # every array's .npy header, padded: data starts 64-byte aligned
 NPY_MAGIC = b"\x93NUMPY\x01\x00"
 
+MAX_PARTITIONS = 256  # scratch partitions of one import step: each keeps a few files open
+
 #: ``progress(what, done, total)``: a long import step reports how far it is.
 Progress = Callable[[str, int, int], None]
+
+
+def partition_count(work_bytes: int, memory_bytes: int) -> int:
+    """The power of two of scratch partitions (at most :data:`MAX_PARTITIONS`) that cuts
+    ``work_bytes`` of an import step into pieces of at most ``memory_bytes`` each."""
+    needed = max(1, -(-work_bytes // max(memory_bytes, 1)))
+    return min(MAX_PARTITIONS, 1 << (needed - 1).bit_length())
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:

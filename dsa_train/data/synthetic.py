@@ -26,12 +26,11 @@ import torch
 from ..errors import DatasetError
 from ..recipe import SyntheticConfig
 from .fingerprint import hash_columns
-from .store import DatasetWriter, Progress
+from .store import DatasetWriter, Progress, partition_count
 
 CHUNK = 1 << 20
 GENERATOR_VERSION = 2  # 2: chunked into the dataset format, held-out triples by hash priority
 ROW_BYTES = 24  # a triple in the scratch partitions: three int64
-MAX_PARTITIONS = 256
 
 
 def power_law_ids(num_ids: int, count: int, generator: torch.Generator, zipf: float) -> torch.Tensor:
@@ -61,7 +60,7 @@ def write_synthetic_knowledge_graph(
     target = torch.randint(0, clusters, (config.relations,), generator=generator)
     scratch = writer.path(".scratch")
     scratch.mkdir()
-    count = min(MAX_PARTITIONS, 1 << (max(1, -(-config.triples * ROW_BYTES * 4 // memory_bytes)) - 1).bit_length())
+    count = partition_count(config.triples * ROW_BYTES * 4, memory_bytes)  # a partition's rows and sort temporaries
     bits = count.bit_length() - 1
     parts = [open(scratch / f"part-{p}", "wb") for p in range(count)]
     try:

@@ -34,13 +34,12 @@ from pathlib import Path
 import numpy as np
 
 from .fingerprint import fingerprints
-from .store import DatasetWriter, Progress
+from .store import DatasetWriter, Progress, partition_count
 from .tsv import MAX_REPORTED, SPLITS, all_chunks, parse_chunk, raise_problems
 
 IMPORTER_VERSION = 1
 WINDOW_ROWS = 1 << 20  # triples assembled at once in step 3
 TOKEN_BLOCK = 1 << 20  # tokens numbered at once in step 2
-MAX_PARTITIONS = 256  # each partition keeps three scratch files open
 WORKERS = min(4, os.cpu_count() or 1)  # threads that parse chunks and number partitions
 
 
@@ -148,10 +147,9 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def partitions_for(total_bytes: int, memory_bytes: int) -> int:
-    """Partitions so that one holds at most ``memory_bytes`` of work: a token costs at most
-    ~60 bytes in step 2 and takes at least 2 bytes of text."""
-    needed = max(1, -(-total_bytes // 2 * 60 // max(memory_bytes, 1)))
-    return min(MAX_PARTITIONS, 1 << (needed - 1).bit_length())
+    """Entity partitions for ``total_bytes`` of text: a token costs at most ~60 bytes in step 2
+    and takes at least 2 bytes of text."""
+    return partition_count(-(-total_bytes // 2) * 60, memory_bytes)
 
 
 def write_knowledge_graph(
