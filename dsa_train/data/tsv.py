@@ -64,14 +64,14 @@ def all_chunks(files: list[Path]) -> Iterator[tuple[Path, bytes, int, int]]:
     """Every file's chunks as ``(path, data, lines before it in its file, rows before it in all files)``."""
     row = 0
     for path in files:
-        for data, before in _chunks(path):
+        for data, before, lines in _chunks(path):
             yield path, data, before, row
-            row += data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+            row += lines
 
 
-def _chunks(path: Path) -> Iterator[tuple[bytes, int]]:
+def _chunks(path: Path) -> Iterator[tuple[bytes, int, int]]:
     """The file in pieces of whole lines (the last may lack its newline), each with the number
-    of lines before it."""
+    of lines before it and in it."""
     lines_before, rest = 0, b""
     with open(path, "rb") as f:
         while True:
@@ -83,11 +83,12 @@ def _chunks(path: Path) -> Iterator[tuple[bytes, int]]:
             if cut == 0:  # a line longer than a chunk: keep reading
                 rest = data
                 continue
-            yield data[:cut], lines_before
-            lines_before += data.count(b"\n", 0, cut)
+            lines = data.count(b"\n", 0, cut)
+            yield data[:cut], lines_before, lines
+            lines_before += lines
             rest = data[cut:]
     if rest:
-        yield rest, lines_before
+        yield rest, lines_before, 1
 
 
 def parse_chunk(data: bytes, *, final_newline: bool) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
@@ -131,7 +132,7 @@ def parse_chunk(data: bytes, *, final_newline: bool) -> tuple[np.ndarray, np.nda
 def check_tsv_file(path: Path, *, final_newline: bool = False) -> int:
     """Check every line of a file (as the import does); returns the number of lines."""
     problems, lines = [], 0
-    for data, before in _chunks(path):
+    for data, before, _ in _chunks(path):
         _, columns, found = parse_chunk(data, final_newline=final_newline)
         problems += [f"{path}:{before + index + 1}: line {problem}" for index, problem in found]
         if len(problems) > MAX_REPORTED:
