@@ -144,8 +144,7 @@ class DatasetWriter:
         time, read with plain reads: a later step of the build (the filter index) reads the id
         arrays back without mapping them, so resident memory stays bounded by the block."""
         if name in self._open:
-            appender = self._open.pop(name)
-            self.arrays[name] = {"shape": list(appender.finish()), "dtype": appender.dtype.name}
+            self._finish(name)
         shape, dtype = tuple(self.arrays[name]["shape"]), np.dtype(self.arrays[name]["dtype"])
         width = int(np.prod(shape[1:]))
         with open(self.partial / f"{name}.npy", "rb") as f:
@@ -153,6 +152,11 @@ class DatasetWriter:
             for start in range(0, shape[0], rows):
                 count = min(rows, shape[0] - start)
                 yield np.fromfile(f, dtype, count * width).reshape((count, *shape[1:]))
+
+    def _finish(self, name: str) -> None:
+        """Write an appended array's header and list it for the manifest."""
+        appender = self._open.pop(name)
+        self.arrays[name] = {"shape": list(appender.finish()), "dtype": appender.dtype.name}
 
     def put(self, name: str, array: np.ndarray | torch.Tensor) -> None:
         """Write a whole (small) array."""
@@ -164,9 +168,8 @@ class DatasetWriter:
 
     def commit(self) -> None:
         """Fsync everything, write the manifest, and rename the folder into place."""
-        for name, appender in self._open.items():
-            self.arrays[name] = {"shape": list(appender.finish()), "dtype": appender.dtype.name}
-        self._open.clear()
+        for name in list(self._open):
+            self._finish(name)
         fsync_all(sorted(self.partial.rglob("*")))
         manifest = {
             "format": FORMAT, "version": VERSION, "kind": self.kind, "name": self.name,
