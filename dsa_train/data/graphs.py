@@ -29,10 +29,9 @@ from ..errors import DatasetError
 from ..recipe import DatasetConfig
 from .graph_import import GENERATOR_VERSION, IMPORTER_VERSION, write_pyg_graph, write_synthetic_graph
 from .kg import data_root, import_target
-from .store import Dataset, DatasetWriter, Progress, file_sources, import_folder
+from .store import SPLITS, Dataset, DatasetWriter, Progress, file_sources, import_folder
 
 PLANETOID = ("Cora", "CiteSeer", "PubMed")
-SPLITS = ("train", "valid", "test")
 
 
 @dataclass

@@ -21,10 +21,9 @@ from torch import Tensor
 from ..errors import DatasetError
 from ..recipe import DatasetConfig
 from .fingerprint import fingerprint_of
-from .store import Dataset, DatasetWriter, Progress, file_sources, import_folder, imports_root
+from .store import SPLITS, Dataset, DatasetWriter, Progress, file_sources, import_folder, imports_root
 from .triple_index import TripleIndex, write_triple_index
 
-SPLITS = ("train", "valid", "test")
 FILTER_INDEX = "filter"  # the imported dataset's subfolder holding its TripleIndex
 LAYOUT = "kg-1"  # what an imported knowledge graph holds (arrays, names, filter index): bump it when that changes
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from ..errors import DatasetError
-from .store import DatasetWriter
-from .tsv import SPLITS, check_tsv_file
+from .store import SPLITS, DatasetWriter
+from .tsv import check_tsv_file
 
 # kind -> (folder under the data root, PyG class name)
 DATASETS = {"fb15k237": ("FB15k-237", "FB15k_237"), "wn18rr": ("WN18RR", "WordNet18RR")}

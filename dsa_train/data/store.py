@@ -48,6 +48,7 @@ RETIRED = ".retired-"
 HEADER_BYTES = 128  # every array's .npy header, padded: data starts 64-byte aligned
 NPY_MAGIC = b"\x93NUMPY\x01\x00"
 
+SPLITS = ("train", "valid", "test")  # the splits of every dataset (arrays, files or node sets)
 MAX_PARTITIONS = 256  # scratch partitions of one import step: each keeps a few files open
 
 #: ``progress(what, done, total)``: a long import step reports how far it is.

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
+from .store import SPLITS
 
-SPLITS = ("train", "valid", "test")
 MAX_REPORTED = 10
 CHUNK_BYTES = 8 << 20  # text read and parsed at once
 

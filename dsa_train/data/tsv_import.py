@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from .fingerprint import fingerprints
-from .store import DatasetWriter, Progress, partition_count
-from .tsv import MAX_REPORTED, SPLITS, all_chunks, parse_chunk, raise_problems
+from .store import SPLITS, DatasetWriter, Progress, partition_count
+from .tsv import MAX_REPORTED, all_chunks, parse_chunk, raise_problems
 
 IMPORTER_VERSION = 1
 WINDOW_ROWS = 1 << 20  # triples assembled at once in step 3
