@@ -60,6 +60,7 @@ def import_(
 def imported_summary(config: DatasetConfig, *, progress, note) -> dict:
     """Import the dataset a config names (unless current) and describe it."""
     from ..recipe import KG_DATASETS
+    from ..train.cleanup import allocated_bytes
 
     if config.kind in KG_DATASETS:
         from ..data import load_knowledge_graph
@@ -75,6 +76,6 @@ def imported_summary(config: DatasetConfig, *, progress, note) -> dict:
         "description": str(data),
         "folder": str(folder) if folder else None,
         "imported": bool(getattr(dataset, "fresh", False)),
-        "bytes": sum(p.stat().st_blocks * 512 for p in folder.rglob("*") if p.is_file()) if folder else 0,
+        "bytes": allocated_bytes(folder) if folder else 0,
         "meta": dataset.meta if dataset is not None else {},
     }
