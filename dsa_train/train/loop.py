@@ -222,9 +222,9 @@ class Training:
         while self.epoch < cfg.epochs and not self._step_limit_reached():
             order = Shuffle(items, step_seed(cfg.seed, -1 - self.epoch))  # computed per batch: no O(items) permutation
             self.reporter.epoch_start(self.epoch + 1, cfg.epochs, steps_per_epoch, self.batch)
-            epoch_started, epoch_items = time.perf_counter(), 0
+            epoch_started, epoch_items, upcoming = time.perf_counter(), 0, None
             while self.batch < steps_per_epoch and not self._step_limit_reached():
-                picked = order.slice(self.batch * cfg.batch_size, (self.batch + 1) * cfg.batch_size)
+                picked = upcoming if upcoming is not None else order.slice(self.batch * cfg.batch_size, (self.batch + 1) * cfg.batch_size)
                 upcoming = order.slice((self.batch + 1) * cfg.batch_size, (self.batch + 2) * cfg.batch_size)
                 if prefetch and len(upcoming):  # its rows are read in the background while this step computes
                     self.task.prefetch(upcoming)
