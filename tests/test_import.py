@@ -257,3 +257,63 @@ def test_names_are_looked_up_on_disk(tmp_path):
     synthetic = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=SyntheticConfig(entities=100, triples=2000, valid=10, test=10)))
     with pytest.raises(DatasetError, match="has no names"):
         synthetic.entity_ids(["0"])
+
+
+def test_a_second_importer_is_told_who_holds_the_import_folder(tmp_path):
+    from dsa_train.fsutil import DirectoryLock
+
+    folder = write_random_kg(tmp_path / "kg")
+    imported = os.path.join(os.environ["DSA_DATA_ROOT"], "imported")
+    os.makedirs(imported)
+    other = DirectoryLock(imported, purpose="dataset import folder")  # another importer, as far as flock knows
+    other.acquire()
+    try:
+        with pytest.raises(DatasetError, match=r"another process is importing into .*imported.*pid") as error:
+            load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder)))
+        assert "wait for it" in error.value.hint
+    finally:
+        other.release()
+    check_against_reference(load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder))), folder)
+
+
+def test_a_full_disk_mid_import_keeps_the_old_dataset_and_leaves_no_partial(tmp_path, monkeypatch):
+    import errno
+
+    from dsa_train.data import store
+
+    folder = write_random_kg(tmp_path / "kg")
+    config = DatasetConfig(kind="tsv", path=str(folder))
+    old = load_knowledge_graph(config)
+    with open(folder / "train.txt", "a") as f:
+        f.write("one\tmore\tfact\n")
+    real = store.Appender.append
+
+    def full(self, rows):
+        if self.path.name.startswith("train"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, rows)
+
+    monkeypatch.setattr(store.Appender, "append", full)
+    with pytest.raises(DatasetError, match="No space left on device") as error:
+        load_knowledge_graph(config)
+    assert "free space" in error.value.hint
+    parent = old.dataset.folder.parent
+    assert not [name for name in os.listdir(parent) if name.startswith(".partial-")]
+    check_against_reference(opened(old.dataset.folder), without_last_fact(folder))  # the old import, intact
+
+
+def opened(path):
+    """The knowledge graph of an imported folder, opened afresh from disk."""
+    from dsa_train.data.kg import KnowledgeGraph
+
+    return KnowledgeGraph.of(Dataset.open(path))
+
+
+def without_last_fact(folder):
+    """A copy of the TSV folder as it was before the test appended its fact."""
+    copy = folder.parent / "before"
+    copy.mkdir()
+    for split in SPLITS:
+        text = (folder / f"{split}.txt").read_text()
+        (copy / f"{split}.txt").write_text(text.removesuffix("one\tmore\tfact\n") if split == "train" else text)
+    return copy
