@@ -60,6 +60,12 @@ def fsync_all(paths: list[Path]) -> None:
             done.result()
 
 
+def temporary_prefix(name: str) -> str:
+    """How :func:`atomic_write_bytes` names its temporary for ``name`` (a kill between its
+    creation and the rename leaves one behind: a caller that owns ``name`` owns these too)."""
+    return f".{name}.tmp-"
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically and durably (temporary name, fsync, rename).
 
@@ -68,7 +74,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     whatever entry ``path`` is (a link is replaced, its target is never touched).
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path.name))
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o644)

@@ -226,6 +226,24 @@ def test_resume_never_touches_a_state_dir_that_is_not_the_runs(run, tmp_path, fo
     assert tree(target) == before
 
 
+@pytest.mark.parametrize("left", [".manifest.json.tmp-k1ll3d", "notes.txt"])
+def test_a_state_dir_left_by_a_kill_during_its_first_manifest_write_is_ours_to_clear(tmp_path, left):
+    """A kill between the manifest's temporary and its rename leaves only that temporary: the
+    run may clear it (its name is the atomic writer's), never anything else."""
+    from dsa_train.train.optimizers import restore_state_dir
+
+    state = tmp_path / "optimizer_state"
+    state.mkdir()
+    (state / left).write_text('{"format": "dsa-train/st')  # torn mid-write
+    if left.startswith("."):
+        restore_state_dir(None, state, owned={"some-id"})
+        assert [p.name for p in state.iterdir()] == [".lock"]  # the temporary is gone; the lock's record stays
+    else:
+        with pytest.raises(StateError, match="no manifest.json of a DiskSparseAdam state; nothing in it was changed"):
+            restore_state_dir(None, state, owned={"some-id"})
+        assert (state / left).read_text() == '{"format": "dsa-train/st'
+
+
 # -- 6, 7: tampered checkpoints -----------------------------------------------------------------------
 class Payload:
     def __reduce__(self):

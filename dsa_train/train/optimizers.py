@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import StateError
-from ..fsutil import DirectoryLock, fsync_directory, is_regular_file, lock_holder, read_json_object
+from ..fsutil import DirectoryLock, fsync_directory, is_regular_file, lock_holder, read_json_object, temporary_prefix
 from ..optim import DiskSparseAdam
 from ..optim.deltas import DELTA_SUFFIX, chain_of, materialise
 from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, TABLE_LAYOUT, load_manifest
@@ -130,7 +130,8 @@ def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
     holds the state with one of the ``ids``; ``[]`` for an empty directory. A ``StateError``,
     before anything is changed, for a directory that holds anything else."""
     directory = Path(directory)
-    ours = [p for p in directory.iterdir() if p.name.startswith(RESTORING) and is_regular_file(p)]  # a killed restore's
+    leftovers = (RESTORING, temporary_prefix(MANIFEST))  # a killed restore's, a killed first manifest write's
+    ours = [p for p in directory.iterdir() if p.name.startswith(leftovers) and is_regular_file(p)]
     names = {p.name for p in directory.iterdir() if not p.name.startswith(DirectoryLock.FILE_NAME)} - {p.name for p in ours}
     if not names:
         return ours
