@@ -87,9 +87,10 @@ class DiskTable(nn.Module):
         """Start reading these rows' records into the page cache (returns at once).
 
         Call it with the next batch's indices before this batch's step: the reads overlap
-        the step's compute. It only warms the cache, so it can never make a row stale.
+        the step's compute. It only warms the cache, so it can never make a row stale. A
+        trainable table's pages are also made writable, ready for the optimizer's update.
         """
-        shared_prefetcher().submit(self.table.rows, indices)
+        shared_prefetcher().submit(self.table.rows, indices, claim=self.weight.requires_grad)
 
     def flush(self) -> None:
         """Make the weights on disk durable (``DiskSparseAdam.flush`` does it for the moments)."""

@@ -191,10 +191,11 @@ def test_to_moves_outputs_not_the_weight(tmp_path):
     assert disk.output_device.type == "cpu"
 
 
-def test_prefetching_overlapping_batches_changes_nothing(tmp_path):
+@pytest.mark.parametrize("claim", [False, True])
+def test_prefetching_overlapping_batches_changes_nothing(tmp_path, claim):
     """Prefetch the next batch while this one trains, with consecutive batches sharing most
-    rows: the result equals training without prefetch bit for bit (no stale row, no lost
-    update), and equals SparseAdam."""
+    rows, reading their pages or claiming them for writing: the result equals training
+    without prefetch bit for bit (no stale row, no lost update), and equals SparseAdam."""
     disk, ref = twin(tmp_path, EMBEDDING, std=0.1)
     ours = DiskSparseAdam(disk.parameters(), lr=0.01, state_dir=tmp_path / "state")
     theirs = torch.optim.SparseAdam(ref.parameters(), lr=0.01)
@@ -202,7 +203,7 @@ def test_prefetching_overlapping_batches_changes_nothing(tmp_path):
     batches = [torch.randint(0, 60, (128,)) for _ in range(40)]  # 60 hot rows: heavy overlap
     for step, idx in enumerate(batches):
         if step + 1 < len(batches):
-            prefetcher.submit(disk.table.rows, batches[step + 1])
+            prefetcher.submit(disk.table.rows, batches[step + 1], claim=claim)
         for model, opt in ((disk, ours), (ref, theirs)):
             opt.zero_grad()
             (model(idx) ** 2).sum().backward()

@@ -56,3 +56,64 @@ def test_a_kernel_that_rounds_differently_is_refused(fresh_native, monkeypatch):
     monkeypatch.setattr(fresh_native.functional, "self_test", lambda kernel: "torch.float32, maximize=False")
     with pytest.warns(RuntimeWarning, match="disagrees with torch"):
         assert fresh_native.load() is None
+
+
+@pytest.fixture
+def kernel():
+    loaded = native.load()
+    if loaded is None:
+        pytest.skip("no compiled kernel here (no C compiler)")
+    return loaded
+
+
+def test_claiming_rows_for_writing_never_loses_a_concurrent_update(kernel):
+    """A prefetch thread claims the pages of rows the step is writing at that very moment:
+    the claim is an atomic write of nothing, so every one of the step's additions survives
+    (a read-then-write-back prefetch would lose some of them)."""
+    import threading
+
+    records = torch.zeros(64, 3, 8)  # 96-byte records, many to a page
+    rows = torch.arange(0, 64, 2)
+    done = threading.Event()
+
+    def claim_again_and_again():
+        while not done.is_set():
+            kernel.touch_rows(records.data_ptr(), rows, 96, 96, 4096, True)
+
+    claimer = threading.Thread(target=claim_again_and_again)
+    claimer.start()
+    try:
+        for _ in range(3000):
+            records[rows] += 1.0
+    finally:
+        done.set()
+        claimer.join()
+    assert torch.equal(records[rows], torch.full((len(rows), 3, 8), 3000.0))
+    assert torch.equal(records[1::2], torch.zeros(32, 3, 8))
+
+
+@pytest.mark.parametrize("claim", [False, True])
+def test_touching_a_fresh_files_rows_reads_or_claims_their_pages(kernel, tmp_path, claim):
+    """Touching rows of a sparse file leaves every byte as it was; claiming them dirties just
+    their pages (written back by a flush: the file then owns blocks there), reading does not."""
+    import mmap
+    import os
+
+    page = mmap.PAGESIZE
+    path = tmp_path / "rows"
+    with open(path, "wb") as f:
+        f.truncate(256 * page)
+    with open(path, "r+b") as f:
+        mapping = mmap.mmap(f.fileno(), 256 * page)
+        records = torch.frombuffer(mapping, dtype=torch.uint8).view(512, page // 2)  # two records a page
+        rows = torch.tensor([3, 100, 101, 400])  # pages 1, 50, 200
+        kernel.touch_rows(records.data_ptr(), rows, page // 2, page // 2, page, claim)
+        assert int(records.sum()) == 0
+        del records
+        mapping.flush()
+        mapping.close()
+    allocated = os.stat(path).st_blocks * 512
+    if claim:
+        assert allocated >= 3 * page
+    else:  # clean zero pages are not written (a tmpfs may still count what it holds in memory)
+        assert allocated in (0, 3 * page)

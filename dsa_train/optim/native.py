@@ -51,12 +51,20 @@ class RowKernel:
             apply.argtypes = [_P, _I, _P, _P, _I, _I, _I, _P, _P, real, real]
             apply.restype = None
             self._moments[dtype], self._apply[dtype] = moments, apply
+        self._touch = library.dsa_touch_rows
+        self._touch.argtypes = [_P, _P, _I, _I, _I, _I, ctypes.c_int]
+        self._touch.restype = _I
 
     def moments(self, dtype, *args) -> None:
         self._moments[dtype](*args)
 
     def apply(self, dtype, *args) -> None:
         self._apply[dtype](*args)
+
+    def touch_rows(self, base: int, rows: torch.Tensor, record_stride: int, record_bytes: int, page_bytes: int, claim: bool) -> None:
+        """Fault in the pages of the records at ``rows`` (int64, contiguous) of the mapping at
+        ``base``: read, or with ``claim`` made writable without changing a byte."""
+        self._touch(base, rows.data_ptr(), rows.numel(), record_stride, record_bytes, page_bytes, int(claim))
 
 
 def cache_dir() -> Path:
