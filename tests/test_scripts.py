@@ -1,8 +1,11 @@
-"""The shell scripts for Colab and GPU boxes: help, refusals, and a check on this machine."""
+"""The shell scripts for Colab and GPU boxes: help, refusals, and a check on this machine; the
+benchmark scripts' quick versions."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +62,62 @@ def test_import_benchmark_runs_quick(tmp_path):
     report = json.loads(result.stdout)
     assert report["counts (entities relations train valid test)"].split()[2:] == ["20000", "100", "100"]
     assert report["import"]["peak_rss"] > 0 and report["speedup (old / import)"] > 0
+
+
+def processes_naming(folder: Path) -> list[int]:
+    """Processes whose command line names ``folder`` (the benchmarks' children and neighbours do)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if str(folder).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_throughput_benchmark_one_process_per_optimizer(tmp_path):
+    """Each optimizer trains in a child process of its own and the figures come out; the
+    children's run folders are removed."""
+    result = subprocess.run(
+        [sys.executable, SCRIPTS / "bench_throughput.py", SCRIPTS.parent / "recipes" / "quickstart.yaml",
+         "--steps", "3", "--warmup", "1", "--repeats", "1", "--dir", tmp_path],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "quickstart: " in out and "3 timed steps after 1 untimed steps" in out
+    assert "fresh process with a fresh run folder (the optimizer state starts cold)" in out
+    assert "round 1 (dsa first):" in out and "median over 1 round:" in out
+    for kind in ("dsa", "sparse_adam"):
+        assert len(re.findall(rf"^  {kind} +[\d,]+ triples/s  median step +[\d.]+ ms  wall +[\d.]+ s  CPU +[\d.]+ s", out, re.M)) == 2
+    assert re.search(r"dsa / sparse_adam: throughput [\d.]+x \(rounds [\d.]+-[\d.]+\), CPU time [\d.]+x \(rounds", out)
+    assert not list(tmp_path.iterdir()), "a child left its run folder behind"
+    assert not processes_naming(tmp_path)
+
+
+def test_contention_benchmark_stops_its_neighbours(tmp_path):
+    """Both optimizers measured next to the CPU neighbour, each in its own process; the
+    neighbours worked meanwhile, and no neighbour process or file is left afterwards."""
+    result = subprocess.run(
+        [sys.executable, SCRIPTS / "bench_contention.py", "--steps", "3", "--warmup", "1", "--repeats", "1",
+         "--conditions", "cpu", "--dir", tmp_path, "--json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    measurements = report["measurements"]
+    assert [(m["condition"], m["kind"]) for m in measurements] == [("cpu", "dsa"), ("cpu", "sparse_adam")]
+    assert len({m["pid"] for m in measurements} | {os.getpid()}) == 3
+    for m in measurements:
+        assert m["steps"] == 3 and m["wall_s"] > 0 and m["cpu_s"] > 0 and m["items_per_s"] > 0
+        assert m["neighbours"]["cpu"]["matmuls"] > 0
+        for pid in m["neighbour_pids"]:
+            assert not Path(f"/proc/{pid}").exists(), f"neighbour {pid} is still there"
+    summary = report["summary"]["cpu"]
+    for key in ("wall", "cpu"):
+        assert summary["ratio"][key]["median"] > 0 and summary["target"][key] in ("met", "met by the median, not in every repeat", "MISSED")
+    assert "repeat 1 cpu     dsa" in result.stderr
+    assert not list(tmp_path.iterdir()), "a run folder or the neighbour's folder was left behind"
+    assert not processes_naming(tmp_path)
