@@ -26,6 +26,7 @@ from .functional import (
 from .deltas import DirtyRows
 from .format import LAYOUT, TABLE_LAYOUT
 from .row_file import DTYPES, RowFile, dtype_name
+from .staging import CudaStaging
 from .state_dir import StateDirectory
 from .table import Table, table_of
 
@@ -119,6 +120,7 @@ class DiskSparseAdam(Optimizer):
         self._keys: dict[Tensor, str] = {}
         self._names: dict[str, str] = {}  # file key -> the parameter's own name
         self._workspace = Workspace()
+        self._staging: dict[torch.device, CudaStaging] = {}  # per CUDA device, made on first use
         self._dirty: dict[str, DirtyRows] = {}  # file key -> rows written since reset_dirty()
         self._dirty_since: str | None = None
         defaults = {"lr": lr, "betas": betas, "eps": eps, "maximize": maximize}
@@ -304,7 +306,15 @@ class DiskSparseAdam(Optimizer):
         if p.device.type == "cpu":
             _step_in_place(p, moments, adam, self._workspace)
         else:
-            _step_through_host(p, moments, adam, self._workspace)
+            _step_through_host(p, moments, adam, self._workspace, self._cuda_staging(p.device))
+
+    def _cuda_staging(self, device: torch.device) -> CudaStaging | None:
+        """The reused pinned buffers and side stream of a CUDA device; ``None`` for others."""
+        if device.type != "cuda":
+            return None
+        if device not in self._staging:
+            self._staging[device] = CudaStaging(device)
+        return self._staging[device]
 
     # -- state --------------------------------------------------------------------------
     @property
@@ -364,6 +374,7 @@ class DiskSparseAdam(Optimizer):
         store, self._store = self._store, None
         store.groups = self._groups_summary()
         self._workspace.close_pool()
+        self._staging.clear()  # its pinned buffers go back to torch's host cache
         _flush_and_close(store)
 
     @property
@@ -439,16 +450,47 @@ def _step_in_place(p: Tensor, moments: RowFile, adam: AdamStep, workspace: Works
     _update_rows(moments, p.grad, adam, workspace, param=p)
 
 
-def _step_through_host(p: Tensor, moments: RowFile, adam: AdamStep, workspace: Workspace) -> None:
+def _step_through_host(
+    p: Tensor, moments: RowFile, adam: AdamStep, workspace: Workspace, staging: CudaStaging | None = None
+) -> None:
     """An accelerator parameter: coalesce there, bring only the touched rows to the host,
-    send only their updates back, and add them where the parameter lives."""
+    send only their updates back, and add them where the parameter lives.
+
+    On CUDA (``staging`` given) the rows and values go into pinned buffers reused from step
+    to step, on a side stream, and the updates come back from one the same way; the host
+    computes exactly what it computes for a CPU parameter, so the weights stay SparseAdam's.
+
+    What overlaps: the copies of the rows and of the values are queued back to back and
+    waited for once, while the host takes the updates buffer; the copy of the updates to
+    the device and the ``index_add_`` are queued and not waited for, so the host goes on to
+    the next parameter and ``step()`` returns while they run. The next forward is queued
+    behind the ``index_add_`` on the same stream, so it reads the updated parameter.
+    What cannot: for one parameter the chain coalesce, copy to the host, host update, copy
+    back, ``index_add_`` is strict (each needs the whole result of the one before), and the
+    GPU idles during the host update unless the caller queued other work. Starting the next
+    forward before the update has landed would read stale weights and change the results.
+    Splitting the rows into chunks to pipeline copies with the host update would save at
+    most the copies: 32 MiB each way for 65,536 float32 rows of 128, about 1.5 ms at the
+    bus's rate (an estimate, not measured here), against the host update's tens of ms
+    (README's Benchmarks: 27-59 ms for such a step on two CPU cores).
+
+    Without ``staging`` (another accelerator, or a CPU parameter in the tests) the copies
+    are ordinary blocking ones into new buffers.
+    """
     coalesced = p.grad.coalesce()
-    host_grad = coalesced.cpu()
-    updates = torch.empty(
-        (host_grad._nnz(), moments.spec.row_width), dtype=p.dtype, pin_memory=p.device.type == "cuda"
+    rows = coalesced._indices()[0]
+    values = coalesced._values().reshape(rows.numel(), moments.spec.row_width)
+    if staging is None:
+        host_rows, host_values = rows.cpu(), values.cpu()
+        updates = torch.empty(host_values.shape, dtype=p.dtype)
+    else:
+        host_rows, host_values, updates = staging.to_host(rows, values)
+    host_grad = torch.sparse_coo_tensor(
+        host_rows[None], host_values.view(-1, *p.shape[1:]), p.shape, is_coalesced=True, check_invariants=False
     )
     _update_rows(moments, host_grad, adam, workspace, out=updates)
-    p.index_add_(0, coalesced._indices()[0], updates.to(p.device, non_blocking=True).view(-1, *p.shape[1:]))
+    moved = updates.to(p.device) if staging is None else staging.to_device(updates)
+    p.index_add_(0, rows, moved.view(-1, *p.shape[1:]))
 
 
 def _update_rows(
