@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
+from ..threads import prefer_sleeping_threads
 from .clean import clean
 from .eval import eval_
 from .import_data import import_
@@ -44,4 +45,5 @@ def main_options(
 
 
 def main() -> None:
+    prefer_sleeping_threads()  # before any command imports torch
     app()

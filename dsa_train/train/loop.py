@@ -21,6 +21,7 @@ torch's Adam at ``optimizer.dense_lr``.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from pathlib import Path
@@ -146,6 +147,7 @@ class Training:
         self.reporter = reporter or SilentReporter()
         self.device = resolve_device(recipe.train.device)
         self.step_count = 0  # optimizer steps done
+        self._froze = False  # setup() froze the objects alive then (see there)
         self.epoch = 0  # epochs fully done
         self.batch = 0  # batches done in the current epoch
         self.window = [0.0, 0]  # loss sum and steps since the last train log record
@@ -203,6 +205,13 @@ class Training:
             if self.dense_optimizer is not None:
                 self.dense_optimizer.load_state_dict(load_tensors(checkpoint / DENSE_STATE))
         self.metrics = MetricsLog(self.run.metrics_path)
+        # torch's import alone leaves ~300,000 objects for Python's cycle collector, and a
+        # full collection walks them all (~130 ms here), every few dozen steps: measured at
+        # 13-18% of a small recipe's training time. What exists now lives as long as the run,
+        # so the collector leaves it alone until close().
+        gc.collect()
+        gc.freeze()
+        self._froze = True
 
     # -- training -------------------------------------------------------------------------
     def train(self) -> dict:
@@ -344,6 +353,9 @@ class Training:
         """Release the metrics log and the optimizer. ``after_error``: an error is already on
         its way to the user, and a second one while closing (a full disk failing the flush,
         say) must not hide it: it is reported as a note instead."""
+        if self._froze:
+            gc.unfreeze()  # what setup() froze is the collector's again
+            self._froze = False
         try:
             if hasattr(self, "metrics"):
                 self.metrics.close()
