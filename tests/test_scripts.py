@@ -121,3 +121,26 @@ def test_contention_benchmark_stops_its_neighbours(tmp_path):
     assert "repeat 1 cpu     dsa" in result.stderr
     assert not list(tmp_path.iterdir()), "a run folder or the neighbour's folder was left behind"
     assert not processes_naming(tmp_path)
+
+
+def test_optimizer_benchmark_measures_every_regime(tmp_path):
+    """The optimizer benchmark's three regimes run at a tiny size, each in a fresh process, and
+    report ratios, the equality check and the thread-hygiene figures; nothing is left behind."""
+    import json
+
+    result = subprocess.run(
+        [sys.executable, SCRIPTS / "bench_optimizer.py", "--rows", "20000", "--dim", "16", "--lookups", "2048",
+         "--steps", "3", "--ooc-steps", "2", "--repeats", "1", "--skip-memory", "--state-dir", tmp_path, "--json"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert {(r["regime"], r["distribution"]) for r in report["speed"]} == {
+        (regime, dist) for regime in ("cold", "warm", "out-of-core") for dist in ("uniform", "powerlaw")
+    }
+    cold = next(r for r in report["runs"] if r["regime"] == "cold")
+    assert cold["steps"] == 10  # one epoch: 20,000 rows / 2,048 lookups
+    assert cold["ratio_of_totals"] > 0 and "window_ratio" in cold
+    warm = next(r for r in report["runs"] if r["regime"] == "warm")
+    assert warm["matmul_after_dsa_vs_after_sparse_adam"] > 0 and warm["threads"] >= 1
+    assert not list(tmp_path.iterdir()), "the benchmark left state behind"
