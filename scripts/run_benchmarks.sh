@@ -7,15 +7,17 @@ usage() {
 Usage: scripts/run_benchmarks.sh [--quick] [--dir DIR]
 
 Runs, one at a time (they must not share the CPU):
-  1. scripts/bench_optimizer.py        DiskSparseAdam vs SparseAdam: step time and memory
+  1. scripts/bench_optimizer.py        DiskSparseAdam vs SparseAdam: step time (cold, warm, out
+                                       of core) and memory
   2. scripts/bench_throughput.py       training throughput with dsa vs sparse_adam (KGE, node2vec)
+     scripts/bench_contention.py       the same next to CPU- and I/O-bound neighbour processes
   3. scripts/bench_inspect_state.py    inspect-state time and memory on 1M and 10M rows
   4. scripts/bench_walks.py            walk-sampling throughput on a generated graph
   5. scripts/bench_out_of_core.py      a DiskEmbedding table larger than RAM: rows/s, prefetch,
                                        the disk's random-read rate (needs ~46 GB free in --dir)
 
 Options:
-  --quick     small sizes, a few minutes in all (the full run takes about 40 minutes,
+  --quick     small sizes, a few minutes in all (the full run takes about an hour,
               16 GB of RAM, 46 GB of disk, and FB15k-237 under the data root for step 2)
   --dir DIR   where the benchmarks put their state files (default: the temp dir)
   -h, --help  show this help
@@ -46,11 +48,13 @@ fi
 echo
 echo "== 2. training throughput"
 if [ "$quick" = 1 ]; then
-    "$python" "$here/scripts/bench_throughput.py" "$here/recipes/quickstart.yaml" --steps 60
-    "$python" "$here/scripts/bench_throughput.py" "$here/recipes/karate-node2vec.yaml" --steps 30
+    "$python" "$here/scripts/bench_throughput.py" "$here/recipes/quickstart.yaml" --steps 60 --repeats 1
+    "$python" "$here/scripts/bench_throughput.py" "$here/recipes/karate-node2vec.yaml" --steps 30 --repeats 1
+    "$python" "$here/scripts/bench_contention.py" --steps 60 --repeats 1 --conditions none,cpu
 else
     "$python" "$here/scripts/bench_throughput.py" "$here/recipes/fb15k237-distmult.yaml" --steps 200
     "$python" "$here/scripts/bench_throughput.py" "$here/recipes/cora-node2vec.yaml" --steps 60
+    "$python" "$here/scripts/bench_contention.py" --steps 300 --repeats 3
 fi
 echo
 echo "== 3. inspect-state at scale"
