@@ -45,6 +45,13 @@ class Shuffle:
             left, right = right, left ^ (mix64(right ^ key) & self.mask)
         return (left << half) | right
 
+    def _inverse_network(self, y: np.ndarray) -> np.ndarray:
+        half = np.uint64(self.half)
+        left, right = y >> half, y & self.mask
+        for key in self.keys[::-1]:
+            left, right = right ^ (mix64(left ^ key) & self.mask), left
+        return (left << half) | right
+
     def __call__(self, positions: torch.Tensor) -> torch.Tensor:
         x = self._network(positions.numpy().astype(np.uint64))
         outside = np.flatnonzero(x >= self.n)
@@ -52,6 +59,16 @@ class Shuffle:
             x[outside] = self._network(x[outside])
             outside = outside[x[outside] >= self.n]
         return torch.from_numpy(x.astype(np.int64))
+
+    def position_of(self, items: torch.Tensor) -> torch.Tensor:
+        """Where ``items`` stand in the order: the inverse of ``shuffle(positions)`` (the network
+        run backwards, cycle-walking back until the value falls below ``n``)."""
+        y = self._inverse_network(items.numpy().astype(np.uint64))
+        outside = np.flatnonzero(y >= self.n)
+        while len(outside):
+            y[outside] = self._inverse_network(y[outside])
+            outside = outside[y[outside] >= self.n]
+        return torch.from_numpy(y.astype(np.int64))
 
     def slice(self, start: int, stop: int) -> torch.Tensor:
         """The items at positions ``start .. stop - 1`` of the order."""

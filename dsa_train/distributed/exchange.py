@@ -1,0 +1,91 @@
+"""One step's row traffic on a process group: ids to their owners, rows back, gradient rows
+to their owners, all with ``all_to_all_single`` (variable splits, zero-length ones included;
+gloo's list-form ``all_to_all`` refuses unequal sizes).
+
+Exactness: lookups travel one per occurrence, each with its position in the global batch, and
+an owner sums a row's gradient rows in global-batch order (:func:`sum_in_batch_order`) before
+its optimizer sees them. A single process summing the whole batch that way gets the same sums
+whatever the number of ranks, so the shards stay bit-equal to its table and moments
+(``tests/test_distributed_exchange.py``). torch's ``coalesce`` sums duplicates in the order of
+an unstable sort instead, so against ``torch.optim.SparseAdam`` a row looked up more than once
+in a step agrees to the last bit or two, not bit for bit. Sending each distinct row once per
+rank (fewer bytes, another summation order) would be the fast mode; it is not built yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .sharding import RowSharding
+
+
+@dataclass
+class Request:
+    """This rank's lookups, grouped by owner, and what the other ranks asked of this one."""
+
+    order: Tensor  # this rank's lookups sorted by owner (stable: lookup order within an owner)
+    send_counts: list[int]  # lookups this rank sends to each owner
+    recv_counts: list[int]  # lookups each rank sends to this one
+    asked: Tensor  # the local rows the other ranks asked for, rank by rank
+
+
+class RowExchange:
+    """The exchanges of a table laid out by ``sharding`` over the ranks of ``group``."""
+
+    def __init__(self, sharding: RowSharding, group: dist.ProcessGroup | None = None) -> None:
+        self.sharding, self.group = sharding, group
+        self.rank = dist.get_rank(group)
+        if dist.get_world_size(group) != sharding.world_size:
+            raise ValueError(
+                f"the table is laid out over {sharding.world_size} ranks, the process group has {dist.get_world_size(group)}"
+            )
+
+    def request(self, ids: Tensor) -> Request:
+        """Tell every owner which of its rows this rank's lookups ``ids`` (1-D) need."""
+        owners, local = self.sharding.locate(ids.reshape(-1))
+        order = torch.argsort(owners, stable=True)
+        send_counts = torch.bincount(owners, minlength=self.sharding.world_size)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        send, recv = send_counts.tolist(), recv_counts.tolist()
+        asked = torch.empty(sum(recv), dtype=torch.int64)
+        dist.all_to_all_single(asked, local[order], recv, send, group=self.group)
+        return Request(order, send, recv, asked)
+
+    def fetch(self, request: Request, shard: Tensor) -> Tensor:
+        """The rows of the lookups, in their order, from the owners' ``shard`` (local rows x ...)."""
+        served = shard.index_select(0, request.asked).contiguous()
+        back = shard.new_empty((sum(request.send_counts), *shard.shape[1:]))
+        dist.all_to_all_single(back, served, request.send_counts, request.recv_counts, group=self.group)
+        rows = torch.empty_like(back)
+        rows[request.order] = back
+        return rows
+
+    def push(self, request: Request, grad_rows: Tensor, positions: Tensor, shard_shape: tuple[int, ...]) -> Tensor:
+        """Send each lookup's gradient row (``grad_rows``, in lookup order) and its position in
+        the global batch to the row's owner; return this rank's sparse gradient of shape
+        ``shard_shape``, its lookups in global-batch order."""
+        values = grad_rows.index_select(0, request.order).contiguous()
+        received = values.new_empty((len(request.asked), *values.shape[1:]))
+        dist.all_to_all_single(received, values, request.recv_counts, request.send_counts, group=self.group)
+        where = torch.empty(len(request.asked), dtype=torch.int64)
+        dist.all_to_all_single(where, positions.reshape(-1)[request.order].contiguous(), request.recv_counts, request.send_counts, group=self.group)
+        in_batch_order = torch.argsort(where)
+        return sum_in_batch_order(request.asked[in_batch_order], received[in_batch_order], shard_shape)
+
+
+def sum_in_batch_order(rows: Tensor, values: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """A coalesced sparse gradient of ``shape`` from per-lookup ``rows`` and ``values`` given in
+    global-batch order: each row's values added first to last, ``((a + b) + c)``."""
+    sorted_rows, order = torch.sort(rows, stable=True)
+    is_first = torch.ones_like(sorted_rows, dtype=torch.bool)
+    torch.ne(sorted_rows[1:], sorted_rows[:-1], out=is_first[1:])
+    summed = values.index_select(0, order[is_first])
+    duplicates = ~is_first
+    if bool(duplicates.any()):  # index_add_ adds in index order, which is batch order here
+        summed.index_add_(0, is_first.cumsum(0)[duplicates] - 1, values.index_select(0, order[duplicates]))
+    return torch.sparse_coo_tensor(sorted_rows[is_first][None], summed, shape, is_coalesced=True, check_invariants=False)

@@ -1,0 +1,41 @@
+r"""Which rank owns which rows of a table sharded by rows, and where a row sits on its owner.
+
+A table of :math:`N` rows is split over :math:`W` ranks in contiguous blocks of
+:math:`B = \lceil N / W \rceil` *slots*, after a seeded permutation of the ids (so the hot rows
+of a power-law workload, often the low ids, spread over every rank, as PyTorch-BigGraph's
+importer shuffles for the same reason). Row ``id`` has slot :math:`s = \pi(\mathrm{id})` and
+lives on rank :math:`\lfloor s / B \rfloor` at local row :math:`s \bmod B`. The permutation is
+:class:`~dsa_train.data.order.Shuffle`'s, computed on demand in both directions, so no
+:math:`N`-long array exists on any rank, and every rank computes the same layout from
+``(N, W, seed)`` alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..data.order import Shuffle
+
+
+class RowSharding:
+    """The layout of an ``num_rows``-row table over ``world_size`` ranks for ``seed``."""
+
+    def __init__(self, num_rows: int, world_size: int, seed: int) -> None:
+        if num_rows <= 0 or world_size <= 0:
+            raise ValueError(f"a sharded table needs rows and ranks, got {num_rows} rows over {world_size} ranks")
+        self.num_rows, self.world_size, self.seed = num_rows, world_size, seed
+        self.block = -(-num_rows // world_size)
+        self._order = Shuffle(num_rows, seed)  # slot -> id
+
+    def rows_of(self, rank: int) -> int:
+        """How many rows rank ``rank`` holds (the last ranks may hold fewer, or none)."""
+        return max(0, min(self.block, self.num_rows - rank * self.block))
+
+    def locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The owner rank and the local row of each id (int64 tensors shaped like ``ids``)."""
+        slots = self._order.position_of(ids.reshape(-1).cpu()).view(ids.shape)
+        return torch.div(slots, self.block, rounding_mode="floor"), slots % self.block
+
+    def ids_of(self, rank: int, local_rows: torch.Tensor) -> torch.Tensor:
+        """The global ids of rank ``rank``'s ``local_rows``."""
+        return self._order(local_rows.reshape(-1).cpu() + rank * self.block).view(local_rows.shape)
