@@ -46,9 +46,9 @@ def train_child(
     """Train ``recipe_path`` with optimizer ``kind`` in a fresh temporary run folder (under
     ``folder``) and time ``steps`` steps after ``warm_epochs`` epochs and ``warmup`` steps.
     Meant to run in a process of its own: see :func:`spawn_child`."""
-    from dsa_train.threads import prefer_short_spins
+    from dsa_train.threads import prefer_sleeping_threads
 
-    prefer_short_spins()  # what `dsa-train run` does for its process, before torch loads
+    prefer_sleeping_threads()  # what `dsa-train run` does for its process, before torch loads
     import torch  # only the child pays for torch and the training code
 
     from dsa_train.data.order import Shuffle

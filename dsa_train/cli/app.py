@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
-from ..threads import prefer_short_spins
+from ..threads import prefer_sleeping_threads
 from .clean import clean
 from .eval import eval_
 from .import_data import import_
@@ -45,5 +45,5 @@ def main_options(
 
 
 def main() -> None:
-    prefer_short_spins()  # before any command imports torch
+    prefer_sleeping_threads()  # before any command imports torch
     app()
