@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..optim.functional import sum_duplicate_rows
 from .sharding import RowSharding
 
 
@@ -81,11 +82,5 @@ class RowExchange:
 def sum_in_batch_order(rows: Tensor, values: Tensor, shape: tuple[int, ...]) -> Tensor:
     """A coalesced sparse gradient of ``shape`` from per-lookup ``rows`` and ``values`` given in
     global-batch order: each row's values added first to last, ``((a + b) + c)``."""
-    sorted_rows, order = torch.sort(rows, stable=True)
-    is_first = torch.ones_like(sorted_rows, dtype=torch.bool)
-    torch.ne(sorted_rows[1:], sorted_rows[:-1], out=is_first[1:])
-    summed = values.index_select(0, order[is_first])
-    duplicates = ~is_first
-    if bool(duplicates.any()):  # index_add_ adds in index order, which is batch order here
-        summed.index_add_(0, is_first.cumsum(0)[duplicates] - 1, values.index_select(0, order[duplicates]))
-    return torch.sparse_coo_tensor(sorted_rows[is_first][None], summed, shape, is_coalesced=True, check_invariants=False)
+    unique, summed = sum_duplicate_rows(rows, values, stable=True)
+    return torch.sparse_coo_tensor(unique[None], summed, shape, is_coalesced=True, check_invariants=False)

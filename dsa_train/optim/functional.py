@@ -42,9 +42,10 @@ FUSED_CHUNK_ELEMENTS = 32768
 MIN_ROWS_PER_THREAD = 2048
 
 
-def _sort_lookups(lookups: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``coalesce``'s sort: sorted rows, the permutation, and where each new row begins."""
-    sorted_rows, order = torch.sort(lookups)
+def _sort_lookups(lookups: Tensor, *, stable: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """``coalesce``'s sort (or a stable one): sorted rows, the permutation, and where each new
+    row begins."""
+    sorted_rows, order = torch.sort(lookups, stable=stable)
     is_first = torch.ones_like(sorted_rows, dtype=torch.bool)
     torch.ne(sorted_rows[1:], sorted_rows[:-1], out=is_first[1:])
     return sorted_rows, order, is_first
@@ -71,7 +72,14 @@ def coalesce_rows(grad: Tensor) -> tuple[Tensor, Tensor]:
     lookups = grad._indices()[0]
     if grad.is_coalesced():
         return lookups, values
-    sorted_rows, order, is_first = _sort_lookups(lookups)
+    return sum_duplicate_rows(lookups, values)
+
+
+def sum_duplicate_rows(lookups: Tensor, values: Tensor, *, stable: bool = False) -> tuple[Tensor, Tensor]:
+    """The unique ``lookups``, ascending, and their summed ``values`` rows, each row's
+    duplicates added first to last in the order of ``coalesce``'s sort, or with ``stable`` in
+    the order they are given."""
+    sorted_rows, order, is_first = _sort_lookups(lookups, stable=stable)
     rows = sorted_rows[is_first]
     summed = values.index_select(0, order[is_first])
     if rows.numel() < lookups.numel():

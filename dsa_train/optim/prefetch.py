@@ -1,8 +1,9 @@
 """Bring the rows the next step will touch into memory while this step computes.
 
 A prefetch is a cache warm, never a copy: reader threads page the rows' records in through
-the row file's own mapping (one touch of every page a record spans faults it in), so the pages sit in the page cache and in this process's page tables, the very memory
-the step then reads and writes. Nothing is kept on the side, so a row is never read stale and
+the row file's own mapping (one touch of every page a record spans faults it in), so the
+pages sit in the page cache and in this process's page tables, the very memory the step then
+reads and writes. Nothing is kept on the side, so a row is never read stale and
 no update is dropped, however consecutive batches overlap (the original Disk Sparse Adam
 library loses updates exactly there: it prefetches copies).
 

@@ -20,16 +20,25 @@
 #include <stdint.h>
 #include <string.h>
 
-/* Fault in, writable, the pages of the bytes first..last (at most two: a record is at most
- * a page here, or its other pages are reached by the loop that reads it). An atomic OR with
- * zero is a write that changes nothing, so it is safe while other threads write the same
- * bytes; it takes one page fault where a read followed by a write takes two on a page not yet
- * in memory (a zero-filled read-only page, then a write-protect fault), and a fresh state
- * file's pages are all like that. */
-static inline void claim_for_writing(char *first, char *last)
+/* Fault in every page of the bytes first..last (pages of page_bytes) by touching one byte of
+ * each: a read, or with claim a write that changes nothing (an atomic OR with zero), which is
+ * safe while other threads write the same bytes. A claimed page takes one fault where a read
+ * followed by a write takes two on a page not yet in memory (a zero-filled read-only page,
+ * then a write-protect fault), and a fresh state file's pages are all like that. Returns the
+ * bytes read, so that the reads are not optimised away. */
+#define CLAIM_PAGE_BYTES 4096 /* the smallest page: on larger ones this only touches more often */
+
+static inline int64_t touch_pages(char *first, char *last, int64_t page_bytes, int claim)
 {
-    __atomic_fetch_or(first, 0, __ATOMIC_RELAXED);
-    __atomic_fetch_or(last, 0, __ATOMIC_RELAXED);
+    int64_t sum = 0;
+    for (char *p = first; p <= last;) {
+        if (claim)
+            __atomic_fetch_or(p, 0, __ATOMIC_RELAXED);
+        else
+            sum += *(volatile char *)p;
+        p = (char *)(((uintptr_t)p / page_bytes + 1) * page_bytes);
+    }
+    return sum;
 }
 
 /* Rows to prefetch ahead: enough to keep several DRAM misses in flight. */
@@ -48,7 +57,7 @@ void NAME(T *moments, const int64_t *rows, const int64_t *starts, const int64_t 
         }                                                                                   \
         T *m = moments + rows[i] * record;                                                  \
         T *v = m + width;                                                                   \
-        claim_for_writing((char *)m, (char *)(v + width) - 1);                              \
+        touch_pages((char *)m, (char *)(v + width) - 1, CLAIM_PAGE_BYTES, 1);               \
         T *nm = new_m + (i - begin) * width;                                                \
         T *nv = new_v + (i - begin) * width;                                                \
         const T *g = values + (order ? order[starts[i]] : i) * width;                       \
@@ -108,23 +117,16 @@ DEFINE_APPLY(dsa_apply_f32, float)
 DEFINE_APPLY(dsa_apply_f64, double)
 
 /* Page in the records of rows[0..n) of a mapping (row r's record: record_bytes at
- * base + r * record_stride), touching every page they span once: with claim == 0 by a read,
- * else writable (see claim_for_writing). A prefetch thread calls it for the next step's rows;
- * it runs no torch operation, so it never starts a thread team of its own. */
+ * base + r * record_stride), touching every page they span once (see touch_pages). A
+ * prefetch thread calls it for the next step's rows; it runs no torch operation, so it never
+ * starts a thread team of its own. */
 int64_t dsa_touch_rows(char *base, const int64_t *rows, int64_t n, int64_t record_stride,
                        int64_t record_bytes, int64_t page_bytes, int claim)
 {
     int64_t sum = 0;
     for (int64_t i = 0; i < n; ++i) {
         char *first = base + rows[i] * record_stride;
-        char *last = first + record_bytes - 1;
-        for (char *p = first; p <= last;) {
-            if (claim)
-                __atomic_fetch_or(p, 0, __ATOMIC_RELAXED);
-            else
-                sum += *(volatile char *)p;
-            p = (char *)(((uintptr_t)p / page_bytes + 1) * page_bytes);
-        }
+        sum += touch_pages(first, first + record_bytes - 1, page_bytes, claim);
     }
     return sum;
 }
