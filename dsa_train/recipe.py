@@ -296,6 +296,24 @@ class EvalConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Scale-out under ``torchrun``: read only by a process torchrun started (see docs/distributed.md)."""
+
+    backend: Literal["auto", "gloo", "nccl"] = _help(
+        "torch.distributed backend (auto: nccl when training on CUDA, else gloo)", default="auto"
+    )
+    timeout: float = _help(
+        "seconds a rank waits for the others at any exchange before it stops with an error naming the step", _positive, default=300.0
+    )
+    slices: int = _help(
+        "a step's batch is cut into this many slices, each computed whole by one rank; the result depends on slices, "
+        "never on the number of ranks (at most `slices` ranks compute, the others only hold rows)",
+        _positive,
+        default=8,
+    )
+
+
+@dataclass
 class OutputConfig:
     """Where runs go."""
 
@@ -315,6 +333,7 @@ class Recipe:
     optimizer: OptimizerConfig = _help("the optimizer", default_factory=OptimizerConfig)
     eval: EvalConfig = _help("evaluation", default_factory=EvalConfig)
     output: OutputConfig = _help("outputs", default_factory=OutputConfig)
+    distributed: DistributedConfig = _help("scale-out under torchrun", default_factory=DistributedConfig)
 
     @property
     def is_kge(self) -> bool:

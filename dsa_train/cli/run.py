@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from enum import Enum
 from pathlib import Path
 
@@ -33,6 +36,11 @@ def run(
     ),
     device: Device | None = typer.Option(None, "--device", help="Where the model computes. Default: the recipe's train.device."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the recipe and show what would run; train nothing."),
+    nproc: int | None = typer.Option(
+        None, "--nproc", min=1, show_default=False,
+        help="Train over this many processes on this machine, the entity table split between them "
+        "(starts torchrun --standalone --nproc-per-node N -m dsa_train run ...; see docs/distributed.md).",
+    ),
 ) -> None:
     """Train a model from a recipe; writes a run folder with metrics and checkpoints.
 
@@ -43,11 +51,23 @@ def run(
       dsa-train run recipes/fb15k237-distmult.yaml --set train.epochs=5 --device cpu
 
       dsa-train run recipes/fb15k237-distmult.yaml --resume
-    """
-    from ..train.loop import Training  # torch and PyG: imported only when training
 
+      dsa-train run recipes/fb15k237-distmult.yaml --nproc 2
+
+      torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m dsa_train run recipes/x.yaml
+    """
     overrides = list(set_) + ([f"train.device={device.value}"] if device else [])
     config = load_recipe(recipe, overrides)
+    if nproc is not None and not dry_run:
+        raise typer.Exit(launch_local(nproc))
+    from ..distributed.group import from_environment
+
+    world = from_environment()
+    if world is not None and not dry_run:
+        _run_rank(config, world, output=output, resume=resume)
+        return
+    from ..train.loop import Training  # torch and PyG: imported only when training
+
     if dry_run:
         where = output or (Path(config.output.dir) / f"{config.output.run_name or config.name + '-<timestamp>'}")
         stdout.print(
@@ -88,6 +108,44 @@ def run(
         f"optimizer state on disk {summary['optimizer_state_on_disk_mib']:,.1f} MiB"
         + (f", disk tables {summary['tables_on_disk_mib']:,.1f} MiB" if summary["tables_on_disk_mib"] else "")
         + f"\nrun folder: {folder.path}",
+        highlight=False,
+    )
+
+
+def launch_local(nproc: int) -> int:
+    """Run this same command as ``nproc`` ranks under ``torchrun --standalone`` (one machine);
+    each gets an equal share of the cores unless OMP_NUM_THREADS says otherwise."""
+    args, skip = [], False
+    for arg in sys.argv[1:]:  # the command line minus --nproc
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            args.append(arg)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "dsa_train", *args]
+    return subprocess.run(command, env=env).returncode
+
+
+def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool) -> None:
+    """This process is one rank of a torchrun job: train its shard; rank 0 reports."""
+    from ..train.loop import SilentReporter
+    from ..train.sharded_run import train_rank
+
+    reporter = ProgressReporter() if world.is_leader else SilentReporter()
+    if world.is_leader:
+        reporter.note(f"rank 0 of {world.world_size}: {config.name}, entity table split over {world.world_size} ranks")
+    training, top, summary = train_rank(config, world, output=output, resume=resume, reporter=reporter)
+    if not world.is_leader:
+        return
+    for split, metrics in training.final_metrics.items():
+        stdout.print(metrics_table(f"{config.name}: {split}", metrics))
+    stdout.print(
+        f"{summary['step']:,} steps, {summary['epochs']} epochs in {summary['seconds']:,.0f} s on {world.world_size} ranks; "
+        f"rank 0: peak RSS {summary['peak_rss_mib']:,.0f} MiB, optimizer state on disk {summary['optimizer_state_on_disk_mib']:,.1f} MiB"
+        f"\nrun folder: {top.path}",
         highlight=False,
     )
 

@@ -14,6 +14,7 @@ rank (fewer bytes, another summation order) would be the fast mode; it is not bu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,10 +58,11 @@ class RowExchange:
         dist.all_to_all_single(asked, local[order], recv, send, group=self.group)
         return Request(order, send, recv, asked)
 
-    def fetch(self, request: Request, shard: Tensor) -> Tensor:
-        """The rows of the lookups, in their order, from the owners' ``shard`` (local rows x ...)."""
-        served = shard.index_select(0, request.asked).contiguous()
-        back = shard.new_empty((sum(request.send_counts), *shard.shape[1:]))
+    def fetch(self, request: Request, shard: Tensor | Callable[[Tensor], Tensor]) -> Tensor:
+        """The rows of the lookups, in their order, from the owners' ``shard``: a tensor of
+        local rows, or a function from local rows to their values (a DiskEmbedding)."""
+        served = (shard.index_select(0, request.asked) if isinstance(shard, Tensor) else shard(request.asked)).contiguous()
+        back = served.new_empty((sum(request.send_counts), *served.shape[1:]))
         dist.all_to_all_single(back, served, request.send_counts, request.recv_counts, group=self.group)
         rows = torch.empty_like(back)
         rows[request.order] = back
@@ -77,6 +79,29 @@ class RowExchange:
         dist.all_to_all_single(where, positions.reshape(-1)[request.order].contiguous(), request.recv_counts, request.send_counts, group=self.group)
         in_batch_order = torch.argsort(where)
         return sum_in_batch_order(request.asked[in_batch_order], received[in_batch_order], shard_shape)
+
+
+def gather_everywhere(rows: Tensor, values: Tensor, positions: Tensor, group: dist.ProcessGroup | None = None) -> tuple[Tensor, Tensor]:
+    """Every rank's ``(rows, values)`` lookups on every rank, in global-batch order (by their
+    ``positions``, unique over ranks): how a replicated table's gradient reaches all copies."""
+    world = dist.get_world_size(group)
+    count = torch.tensor([len(rows)])
+    counts = [torch.empty_like(count) for _ in range(world)]
+    dist.all_gather(counts, count, group=group)
+    longest = max(int(c) for c in counts)
+    width = values.shape[1:].numel()
+    packed = torch.zeros((longest, width), dtype=values.dtype)
+    packed[: len(rows)] = values.reshape(len(rows), width)
+    keys = torch.full((longest, 2), -1, dtype=torch.int64)
+    keys[: len(rows), 0], keys[: len(rows), 1] = positions, rows
+    all_values = [torch.empty_like(packed) for _ in range(world)]
+    all_keys = [torch.empty_like(keys) for _ in range(world)]
+    dist.all_gather(all_values, packed, group=group)
+    dist.all_gather(all_keys, keys, group=group)
+    keys = torch.cat([k[: int(c)] for k, c in zip(all_keys, counts)])
+    values = torch.cat([v[: int(c)] for v, c in zip(all_values, counts)]).view(-1, *values.shape[1:])
+    order = torch.argsort(keys[:, 0])
+    return keys[order, 1], values[order]
 
 
 def sum_in_batch_order(rows: Tensor, values: Tensor, shape: tuple[int, ...]) -> Tensor:

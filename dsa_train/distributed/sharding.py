@@ -8,6 +8,11 @@ lives on rank :math:`\lfloor s / B \rfloor` at local row :math:`s \bmod B`. The 
 :class:`~dsa_train.data.order.Shuffle`'s, computed on demand in both directions, so no
 :math:`N`-long array exists on any rank, and every rank computes the same layout from
 ``(N, W, seed)`` alone.
+
+Initial weights are drawn in slot order, in the chunks and from the seeds a
+:class:`~dsa_train.DiskEmbedding` of :math:`N` rows draws its rows (:meth:`initial_rows`):
+every rank draws only the chunks its block overlaps, and the table the ranks hold together is
+the same for every :math:`W`.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..data.order import Shuffle
+from ..optim.table import INIT_CHUNK_ROWS, initial_weights
 
 
 class RowSharding:
@@ -39,3 +45,19 @@ class RowSharding:
     def ids_of(self, rank: int, local_rows: torch.Tensor) -> torch.Tensor:
         """The global ids of rank ``rank``'s ``local_rows``."""
         return self._order(local_rows.reshape(-1).cpu() + rank * self.block).view(local_rows.shape)
+
+    def initial_rows(self, rank: int, dim: int, *, std: float, seed: int) -> torch.Tensor:
+        """Rank ``rank``'s rows (``rows_of(rank) x dim``) before training: slots
+        ``[rank * block, ...)`` of a DiskEmbedding-style table drawn ``N(0, std^2)`` from ``seed``."""
+        first, count = rank * self.block, self.rows_of(rank)
+        creation = {"init": "normal", "std": std, "bound": 0.0, "seed": seed, "chunk_rows": INIT_CHUNK_ROWS}
+        out = torch.empty((count, dim))
+        done = 0
+        while done < count:
+            slot = first + done
+            chunk, offset = divmod(slot, INIT_CHUNK_ROWS)
+            rows = initial_weights(creation, (self.num_rows, dim), torch.float32, chunk)
+            take = min(len(rows) - offset, count - done)
+            out[done : done + take] = rows[offset : offset + take]
+            done += take
+        return out

@@ -42,13 +42,14 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         relations = 2 * num_relations if reciprocal else num_relations
         # With an entity table given (a DiskEmbedding, already initialised), PyG's own N x D
         # node table must never be allocated: build with one node, then swap the table in.
+        self.given_entities = entity_table is not None  # initialised by whoever made it
         super().__init__(1 if entity_table is not None else num_entities, relations, dim, sparse=True)
         if entity_table is not None:
             self.num_nodes, self.node_emb = num_entities, entity_table
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        if isinstance(self.node_emb, torch.nn.Embedding):
+        if not self.given_entities:
             torch.nn.init.normal_(self.node_emb.weight, std=self.init_std)
         torch.nn.init.normal_(self.rel_emb.weight, std=self.init_std)
 

@@ -9,7 +9,8 @@ For query :math:`i` with positive score :math:`s_i` and negative scores :math:`s
   logistic loss;
 * ``margin``: :math:`\frac{1}{K}\sum_j \max(0, \gamma - s_i + s_{ij})`, margin ranking.
 
-Each is averaged over the queries.
+Each is averaged over the queries; given ``total``, summed and divided by ``total`` instead
+(one slice of a batch of ``total`` queries: the slices' losses add up to the batch's).
 """
 
 from __future__ import annotations
@@ -19,15 +20,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def ranking_loss(kind: str, positive: Tensor, negative: Tensor, masked: Tensor, *, margin: float = 1.0) -> Tensor:
+def ranking_loss(
+    kind: str, positive: Tensor, negative: Tensor, masked: Tensor, *, margin: float = 1.0, total: int | None = None
+) -> Tensor:
     """``positive``: ``(B,)``; ``negative``: ``(B, K)``; ``masked``: ``(B, K)``, True to ignore."""
+    reduce = (lambda per_query: per_query.mean()) if total is None else (lambda per_query: per_query.sum() / total)
     if kind == "cross_entropy":
         logits = torch.cat([positive[:, None], negative.masked_fill(masked, float("-inf"))], dim=1)
-        return F.cross_entropy(logits, torch.zeros(len(positive), dtype=torch.long, device=positive.device))
+        target = torch.zeros(len(positive), dtype=torch.long, device=positive.device)
+        return reduce(F.cross_entropy(logits, target, reduction="none")) if total is not None else F.cross_entropy(logits, target)
     keep = (~masked).to(negative.dtype)
     count = keep.sum(1).clamp_min(1)
     if kind == "softplus":
-        return (F.softplus(-positive) + (F.softplus(negative) * keep).sum(1) / count).mean()
+        return reduce(F.softplus(-positive) + (F.softplus(negative) * keep).sum(1) / count)
     if kind == "margin":
-        return ((F.relu(margin - positive[:, None] + negative) * keep).sum(1) / count).mean()
+        return reduce((F.relu(margin - positive[:, None] + negative) * keep).sum(1) / count)
     raise ValueError(f"unknown loss {kind!r}")

@@ -93,13 +93,21 @@ class KGETask:
         relation_rows = (2 if recipe.model.reciprocal else 1) * kg.num_relations + (1 if recipe.model.embedding_storage == "disk" else 0)
         relation_state = 3 if recipe.optimizer.kind == "sparse_adam" else 1
         check_sizes(
-            recipe, device, tables, table="entities", rows=kg.num_entities,
+            recipe, device, tables, table="entities", rows=self.entity_rows(),
             other=relation_rows * dim * FLOAT_BYTES * relation_state, other_what="the relation table",
             working=kge_working(recipe, len(kg.train), max(len(kg.valid), len(kg.test)), kg.num_entities),
         )  # fmt: skip
-        entities = disk_table(recipe, tables, "entities", self.kg.num_entities, std=recipe.model.init_std)
+        entities = self.entity_table(tables)
         self.model: KGEModel = build_kge_model(recipe.model, self.kg.num_entities, self.kg.num_relations, entities).to(device)
         self.index: TripleIndex | None = None
+
+    def entity_rows(self) -> int:
+        """The entity rows this process holds: all of them."""
+        return self.kg.num_entities
+
+    def entity_table(self, tables: TableSite | None) -> torch.nn.Module | None:
+        """The entity table if it is not the model's own ``nn.Embedding`` (a disk table)."""
+        return disk_table(self.recipe, tables, "entities", self.kg.num_entities, std=self.recipe.model.init_std)
 
     def prefetch(self, picked: Tensor) -> None:
         self.model.node_emb.prefetch(self.kg.rows("train", picked)[:, [0, 2]].flatten())

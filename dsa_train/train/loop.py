@@ -141,8 +141,10 @@ def step_seed(seed: int, step: int) -> int:
 
 
 class Training:
-    def __init__(self, recipe: Recipe, run: RunFolder, *, reporter: Reporter | None = None) -> None:
+    def __init__(self, recipe: Recipe, run: RunFolder, *, reporter: Reporter | None = None, world=None) -> None:
         self.recipe = recipe
+        self.world = world  # this rank's place in a torchrun job (distributed.group.World), or None
+        self.commit = None  # called with the step after each checkpoint (a torchrun job's manifest)
         self.run = run
         self.reporter = reporter or SilentReporter()
         self.device = resolve_device(recipe.train.device)
@@ -156,12 +158,14 @@ class Training:
         self.dense_optimizer: torch.optim.Optimizer | None = None
 
     # -- setup ----------------------------------------------------------------------------
-    def setup(self, *, resume: bool) -> None:
+    def setup(self, *, resume: bool, at_step: int | None = None) -> None:
+        """Build the task and optimizers, or restore them from the newest intact checkpoint
+        (``at_step``: from that step's, as every rank of a torchrun job does)."""
         recipe = self.recipe
         state_dir, tables = self.run.state_dir(recipe), self.run.tables_dir
         checkpoint, trainer = None, {}
         if resume and complete_checkpoints(self.run.checkpoints):
-            checkpoint, trainer, damaged = find_checkpoint(self.run.checkpoints)
+            checkpoint, trainer, damaged = find_checkpoint(self.run.checkpoints, at_step)
             for warning in damaged:
                 self.reporter.note(f"warning: {warning}")
         if not resume:
@@ -178,7 +182,7 @@ class Training:
             restore_state_dir(checkpoint, state_dir, owned={self.run.marker.get("state_id")})
         torch.manual_seed(recipe.train.seed)
         site = TableSite(tables, progress=WorkProgress(self.reporter, "writing the new disk table"))
-        self.task: Task = make_task(recipe, self.device, site, progress=WorkProgress(self.reporter), note=self.reporter.note)
+        self.task: Task = make_task(recipe, self.device, site, progress=WorkProgress(self.reporter), note=self.reporter.note, world=self.world)
         self.reporter.note(self.task.description)
         if checkpoint is not None:
             load_model_state(checkpoint, self.task.model)
@@ -290,18 +294,23 @@ class Training:
         """One optimizer step on the epoch items ``picked``; returns its loss."""
         torch.manual_seed(step_seed(self.recipe.train.seed, self.step_count))
         self.task.model.train()
-        loss = self.task.loss(picked)
         self.optimizer.zero_grad(set_to_none=True)
         if self.dense_optimizer is not None:
             self.dense_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if self.world is not None:
+            self.world.step = self.step_count + 1
+            loss = self.task.gradients(picked)
+        else:
+            batch_loss = self.task.loss(picked)
+            batch_loss.backward()
+            loss = batch_loss.item()
         before = rss_anon_bytes()
         self.optimizer.step()
         self.optimizer_ram = max(self.optimizer_ram, rss_anon_bytes() - before)
         if self.dense_optimizer is not None:
             self.dense_optimizer.step()
         self.step_count += 1
-        return loss.item()
+        return loss
 
     def _account(self, loss: float) -> None:
         self.window[0] += loss
@@ -344,10 +353,14 @@ class Training:
             "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
         }
         extra = {DENSE_STATE: self.dense_optimizer.state_dict()} if self.dense_optimizer is not None else {}
-        return save_checkpoint(
+        saved = save_checkpoint(
             self.run.checkpoints, self.step_count, self.task.model, self.optimizer, trainer,
-            keep=self.recipe.train.keep_checkpoints, extra=extra,
+            # a torchrun job keeps one more: the newest may be one the other ranks never finished
+            keep=self.recipe.train.keep_checkpoints + (self.commit is not None), extra=extra,
         )  # fmt: skip
+        if self.commit is not None:  # a torchrun job: the checkpoint counts once every rank has its own
+            self.commit(self.step_count)
+        return saved
 
     def close(self, *, after_error: bool = False) -> None:
         """Release the metrics log and the optimizer. ``after_error``: an error is already on

@@ -138,6 +138,8 @@ class Task(Protocol):
     any randomness from torch's global generator (which the loop seeds per step).
     ``prefetch(picked)`` is told the next batch before this one's step, to start reading the
     rows of its disk table that it will touch (called only with ``embedding_storage: disk``).
+    A task that computes its gradients itself (a sharded one, whose backward involves other
+    processes) has ``gradients(picked) -> float`` instead of ``loss``.
     """
 
     unit: str
@@ -155,12 +157,22 @@ class Task(Protocol):
 
 def make_task(
     recipe: Recipe, device: torch.device, tables: TableSite | None = None, *,
-    progress: Callable[..., None] | None = None, note: Callable[[str], None] | None = None,
+    progress: Callable[..., None] | None = None, note: Callable[[str], None] | None = None, world=None,
 ) -> Task:  # fmt: skip
     """The task for the recipe's model; builds its data and model (seed torch first).
 
     ``tables``: where disk tables live (needed with ``model.embedding_storage: disk``);
-    ``progress(what, done, total)`` and ``note(text)`` hear how a dataset import goes."""
+    ``progress(what, done, total)`` and ``note(text)`` hear how a dataset import goes;
+    ``world``: this rank's place in a ``torchrun`` job (``None``: one process)."""
+    if world is not None:
+        if not recipe.is_kge:
+            raise DsaError(
+                f"model.kind {recipe.model.kind!r} does not train over several processes yet; knowledge-graph models do",
+                hint="run it in one process (without torchrun)",
+            )
+        from .sharded_kge import ShardedKGETask
+
+        return ShardedKGETask(recipe, device, world, tables, progress=progress, note=note)
     if recipe.is_kge:
         from .kge import KGETask
 

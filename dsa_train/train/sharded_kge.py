@@ -1,0 +1,176 @@
+r"""Knowledge-graph embedding with the entity table sharded by rows over the ranks of a
+``torchrun`` job (see docs/distributed.md).
+
+Every rank reads the whole global batch of triples (ids only: a few KiB) and draws the step's
+negatives from the same seeded generator, so every rank knows every query and the shared
+candidate set :math:`C` (the uniform negatives, plus the batch's answers with
+``train.batch_negatives``). The batch is cut into ``distributed.slices`` slices of triples;
+slice :math:`m` is computed by rank :math:`m \bmod W`:
+
+1. the rank asks the owners for the rows its slices and :math:`C` need (one
+   ``all_to_all_single`` of ids, one of rows);
+2. per slice, it scores the slice's tail and head queries against :math:`C` and their own
+   answers exactly as :class:`~dsa_train.train.kge.KGETask` does, with the slice's loss
+   divided by the *global* number of queries (:math:`2n`), and runs backward on leaf copies
+   of the rows, so each lookup's gradient row is that slice's alone;
+3. every gradient row goes to its row's owner with its position in the global batch
+   (slice, then lookup), and each owner sums a row's gradients in that order
+   (:func:`~dsa_train.distributed.exchange.sum_in_batch_order`) and steps its optimizer;
+   the relation table is replicated, its gradient rows gathered on every rank and summed the
+   same way, and every copy takes the same SparseAdam step.
+
+**Exactness.** A slice's computation depends on the slice and :math:`C` alone, never on which
+rank runs it or how many there are (same tensors, same shapes, dropout masks seeded by the
+step and the slice), and the owners' sums follow global-batch order. So after any number of
+steps the tables, the moments and the losses are bit-equal for every :math:`W`, from one
+process (``torchrun --nproc-per-node 1``) up to ``slices`` ranks. A single process run
+without ``torchrun`` computes the batch in one piece (one slice) and gets the same results up to
+float rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ..data import load_knowledge_graph
+from ..distributed.exchange import RowExchange, gather_everywhere, sum_in_batch_order
+from ..distributed.group import World
+from ..distributed.sharding import RowSharding
+from ..errors import ConfigError
+from ..models.losses import ranking_loss
+from ..recipe import Recipe
+from .kge import KGETask
+from .tasks import TableSite
+
+
+class ShardedKGETask(KGETask):
+    """A :class:`KGETask` whose entity table is this rank's shard (see the module docstring)."""
+
+    def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None, **kwargs) -> None:
+        self.world = world
+        if recipe.model.embedding_storage == "disk":
+            raise ConfigError(
+                ["model.embedding_storage: 'disk' is not sharded yet; a torchrun job keeps each rank's shard in memory"],
+                hint="use model.embedding_storage: memory (each rank holds 1/N of the table), or train in one process",
+            )
+        if world.local_rank == 0:  # one import per machine; the other ranks there wait, then reuse it
+            load_knowledge_graph(recipe.dataset, progress=kwargs.get("progress"), note=kwargs.get("note"))
+        with world.guard("waiting for the dataset import"):
+            dist.barrier()
+        super().__init__(recipe, device, tables, **kwargs)
+        self.description += f"; entities sharded over {world.world_size} ranks (this rank holds {self.entity_rows():,} rows)"
+
+    def entity_rows(self) -> int:
+        return self.sharding.rows_of(self.world.rank)
+
+    @property
+    def sharding(self) -> RowSharding:
+        if not hasattr(self, "_sharding"):
+            self._sharding = RowSharding(self.kg.num_entities, self.world.world_size, self.recipe.train.seed)
+            self.exchange = RowExchange(self._sharding)
+        return self._sharding
+
+    def entity_table(self, tables: TableSite | None) -> nn.Module:
+        rows = self.sharding.initial_rows(self.world.rank, self.recipe.model.dim, std=self.recipe.model.init_std, seed=self.recipe.train.seed)
+        shard = nn.Embedding(len(rows), self.recipe.model.dim, sparse=True, _weight=rows)
+        return shard
+
+    def prefetch(self, picked: Tensor) -> None:
+        pass  # memory shards: nothing to read ahead
+
+    def loss(self, picked: Tensor) -> Tensor:
+        raise TypeError("a sharded task computes its gradients with gradients(), not a loss to backward")
+
+    # -- one step ------------------------------------------------------------------------------
+    def gradients(self, picked: Tensor) -> float:
+        """Forward and backward of this rank's slices of the global batch ``picked``; leaves
+        each table's summed sparse gradient in its ``.grad`` and returns the batch's loss."""
+        cfg, model, world = self.recipe.train, self.model, self.world
+        slices = self.recipe.distributed.slices
+        triples = self.kg.rows("train", picked)
+        n = len(triples)
+        negatives = torch.randint(0, self.kg.num_entities, (cfg.negatives,), device=self.device).cpu()
+        mask_seed = int(torch.randint(0, 1 << 62, (1,)))  # the step's dropout seeds: the same on every rank
+        anchors, answers = torch.cat([triples[:, 0], triples[:, 2]]), torch.cat([triples[:, 2], triples[:, 0]])
+        relations = torch.cat([triples[:, 1], triples[:, 1]])
+        candidates = torch.cat([answers, negatives]) if cfg.batch_negatives else negatives
+        bounds = [n * m // slices for m in range(slices + 1)]
+        mine = [m for m in range(slices) if m % world.world_size == world.rank and bounds[m] < bounds[m + 1]]
+        queries = {m: torch.cat([torch.arange(bounds[m], bounds[m + 1]), n + torch.arange(bounds[m], bounds[m + 1])]) for m in mine}
+        wanted = [candidates] if mine else []
+        for m in mine:
+            wanted += [anchors[queries[m]], answers[queries[m]]]
+        ids = torch.cat(wanted) if wanted else torch.empty(0, dtype=torch.int64)
+        with world.guard("fetching the step's entity rows"), torch.no_grad():
+            request = self.exchange.request(ids)
+            rows = self.exchange.fetch(request, lambda local: model.node_emb(local.to(model.node_emb.weight.device)).cpu())
+        k, longest = len(candidates), 2 * (bounds[1] - bounds[0] + 1)
+        span = k + 2 * longest  # positions of slice m: [m * span, (m + 1) * span)
+        candidate_mask = self._dropout_mask((k, rows.shape[1]), mask_seed)
+        found = {"ids": [], "grads": [], "positions": [], "rel_ids": [], "rel_grads": [], "rel_positions": []}
+        losses = torch.zeros(slices, dtype=torch.float64)
+        start = k
+        for m in mine:
+            q = queries[m]
+            anchor_rows, answer_rows = rows[start : start + len(q)], rows[start + len(q) : start + 2 * len(q)]
+            start += 2 * len(q)
+            leaves = [r.to(self.device).requires_grad_() for r in (rows[:k], anchor_rows, answer_rows)]
+            loss, rel_lookups, rel_leaf = self._slice_loss(leaves, candidate_mask, mask_seed + 1 + m, candidates, anchors[q], answers[q], relations[q], total=2 * n)
+            loss.backward()
+            losses[m] = loss.item()
+            found["ids"] += [candidates, anchors[q], answers[q]]
+            found["grads"] += [leaf.grad.cpu() for leaf in leaves]
+            found["positions"].append(m * span + torch.arange(k + 2 * len(q)))
+            found["rel_ids"].append(rel_lookups.cpu())
+            found["rel_grads"].append(rel_leaf.grad.cpu())
+            found["rel_positions"].append(m * longest + torch.arange(len(q)))
+        cat = lambda key, like: torch.cat(found[key]) if found[key] else like  # noqa: E731
+        dim = rows.shape[1]
+        no_rows, no_ids = torch.empty((0, dim)), torch.empty(0, dtype=torch.int64)
+        shard, relation = model.node_emb.weight, model.rel_emb.weight
+        with world.guard("sending the step's gradient rows to their owners"):
+            push = self.exchange.request(cat("ids", no_ids))
+            grad = self.exchange.push(push, cat("grads", no_rows), cat("positions", no_ids), tuple(shard.shape))
+            rel_rows, rel_values = gather_everywhere(cat("rel_ids", no_ids), cat("rel_grads", no_rows), cat("rel_positions", no_ids))
+            dist.all_reduce(losses)
+        shard.grad = grad.to(shard.device)
+        relation.grad = sum_in_batch_order(rel_rows, rel_values, tuple(relation.shape)).to(relation.device)
+        return float(losses.sum())
+
+    def _slice_loss(
+        self, leaves: list[Tensor], candidate_mask: Tensor | None, seed: int,
+        candidates: Tensor, anchors: Tensor, answers: Tensor, relations: Tensor, *, total: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        """One slice's share of the batch loss, from leaf copies of its rows: the shared
+        candidates, the slice's anchors and answers (tail queries first, then head queries)."""
+        cfg, model = self.recipe.train, self.model
+        candidate_rows, anchor_rows, answer_rows = leaves
+        if candidate_mask is not None:
+            candidate_rows = candidate_rows * candidate_mask.to(self.device)
+            anchor_rows = anchor_rows * self._dropout_mask(tuple(anchor_rows.shape), seed).to(self.device)
+            answer_rows = answer_rows * self._dropout_mask(tuple(answer_rows.shape), seed + (1 << 61)).to(self.device)
+        half = len(anchors) // 2
+        tail_rel, tail_side = model.relation_for(relations[:half].to(self.device), "tail")
+        head_rel, head_side = model.relation_for(relations[half:].to(self.device), "head")
+        rel_lookups = torch.cat([tail_rel, head_rel])
+        rel_leaf = model.rel_emb.weight.detach()[rel_lookups].requires_grad_()
+        positive, negative = [], []
+        for rows, side in ((slice(0, half), tail_side), (slice(half, None), head_side)):
+            a, r, t = anchor_rows[rows], rel_leaf[rows], answer_rows[rows]
+            positive.append(model.score_pairs(a, r, t) if side == "tail" else model.score_pairs(t, r, a))
+            negative.append(model.score_sets(a, r, candidate_rows, side))
+        masked = answers.to(self.device)[:, None] == candidates.to(self.device)[None, :]
+        loss = ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin, total=total)
+        if cfg.regularization:  # N3 on the slice's embeddings, over the global batch
+            loss = loss + cfg.regularization * sum(e.abs().pow(3).sum() for e in (anchor_rows, answer_rows, rel_leaf)) / total
+        return loss, rel_lookups, rel_leaf
+
+    def _dropout_mask(self, shape: tuple[int, ...], seed: int) -> Tensor | None:
+        """Inverted dropout's ``keep / (1 - p)`` mask from its own seed (``None`` without dropout)."""
+        p = self.recipe.model.dropout
+        if not p or not self.model.training:
+            return None
+        generator = torch.Generator().manual_seed(seed)
+        return (torch.rand(shape, generator=generator) >= p).float() / (1 - p)

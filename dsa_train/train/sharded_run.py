@@ -1,0 +1,132 @@
+"""One rank of a ``torchrun`` job: its place in the run folder, its training, and the
+checkpoints all ranks commit together.
+
+::
+
+    runs/<name>/                       on every machine (no shared file system needed)
+      run.json, config.yaml            rank 0's machine: the run as a whole
+      checkpoints.json                 rank 0's: the steps every rank has checkpointed
+      ranks/<rank>-of-<world>/         one run folder per rank, on that rank's machine:
+        run.json, config.yaml, metrics.jsonl, optimizer_state/, checkpoints/<step>/
+
+A rank's folder is an ordinary run folder holding its shard (:mod:`.run_folder`,
+:mod:`.checkpoint`). A checkpoint of the job is complete when ``checkpoints.json`` lists its
+step: rank 0 adds it only after every rank has committed its own checkpoint of that step (a
+barrier), by an atomic rewrite, so a job killed while checkpointing resumes from the step
+before. ``--resume`` reads the newest listed step on rank 0 and every rank restores its own
+checkpoint of exactly that step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..distributed.group import World
+from ..errors import StateError
+from ..fsutil import atomic_write_bytes, read_json_object
+from ..recipe import Recipe
+from .loop import Reporter, SilentReporter, Training, resolve_device
+from .run_folder import RunFolder
+
+MANIFEST = "checkpoints.json"
+MANIFEST_FORMAT = "dsa-train/sharded-checkpoints"
+RANKS = "ranks"
+
+
+def rank_folder_name(rank: int, world_size: int) -> str:
+    return f"{rank:05d}-of-{world_size:05d}"
+
+
+def train_rank(recipe: Recipe, world: World, *, output: Path | None, resume: bool, reporter: Reporter) -> tuple[Training, RunFolder, dict]:
+    """Join the job, train this rank's shard to the end, leave; returns the training, the
+    job's run folder (on rank 0; elsewhere its path) and the summary."""
+    device = resolve_device(recipe.train.device)
+    world.join(recipe.distributed.backend, recipe.distributed.timeout, device)
+    top: RunFolder | None = None
+    try:
+        if world.is_leader:
+            top = (RunFolder.find(output) if output else RunFolder.newest(recipe)) if resume else RunFolder.create(recipe, output)
+            if resume:
+                top.lock()
+        with world.guard("agreeing on the run folder"):
+            path = Path(_broadcast_text(str(top.path) if top else ""))
+            step = _broadcast_int(_newest_complete_step(path, world.world_size) if world.is_leader and resume else -1)
+        top = top or RunFolder(path)
+        folder = path / RANKS / rank_folder_name(world.rank, world.world_size)
+        if resume and step >= 0:
+            rank_run = RunFolder.find(folder)
+            rank_run.lock()
+        else:  # created locked
+            rank_run = _fresh_rank_folder(recipe, folder) if resume else RunFolder.create(recipe, folder)
+        try:
+            training = Training(recipe, rank_run, reporter=reporter if world.is_leader else SilentReporter(), world=world)
+            training.commit = lambda step: _commit(world, path, step, recipe.train.keep_checkpoints)  # noqa: E731
+            try:
+                training.setup(resume=resume and step >= 0, at_step=step if step >= 0 else None)
+                summary = training.train()
+            except BaseException:
+                training.close(after_error=True)
+                raise
+            training.close()
+        finally:
+            rank_run.release()
+    finally:
+        if top is not None and world.is_leader:
+            top.release()
+        world.leave()
+    return training, top, summary
+
+
+def _fresh_rank_folder(recipe: Recipe, folder: Path) -> RunFolder:
+    """A resumed job with no complete checkpoint starts every rank afresh."""
+    if folder.exists():
+        raise StateError(
+            f"'{folder}' holds a rank's state, but the job has no complete checkpoint to resume from",
+            hint="start the run again without --resume (into a new folder)",
+        )
+    return RunFolder.create(recipe, folder)
+
+
+def _commit(world: World, top: Path, step: int, keep: int) -> None:
+    """Every rank has written its checkpoint of ``step``: rank 0 lists it as complete (with
+    the ``keep - 1`` before it, which every rank still holds)."""
+    with world.guard(f"waiting for every rank's checkpoint of step {step}"):
+        dist.barrier()
+    if world.is_leader:
+        manifest = read_json_object(top / MANIFEST) or {}
+        steps = sorted({*manifest.get("complete", []), step}) if manifest.get("world_size") == world.world_size else [step]
+        steps = steps[-keep:]
+        record = {"format": MANIFEST_FORMAT, "world_size": world.world_size, "complete": steps}
+        atomic_write_bytes(top / MANIFEST, json.dumps(record, indent=2).encode())
+
+
+def _newest_complete_step(top: Path, world_size: int) -> int:
+    manifest = read_json_object(top / MANIFEST)
+    if manifest is None or manifest.get("format") != MANIFEST_FORMAT:
+        return -1
+    if manifest.get("world_size") != world_size:
+        raise StateError(
+            f"run '{top}' was checkpointed by {manifest.get('world_size')} ranks; this job has {world_size}",
+            hint=f"resume it with --nproc-per-node (times --nnodes) = {manifest.get('world_size')}",
+        )
+    steps = [s for s in manifest.get("complete", []) if isinstance(s, int) and s >= 0]
+    return max(steps, default=-1)
+
+
+def _broadcast_text(text: str) -> str:
+    raw = torch.tensor(list(text.encode()), dtype=torch.uint8)
+    length = torch.tensor([len(raw)])
+    dist.broadcast(length, 0)
+    buffer = raw if dist.get_rank() == 0 else torch.empty(int(length), dtype=torch.uint8)
+    dist.broadcast(buffer, 0)
+    return bytes(buffer.tolist()).decode()
+
+
+def _broadcast_int(value: int) -> int:
+    box = torch.tensor([value])
+    dist.broadcast(box, 0)
+    return int(box)

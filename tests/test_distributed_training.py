@@ -1,0 +1,199 @@
+"""A torchrun job's KGE training on 1 to 4 gloo ranks on 127.0.0.1, one thread each.
+
+The reference is the same recipe trained by one rank: the entity table (gathered from the
+shards by global id), its Adam moments, the replicated relation table and the logged losses
+must be bit-equal whatever the number of ranks, and close (not equal: the batch is computed
+in slices there) to a plain single-process run. Ranks are started as torchrun starts them:
+environment variables, then the CLI's own entry point (`train_rank`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from dsa_train.recipe import parse_recipe
+
+RECIPE = """
+name: tiny
+dataset:
+  kind: synthetic
+  synthetic: {entities: 300, relations: 5, triples: 3000, valid: 50, test: 50, clusters: 6, seed: 1}
+model: {kind: %(model)s, dim: 8, init_std: 0.1, dropout: %(dropout)s}
+train: {epochs: 2, max_steps: %(steps)s, batch_size: 256, negatives: 32, checkpoint_every: 3, log_every: 1, device: cpu, loss: %(loss)s, regularization: %(reg)s}
+optimizer: {kind: dsa, lr: 0.05}
+eval: {final_splits: []}
+distributed: {slices: 4, timeout: 60}
+"""
+
+
+def recipe_text(model="transe", dropout=0.0, steps=7, loss="cross_entropy", reg=0.0) -> str:
+    return RECIPE % dict(model=model, dropout=dropout, steps=steps, loss=loss, reg=reg)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume: bool) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from dsa_train.distributed.group import from_environment
+    from dsa_train.optim.inspect import StateInspector
+    from dsa_train.train.loop import SilentReporter
+    from dsa_train.train.sharded_run import train_rank
+
+    recipe = parse_recipe(text, source="test")
+    training, _, _ = train_rank(recipe, from_environment(), output=Path(folder), resume=resume, reporter=SilentReporter())
+    task = training.task
+    local = torch.arange(task.entity_rows())
+    m, v = StateInspector.of(training.run.state_dir(recipe)).read_rows("node_emb.weight", local.numpy())
+    torch.save(
+        {
+            "ids": task.sharding.ids_of(rank, local),
+            "weights": task.model.node_emb.weight.detach().clone(),
+            "m": torch.from_numpy(np.array(m)),
+            "v": torch.from_numpy(np.array(v)),
+            "relations": task.model.rel_emb.weight.detach().clone(),
+        },
+        os.path.join(folder, f"out{rank}.pt"),
+    )
+
+
+def train_job(world: int, folder: Path, text: str, *, resume: bool = False) -> dict:
+    """Run a job of ``world`` ranks; returns the whole table, its moments, relations, losses."""
+    mp.start_processes(_rank_main, args=(world, _free_port(), text, str(folder), resume), nprocs=world, start_method="spawn")
+    parts = [torch.load(folder / f"out{r}.pt") for r in range(world)]
+    rows = sum(len(p["ids"]) for p in parts)
+    whole = {key: torch.empty(rows, parts[0][key].shape[1], dtype=parts[0][key].dtype) for key in ("weights", "m", "v")}
+    for p in parts:
+        for key in whole:
+            whole[key][p["ids"]] = p[key]
+    whole["relations"] = parts[0]["relations"]
+    assert all(torch.equal(p["relations"], whole["relations"]) for p in parts)  # every copy took the same steps
+    metrics = folder / "ranks" / f"00000-of-{world:05d}" / "metrics.jsonl"
+    whole["losses"] = [r["loss"] for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"]
+    return whole
+
+
+def assert_same(a: dict, b: dict) -> None:
+    for key in ("weights", "m", "v", "relations"):
+        assert torch.equal(a[key], b[key]), key
+    assert a["losses"] == b["losses"]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_tables_moments_and_losses_do_not_depend_on_the_number_of_ranks(tmp_path, world):
+    text = recipe_text()
+    one = train_job(1, tmp_path / "one", text)
+    many = train_job(world, tmp_path / "many", text)
+    assert len(one["losses"]) == 7
+    assert_same(one, many)
+    assert (one["m"] != 0).any() and not torch.equal(one["weights"], many["weights"] * 0)
+
+
+def test_dropout_softplus_n3_distmult_stay_exact(tmp_path):
+    text = recipe_text(model="distmult", dropout=0.2, steps=4, loss="softplus", reg=0.01)
+    assert_same(train_job(1, tmp_path / "one", text), train_job(3, tmp_path / "three", text))
+
+
+@pytest.mark.parametrize("slices", [1, 3])
+def test_a_sharded_step_is_the_single_process_step(tmp_path, slices):
+    """One rank's sliced step against KGETask's plain loss on the same tables: the same loss
+    and gradients up to float rounding (the slices sum in another order)."""
+    import torch.distributed as dist
+
+    from dsa_train.distributed.group import World
+    from dsa_train.train.kge import KGETask
+    from dsa_train.train.sharded_kge import ShardedKGETask
+
+    recipe = parse_recipe(recipe_text(loss="margin", reg=0.01), source="test", overrides=[f"distributed.slices={slices}"])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        sharded = ShardedKGETask(recipe, torch.device("cpu"), World(0, 1, 0))
+        torch.manual_seed(0)
+        plain = KGETask(recipe, torch.device("cpu"))
+        ids = sharded.sharding.ids_of(0, torch.arange(sharded.entity_rows()))
+        with torch.no_grad():
+            plain.model.node_emb.weight[ids] = sharded.model.node_emb.weight
+            plain.model.rel_emb.weight.copy_(sharded.model.rel_emb.weight)
+        picked = torch.arange(0, 2000, 9)
+        torch.manual_seed(5)
+        loss = sharded.gradients(picked)
+        torch.manual_seed(5)
+        reference = plain.loss(picked)
+        reference.backward()
+    finally:
+        dist.destroy_process_group()
+    assert loss == pytest.approx(reference.item(), rel=1e-5)
+    entity_grad = plain.model.node_emb.weight.grad.coalesce().to_dense()[ids]
+    torch.testing.assert_close(sharded.model.node_emb.weight.grad.to_dense(), entity_grad, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(sharded.model.rel_emb.weight.grad.to_dense(), plain.model.rel_emb.weight.grad.coalesce().to_dense(), rtol=1e-4, atol=1e-7)
+
+
+def _rank_until_error(rank: int, world: int, port: int, text: str, folder: str, resume: bool) -> None:
+    """A rank that writes the error it stopped with (the CLI would print it) instead of raising."""
+    from dsa_train.errors import DsaError
+
+    try:
+        _rank_main(rank, world, port, text, folder, resume)
+    except DsaError as e:
+        Path(folder, f"error{rank}.txt").write_text(e.message)
+
+
+def _start(world: int, folder: Path, text: str):
+    folder.mkdir(parents=True, exist_ok=True)
+    return mp.start_processes(_rank_until_error, args=(world, _free_port(), text, str(folder), False), nprocs=world, start_method="spawn", join=False)
+
+
+def _train_records(folder: Path, rank: int, world: int) -> int:
+    metrics = folder / "ranks" / f"{rank:05d}-of-{world:05d}" / "metrics.jsonl"
+    return metrics.read_text().count('"kind": "train"') if metrics.exists() else 0
+
+
+def _wait_for(condition, seconds: float) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("fault", ["killed", "hung"])
+def test_a_lost_rank_stops_the_others_with_the_rank_and_step_and_resume_is_exact(tmp_path, fault):
+    """kill -9 (or SIGSTOP) one rank mid-run: the other stops within the recipe's timeout
+    with an error naming itself and the step; resuming finishes bit-equal to a run never
+    interrupted."""
+    import signal
+    import time
+
+    text = recipe_text(steps=16).replace("timeout: 60", "timeout: 4")
+    reference = train_job(2, tmp_path / "reference", text)
+    folder = tmp_path / "interrupted"
+    job = _start(2, folder, text)
+    victim = job.processes[1].pid
+    _wait_for(lambda: _train_records(folder, 0, 2) >= 7, 60)  # past the checkpoint of step 6
+    os.kill(victim, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+    stopped = time.monotonic()
+    job.processes[0].join(30)
+    waited = time.monotonic() - stopped
+    if fault == "hung":
+        os.kill(victim, signal.SIGKILL)
+    assert not job.processes[0].is_alive()
+    message = (folder / "error0.txt").read_text()
+    assert message.startswith("rank 0 of 2 stopped at step ") and "another rank stopped answering" in message
+    assert int(message.split("at step ")[1].split()[0]) >= 8
+    assert waited < 4 + 10
+    resumed = train_job(2, folder, text, resume=True)
+    assert_same(resumed, reference)
