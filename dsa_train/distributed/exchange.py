@@ -41,6 +41,7 @@ class RowExchange:
     def __init__(self, sharding: RowSharding, group: dist.ProcessGroup | None = None) -> None:
         self.sharding, self.group = sharding, group
         self.rank = dist.get_rank(group)
+        self.sent = self.received = 0  # bytes of ids, rows and gradients, to and from other ranks
         if dist.get_world_size(group) != sharding.world_size:
             raise ValueError(
                 f"the table is laid out over {sharding.world_size} ranks, the process group has {dist.get_world_size(group)}"
@@ -56,7 +57,13 @@ class RowExchange:
         send, recv = send_counts.tolist(), recv_counts.tolist()
         asked = torch.empty(sum(recv), dtype=torch.int64)
         dist.all_to_all_single(asked, local[order], recv, send, group=self.group)
+        self._count(send, recv, 8)
         return Request(order, send, recv, asked)
+
+    def _count(self, send: list[int], recv: list[int], row_bytes: int) -> None:
+        """Add what crossed to other ranks (a rank's share to itself stays in its memory)."""
+        self.sent += (sum(send) - send[self.rank]) * row_bytes
+        self.received += (sum(recv) - recv[self.rank]) * row_bytes
 
     def fetch(self, request: Request, shard: Tensor | Callable[[Tensor], Tensor]) -> Tensor:
         """The rows of the lookups, in their order, from the owners' ``shard``: a tensor of
@@ -64,6 +71,7 @@ class RowExchange:
         served = (shard.index_select(0, request.asked) if isinstance(shard, Tensor) else shard(request.asked)).contiguous()
         back = served.new_empty((sum(request.send_counts), *served.shape[1:]))
         dist.all_to_all_single(back, served, request.send_counts, request.recv_counts, group=self.group)
+        self._count(request.recv_counts, request.send_counts, served[0].numel() * served.element_size() if len(served) else 0)
         rows = torch.empty_like(back)
         rows[request.order] = back
         return rows
@@ -77,6 +85,7 @@ class RowExchange:
         dist.all_to_all_single(received, values, request.recv_counts, request.send_counts, group=self.group)
         where = torch.empty(len(request.asked), dtype=torch.int64)
         dist.all_to_all_single(where, positions.reshape(-1)[request.order].contiguous(), request.recv_counts, request.send_counts, group=self.group)
+        self._count(request.send_counts, request.recv_counts, values[0].numel() * values.element_size() + 8 if len(values) else 8)
         in_batch_order = torch.argsort(where)
         return sum_in_batch_order(request.asked[in_batch_order], received[in_batch_order], shard_shape)
 
