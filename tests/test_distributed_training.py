@@ -64,6 +64,7 @@ def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume:
             "m": torch.from_numpy(np.array(m)),
             "v": torch.from_numpy(np.array(v)),
             "relations": task.model.rel_emb.weight.detach().clone(),
+            "final": training.final_metrics,
         },
         os.path.join(folder, f"out{rank}.pt"),
     )
@@ -79,6 +80,8 @@ def train_job(world: int, folder: Path, text: str, *, resume: bool = False) -> d
         for key in whole:
             whole[key][p["ids"]] = p[key]
     whole["relations"] = parts[0]["relations"]
+    whole["final"] = parts[0]["final"]
+    assert all(p["final"] == whole["final"] for p in parts)  # every rank reports the combined ranking
     assert all(torch.equal(p["relations"], whole["relations"]) for p in parts)  # every copy took the same steps
     metrics = folder / "ranks" / f"00000-of-{world:05d}" / "metrics.jsonl"
     whole["losses"] = [r["loss"] for r in map(json.loads, metrics.read_text().splitlines()) if r["kind"] == "train"]
@@ -197,3 +200,31 @@ def test_a_lost_rank_stops_the_others_with_the_rank_and_step_and_resume_is_exact
     assert waited < 4 + 10
     resumed = train_job(2, folder, text, resume=True)
     assert_same(resumed, reference)
+
+
+def test_sharded_filtered_ranking_equals_the_single_process_ranking(tmp_path):
+    """Trained by 3 ranks, each scoring the entities it holds, the final filtered metrics equal
+    those of one rank scoring all entities (which is the plain ranking: one chunk, id order),
+    and the plain ranking of the same table in one process; in chunks and with sampled negatives too."""
+    from dsa_train.eval import evaluate_link_prediction
+    from dsa_train.train.kge import KGETask
+
+    text = recipe_text(steps=5).replace("final_splits: []", "final_splits: [test], entity_chunk: %d, sampled_negatives: %s")
+    for chunk, sampled in ((1000, "null"), (64, "null"), (1000, 40)):
+        recipe_yaml = text % (chunk, sampled)
+        one = train_job(1, tmp_path / f"one-{chunk}-{sampled}", recipe_yaml)
+        three = train_job(3, tmp_path / f"three-{chunk}-{sampled}", recipe_yaml)
+        assert one["final"] == three["final"]
+        assert 0 < one["final"]["test"]["both"]["mrr"] < 1
+    recipe = parse_recipe(recipe_yaml, source="test")
+    torch.manual_seed(0)
+    plain = KGETask(recipe, torch.device("cpu"))
+    with torch.no_grad():
+        plain.model.node_emb.weight.copy_(one["weights"])
+        plain.model.rel_emb.weight.copy_(one["relations"])
+    plain.model.eval()
+    metrics = evaluate_link_prediction(
+        plain.model.score_entities, plain.kg.rows("test", slice(None)), plain.kg.filter_index(),
+        num_entities=plain.kg.num_entities, batch_size=recipe.eval.batch_size, entity_chunk=1000, sampled_negatives=40, seed=recipe.train.seed,
+    )  # fmt: skip
+    assert {side: m.as_dict() for side, m in metrics.items()} == one["final"]["test"]

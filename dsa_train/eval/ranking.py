@@ -76,34 +76,39 @@ def query_ranks(
     num_entities: int,
     entity_chunk: int,
     sampled: Tensor | None = None,
+    scope: RankingScope | None = None,
 ) -> Tensor:
     """Realistic filtered ranks of one batch of queries (see the module docstring).
 
     ``sampled``: rank against these entities only (plus each query's own answer).
+    ``scope``: the share of the entities this process scores, and how the processes combine
+    their partial results (default: all entities, one process).
     """
+    scope = scope or RankingScope()
+    scope.prepare(anchor)
     known_query, known_entity = index.known(anchor, relation, side)
     rows = torch.arange(len(anchor))
     if sampled is None:
-        single = num_entities <= entity_chunk
+        single = scope.chunk_count(num_entities, entity_chunk) <= 1
 
         def chunks():  # one chunk at a time: a list of them all would be O(E) per batch
-            for s in range(0, num_entities, entity_chunk):
-                yield torch.arange(s, min(s + entity_chunk, num_entities)), None
+            for chunk in scope.chunks(num_entities, entity_chunk):
+                yield chunk, None
     else:  # one candidate set: the sample and the answers, each answer visible to its own query only
         single = True
         sampled = torch.unique(sampled)
-        candidates = torch.unique(torch.cat([sampled, answer]))
+        candidates = scope.mine(torch.unique(torch.cat([sampled, answer])))
         sample_mask = torch.isin(candidates, sampled)
 
         def chunks():
             yield candidates, sample_mask
-    true = None
+    true = torch.full((len(anchor),), float("-inf"))
     for chunk, _ in chunks():  # the answer's score, from the matrix its competitors come from
         scores = _scores(score_fn, anchor, relation, chunk, side)
-        if true is None:
-            true = torch.full((len(anchor),), float("-inf"), dtype=scores.dtype)
+        true = true.to(scores.dtype)
         found, position = _locate(chunk, answer)
         true[found] = scores[rows[found], position[found]]
+    true = scope.combine(true, "max")  # each answer is scored by the one process that has it
     true = torch.where(true == float("inf"), float("-inf"), true)  # a NaN answer (made +inf) ranks last
     greater = torch.zeros(len(anchor))
     at_least = torch.zeros(len(anchor))
@@ -120,7 +125,38 @@ def query_ranks(
         scores[known_query[found], position[found]] = float("nan")  # filtered: other true answers
         greater += (scores > true[:, None]).sum(1)
         at_least += (scores >= true[:, None]).sum(1)
+    greater, at_least = scope.combine(greater, "sum"), scope.combine(at_least, "sum")
     return 1 + (greater + at_least) / 2
+
+
+class RankingScope:
+    """Which entities this process scores, and how processes that each score a share combine
+    their partial results (:class:`~dsa_train.train.sharded_kge.ShardedKGETask` scores each
+    entity on the rank that holds its row). The default: every entity, one process."""
+
+    def __init__(self, owned: Tensor | None = None) -> None:
+        self.owned = owned  # sorted ids of the entities this process scores (None: all)
+
+    def chunk_count(self, num_entities: int, entity_chunk: int) -> int:
+        total = num_entities if self.owned is None else len(self.owned)
+        return -(-total // entity_chunk)
+
+    def chunks(self, num_entities: int, entity_chunk: int):
+        if self.owned is None:
+            for s in range(0, num_entities, entity_chunk):
+                yield torch.arange(s, min(s + entity_chunk, num_entities))
+        else:
+            yield from torch.split(self.owned, entity_chunk)
+
+    def prepare(self, anchor: Tensor) -> None:
+        """A batch of queries with these anchor ids is about to be scored."""
+
+    def mine(self, candidates: Tensor) -> Tensor:
+        return candidates if self.owned is None else candidates[torch.isin(candidates, self.owned)]
+
+    def combine(self, partial: Tensor, op: str) -> Tensor:
+        """The result over all processes of every process's ``partial`` (``op``: "max" or "sum")."""
+        return partial
 
 
 def _scores(score_fn: ScoreFn, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
@@ -145,6 +181,7 @@ def evaluate_link_prediction(
     sampled_negatives: int | None = None,
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
+    scope: RankingScope | None = None,
 ) -> dict[str, RankingMetrics]:
     """Filtered ranking metrics of ``triples`` for tail queries, head queries and both.
 
@@ -163,7 +200,7 @@ def evaluate_link_prediction(
             found.append(
                 query_ranks(
                     score_fn, anchor[window], triples[window, 1], answer[window], side, index,
-                    num_entities=num_entities, entity_chunk=entity_chunk, sampled=sampled,
+                    num_entities=num_entities, entity_chunk=entity_chunk, sampled=sampled, scope=scope,
                 )  # fmt: skip
             )
             if progress is not None:

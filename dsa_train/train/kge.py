@@ -15,6 +15,7 @@ from torch import Tensor
 from ..data import KnowledgeGraph, load_knowledge_graph
 from ..data.order import Shuffle
 from ..eval import RankingMetrics, TripleIndex, evaluate_link_prediction
+from ..eval.ranking import RankingScope, ScoreFn
 from ..models import KGEModel, build_kge_model
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
@@ -158,8 +159,9 @@ class KGETask:
         else:
             triples = self.kg.rows(split, slice(None))
         reporter.eval_start(split, 2 * len(triples))
+        score_fn, scope = self.ranking()
         metrics: dict[str, RankingMetrics] = evaluate_link_prediction(
-            self.model.score_entities,
+            score_fn,
             triples,
             self.index,
             num_entities=self.kg.num_entities,
@@ -168,8 +170,13 @@ class KGETask:
             sampled_negatives=cfg.sampled_negatives,
             seed=self.recipe.train.seed,
             progress=RankingForecast(reporter, 2 * len(triples), self.kg.num_entities, sampled=cfg.sampled_negatives is not None),
+            scope=scope,
         )
         return {side: m.as_dict() for side, m in metrics.items()}
+
+    def ranking(self) -> tuple[ScoreFn, RankingScope | None]:
+        """How evaluation scores queries against entity ids, and which entities it scores here."""
+        return self.model.score_entities, None
 
     def headline(self, metrics: dict[str, dict]) -> str:
         both = metrics["both"]

@@ -39,6 +39,7 @@ from ..distributed.exchange import RowExchange, gather_everywhere, sum_in_batch_
 from ..distributed.group import World
 from ..distributed.sharding import RowSharding
 from ..errors import ConfigError
+from ..eval.ranking import RankingScope, ScoreFn
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
 from .kge import KGETask
@@ -167,6 +168,19 @@ class ShardedKGETask(KGETask):
             loss = loss + cfg.regularization * sum(e.abs().pow(3).sum() for e in (anchor_rows, answer_rows, rel_leaf)) / total
         return loss, rel_lookups, rel_leaf
 
+    # -- evaluation ----------------------------------------------------------------------------
+    def ranking(self) -> tuple[ScoreFn, RankingScope]:
+        """Every rank scores the queries against the entities it holds; the answer's score
+        and the rival counts are combined over ranks (:class:`ShardScope`)."""
+        scope = ShardScope(self)
+
+        def score(anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
+            _, local = self.sharding.locate(candidates)
+            rows = self.model.node_emb(local.to(self.model.node_emb.weight.device)).to(self.device)
+            return self.model.score_candidates(scope.anchor_rows.to(self.device), relation.to(self.device), rows, side)
+
+        return score, scope
+
     def _dropout_mask(self, shape: tuple[int, ...], seed: int) -> Tensor | None:
         """Inverted dropout's ``keep / (1 - p)`` mask from its own seed (``None`` without dropout)."""
         p = self.recipe.model.dropout
@@ -174,3 +188,25 @@ class ShardedKGETask(KGETask):
             return None
         generator = torch.Generator().manual_seed(seed)
         return (torch.rand(shape, generator=generator) >= p).float() / (1 - p)
+
+
+class ShardScope(RankingScope):
+    """A rank's share of a filtered ranking: the entities whose rows it holds."""
+
+    def __init__(self, task: ShardedKGETask) -> None:
+        rank = task.world.rank
+        super().__init__(torch.sort(task.sharding.ids_of(rank, torch.arange(task.entity_rows()))).values)
+        self.task = task
+        self.anchor_rows: Tensor | None = None
+
+    def prepare(self, anchor: Tensor) -> None:
+        task = self.task
+        with task.world.guard("fetching the anchors of an evaluation batch"), torch.no_grad():
+            request = task.exchange.request(anchor.cpu())
+            weight = task.model.node_emb.weight
+            self.anchor_rows = task.exchange.fetch(request, lambda local: task.model.node_emb(local.to(weight.device)).cpu())
+
+    def combine(self, partial: Tensor, op: str) -> Tensor:
+        with self.task.world.guard("combining the evaluation's ranks"):
+            dist.all_reduce(partial, dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        return partial
