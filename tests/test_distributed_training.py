@@ -228,3 +228,27 @@ def test_sharded_filtered_ranking_equals_the_single_process_ranking(tmp_path):
         num_entities=plain.kg.num_entities, batch_size=recipe.eval.batch_size, entity_chunk=1000, sampled_negatives=40, seed=recipe.train.seed,
     )  # fmt: skip
     assert {side: m.as_dict() for side, m in metrics.items()} == one["final"]["test"]
+
+
+def test_the_cli_trains_over_processes_and_refuses_another_count_on_resume(tmp_path):
+    """`dsa-train run --nproc 2` end to end, then `--resume` with 3: a clear error from every
+    rank, a summary line from the launcher, exit code 1, no traceback."""
+    import subprocess
+    import sys
+
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(recipe_text(steps=4))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = lambda *extra: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "dsa_train", "run", str(recipe), "-o", str(tmp_path / "run"), *extra],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    first = run("--nproc", "2")
+    assert first.returncode == 0, first.stderr
+    assert "4 steps, 0 epochs" in first.stdout and "on 2 ranks" in first.stdout
+    manifest = json.loads((tmp_path / "run" / "checkpoints.json").read_text())
+    assert manifest["world_size"] == 2 and manifest["complete"][-1] == 4
+    again = run("--nproc", "3", "--resume")
+    assert again.returncode == 1
+    assert "Error: run" in again.stderr and "checkpointed by 2 ranks; this job has 3" in again.stderr
+    assert "ranks 0, 1, 2 of 3 failed" in again.stderr and "Traceback" not in again.stderr + again.stdout

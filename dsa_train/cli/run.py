@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
-import subprocess
 import sys
+import uuid
 from enum import Enum
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import typer
 
 from ..recipe import Recipe, load_recipe, recipe_differences
 from ..train.run_folder import RunFolder
-from ._errors import handle_errors
+from ._errors import debug, handle_errors
 from ._output import ProgressReporter, metrics_table, stdout
 
 
@@ -39,7 +40,7 @@ def run(
     nproc: int | None = typer.Option(
         None, "--nproc", min=1, show_default=False,
         help="Train over this many processes on this machine, the entity table split between them "
-        "(starts torchrun --standalone --nproc-per-node N -m dsa_train run ...; see docs/distributed.md).",
+        "(as torchrun --standalone --nproc-per-node N -m dsa_train run ... would; see docs/distributed.md).",
     ),
 ) -> None:
     """Train a model from a recipe; writes a run folder with metrics and checkpoints.
@@ -123,10 +124,26 @@ def launch_local(nproc: int) -> int:
             skip = True
         elif not arg.startswith("--nproc="):
             args.append(arg)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "dsa_train", *args]
-    return subprocess.run(command, env=env).returncode
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # torchrun --standalone, without its own log lines and traceback: each rank prints its error
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.INFO if debug() else logging.CRITICAL)
+    config = LaunchConfig(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+    )  # fmt: skip
+    try:
+        elastic_launch(config, sys.executable)("-m", "dsa_train", *args)
+    except ChildFailedError as e:
+        if debug():
+            raise
+        failed = sorted(e.failures)
+        ranks = f"rank {failed[0]}" if len(failed) == 1 else "ranks " + ", ".join(map(str, failed))
+        typer.echo(f"dsa-train: {ranks} of {nproc} failed ({'its error is' if len(failed) == 1 else 'their errors are'} above)", err=True)
+        return 1
+    return 0
 
 
 def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool) -> None:

@@ -54,7 +54,14 @@ def train_rank(recipe: Recipe, world: World, *, output: Path | None, resume: boo
                 top.lock()
         with world.guard("agreeing on the run folder"):
             path = Path(_broadcast_text(str(top.path) if top else ""))
-            step = _broadcast_int(_newest_complete_step(path, world.world_size) if world.is_leader and resume else -1)
+            step, saved_world = _newest_complete_step(path) if world.is_leader and resume else (-1, world.world_size)
+            step, saved_world = _broadcast_int(step), _broadcast_int(saved_world)
+        if step >= 0 and saved_world != world.world_size:  # every rank says it, none waits for rank 0
+            raise StateError(
+                f"run '{path}' was checkpointed by {saved_world} ranks; this job has {world.world_size}, and resuming at "
+                "another number of ranks (resharding) is not built yet",
+                hint=f"resume it with {saved_world} ranks (--nproc {saved_world}, or torchrun's --nproc-per-node times --nnodes)",
+            )
         top = top or RunFolder(path)
         folder = path / RANKS / rank_folder_name(world.rank, world.world_size)
         if resume and step >= 0:
@@ -107,17 +114,14 @@ def _commit(world: World, top: Path, step: int, keep: int) -> None:
         atomic_write_bytes(top / MANIFEST, json.dumps(record, indent=2).encode())
 
 
-def _newest_complete_step(top: Path, world_size: int) -> int:
+def _newest_complete_step(top: Path) -> tuple[int, int]:
+    """The newest step every rank has checkpointed (-1: none) and how many ranks there were."""
     manifest = read_json_object(top / MANIFEST)
-    if manifest is None or manifest.get("format") != MANIFEST_FORMAT:
-        return -1
-    if manifest.get("world_size") != world_size:
-        raise StateError(
-            f"run '{top}' was checkpointed by {manifest.get('world_size')} ranks; this job has {world_size}",
-            hint=f"resume it with --nproc-per-node (times --nnodes) = {manifest.get('world_size')}",
-        )
+    world = manifest.get("world_size") if manifest and manifest.get("format") == MANIFEST_FORMAT else None
+    if not isinstance(world, int) or world < 1:
+        return -1, 0
     steps = [s for s in manifest.get("complete", []) if isinstance(s, int) and s >= 0]
-    return max(steps, default=-1)
+    return max(steps, default=-1), world
 
 
 def _broadcast_text(text: str) -> str:
