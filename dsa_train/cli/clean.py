@@ -29,7 +29,10 @@ def clean(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan and remove nothing."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Remove without asking."),
-    keep_last: int = typer.Option(1, "--keep-last", min=0, help="Complete checkpoints kept per run (0 removes them all)."),
+    keep_last: int = typer.Option(
+        1, "--keep-last", min=0,
+        help="Complete checkpoints kept per run (0 removes them all); in a torchrun job, its newest complete steps, in every rank.",
+    ),  # fmt: skip
     older_than: str | None = typer.Option(None, "--older-than", help="Only what is older than this: 90s, 30m, 12h, 7d, 2w.", show_default=False),
 ) -> None:
     """Remove old checkpoints, unfinished checkpoints and unused optimizer state.
@@ -37,6 +40,13 @@ def clean(
     Removes only what it recognises (a checkpoint's trainer.json, a state directory's
     manifest), never follows symbolic links, never touches a directory a live process holds,
     and keeps each run's newest checkpoint unless --keep-last 0.
+
+    In a torchrun job's run folder, each rank's folder (ranks/<rank>-of-<world>/) is cleaned
+    as a run, and a step counts as complete only once the job's checkpoints.json lists it:
+    every rank keeps the --keep-last newest listed steps, and any newer step (one not every
+    rank may have finished). Without that file (it is on rank 0's machine), or when it does
+    not match the rank folders, every rank's checkpoints are kept. A linked rank folder is
+    never entered.
 
     Examples:
 

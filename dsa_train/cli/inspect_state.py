@@ -10,8 +10,9 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from ..errors import DsaError
+from ..errors import DsaError, StateError
 from ..optim.inspect import PROBLEMS, StateInspector, live_holder
+from ..train.cleanup import JOB_MANIFEST, RANKS, is_job_folder, job_checkpoints, job_ranks
 from ._errors import handle_errors
 from ._output import ProgressReporter, stderr, stdout
 
@@ -48,14 +49,17 @@ def count_rows(ranges: list[tuple[int, int]]) -> int:
 
 @handle_errors
 def inspect_state(
-    path: Path = typer.Argument(..., help="A state directory, or a run folder (its optimizer_state/).", show_default=False),
+    path: Path = typer.Argument(
+        ..., help="A state directory, a run folder (its optimizer_state/), or a torchrun job's run folder (every rank's).", show_default=False
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     rows: str | None = typer.Option(
-        None, "--rows", help=f"Print these rows' moments, e.g. 0:10,42 (at most {MAX_ROWS:,}).", show_default=False
-    ),
+        None, "--rows", show_default=False,
+        help=f"Print these rows' moments, e.g. 0:10,42 (at most {MAX_ROWS:,}); in a torchrun job's folder, each rank's local rows.",
+    ),  # fmt: skip
     stats: bool = typer.Option(False, "--stats", help="Sampled statistics of m, v and the effective learning rate."),
     check: bool = typer.Option(
-        False, "--check", help="Scan every row for NaN/Inf moments, negative v, non-finite table weights; exit 1 if any."
+        False, "--check", help="Scan every row (of every rank) for NaN/Inf moments, negative v, non-finite table weights; exit 1 if any."
     ),
     param: str | None = typer.Option(None, "--param", help="Only this parameter (default: all).", show_default=False),
 ) -> None:
@@ -77,6 +81,13 @@ def inspect_state(
     and the chain's files and bytes are listed. A chain may start from the file as it was
     made, which no file holds: zeros, or a table's initial weights, drawn again from its seed.
 
+    Given a torchrun job's run folder (ranks/<rank>-of-<world>/ in it), every rank's state on
+    this machine, one section per rank labelled "rank R of W": each holds its own block of the
+    entity table's rows. --rows, --param, --stats and --check apply to each rank, and row
+    numbers are that rank's local rows (its row r is not entity r: ids are shuffled before
+    the table is split). Pass one rank's folder (runs/<name>/ranks/00001-of-00002) for that
+    rank alone, as a run folder.
+
     Examples:
 
       dsa-train inspect-state runs/fb15k237-distmult-20261202-150000
@@ -85,8 +96,39 @@ def inspect_state(
 
       dsa-train inspect-state ./opt_state_cache --check
     """
+    selected = parse_rows(rows) if rows else []
+    if is_job_folder(path):
+        ok = _inspect_job(path, as_json=as_json, selected=selected, stats=stats, check=check, param=param)
+    else:
+        inspector, names = _open(path, param, selected)
+        document = _document(inspector, names, stats=stats, check=check)
+        if as_json:
+            _print_json(document, [(document, inspector)], selected)
+        else:
+            _print(document, inspector, selected)
+        ok = not check or document["check"]["ok"]
+    if not ok:
+        raise typer.Exit(1)
+
+
+def _open(path: Path, param: str | None, selected: list[tuple[int, int]]) -> tuple[StateInspector, list[str]]:
+    """The inspector of ``path`` and the parameters to show, once every refusal is made (a
+    row range out of range, a truncated or swapped row file), before anything is printed."""
     inspector = StateInspector.of(path)
     names = [param] if param else list(inspector.params)
+    for name in names:
+        inspector.check_ranges(name, selected)
+    if count_rows(selected) > MAX_ROWS:
+        raise DsaError(
+            f"--rows asks for {count_rows(selected):,} rows; one call prints at most {MAX_ROWS:,} rows of a parameter",
+            hint="ask for fewer rows per call (e.g. --rows 0:100000, then --rows 100000:200000), or --param one parameter",
+        )
+    for name in names:
+        inspector.row_file(name)
+    return inspector, names
+
+
+def _document(inspector: StateInspector, names: list[str], *, stats: bool, check: bool) -> dict:
     holder = live_holder(inspector.path)
     document = {
         "path": str(inspector.path),
@@ -97,16 +139,6 @@ def inspect_state(
         "checkpoint": str(inspector.checkpoint) if inspector.checkpoint is not None else None,
         "params": {},
     }
-    selected = parse_rows(rows) if rows else []
-    for name in names:  # every refusal before anything is read
-        inspector.check_ranges(name, selected)
-    if count_rows(selected) > MAX_ROWS:
-        raise DsaError(
-            f"--rows asks for {count_rows(selected):,} rows; one call prints at most {MAX_ROWS:,} rows of a parameter",
-            hint="ask for fewer rows per call (e.g. --rows 0:100000, then --rows 100000:200000), or --param one parameter",
-        )
-    for name in names:
-        inspector.row_file(name)  # a truncated or swapped file is refused before any output
     for name in names:
         entry = dataclasses.asdict(inspector.summary(name))
         if stats:
@@ -114,12 +146,67 @@ def inspect_state(
         document["params"][name] = entry
     if check:
         document["check"] = _check(inspector, names)
+    return document
+
+
+def _inspect_job(path: Path, *, as_json: bool, selected: list[tuple[int, int]], stats: bool, check: bool, param: str | None) -> bool:
+    """Every rank's state in a torchrun job's folder, one section per rank; whether --check
+    found nothing wrong in any."""
+    entries = job_ranks(path)
+    for entry in entries:
+        if entry.problem == "a symbolic link":
+            raise StateError(
+                f"rank folder '{entry.path}' is a symbolic link; dsa-train never follows links inside a run folder",
+                hint="replace it with the real folder, or inspect that rank's folder where it really is",
+            )
+    ranks = [e for e in entries if e.problem is None]
+    listed = job_checkpoints(path)
+    if not ranks:
+        raise StateError(
+            f"'{path}' is a torchrun job's run folder, but its {RANKS}/ holds no rank's run folder",
+            hint="each rank's folder is on the machine that ran it (runs/<name>/ranks/<rank>-of-<world>/)",
+        )
+    opened = []
+    for entry in ranks:  # every refusal before anything is printed
+        try:
+            opened.append((entry, *_open(entry.path, param, selected)))
+        except DsaError as e:  # the same refusal, naming the rank
+            kind = StateError if isinstance(e, StateError) else DsaError
+            raise kind(f"{entry.label} ('{entry.path}'): {e.message}", hint=e.hint) from None
+    worlds = sorted({e.world_size for e in ranks})
+    job = {
+        "path": str(path),
+        "kind": "torchrun job",
+        "world_size": worlds[0] if len(worlds) == 1 else worlds,
+        "complete_checkpoints": listed[1] if listed is not None else None,
+        "ranks": [],
+    }
+    for entry, inspector, names in opened:
+        job["ranks"].append({"rank": entry.rank, "world_size": entry.world_size, "folder": str(entry.path),
+                             **_document(inspector, names, stats=stats, check=check)})  # fmt: skip
+    ok = not check or all(r["check"]["ok"] for r in job["ranks"])
+    if check:
+        job["check"] = {"ok": ok}
     if as_json:
-        _print_json(document, inspector, selected)
-    else:
-        _print(document, holder, inspector, selected)
-    if check and not document["check"]["ok"]:
-        raise typer.Exit(1)
+        _print_json(job, [(r, inspector) for r, (_, inspector, _) in zip(job["ranks"], opened)], selected)
+        return ok
+    here = f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}" + (
+        f" of {worlds[0]} here (the others' folders are on their own machines)" if len(worlds) == 1 and len(ranks) < worlds[0] else ""
+    )
+    complete = (
+        f"complete checkpoints (steps): {', '.join(map(str, listed[1])) or 'none yet'}" if listed is not None
+        else f"no {JOB_MANIFEST} here (rank 0's machine has it, once a checkpoint is complete)"
+    )  # fmt: skip
+    stdout.print(f"{path}: a torchrun job's run folder, {here}; {complete}", markup=False, highlight=False, soft_wrap=True)
+    for entry in entries:
+        if entry.problem:
+            stderr.print(f"skipping {entry.path}: {entry.problem}", markup=False, highlight=False, soft_wrap=True)
+    for document, (entry, inspector, _) in zip(job["ranks"], opened):
+        stdout.print()
+        rows = ", ".join(f"{p['shape'][0]:,} rows of {name}" for name, p in document["params"].items())
+        stdout.print(f"{entry.label} ({entry.path}): {rows}", markup=False, highlight=False, soft_wrap=True)
+        _print(document, inspector, selected)
+    return ok
 
 
 def _check(inspector: StateInspector, names: list[str]) -> dict:
@@ -149,25 +236,31 @@ def _rows(inspector: StateInspector, name: str, selected: list[tuple[int, int]])
             yield row, m[i], v[i]
 
 
-def _print_json(document: dict, inspector: StateInspector, selected: list[tuple[int, int]]) -> None:
-    """The document, with each parameter's ``rows`` written as they are read."""
+def _print_json(document: dict, parts: list[tuple[dict, StateInspector]], selected: list[tuple[int, int]]) -> None:
+    """The document, with each parameter's ``rows`` written as they are read; ``parts``: the
+    state documents in it (the document itself, or each rank's) and their inspectors."""
     marks = {}
     if selected:
-        for name, entry in document["params"].items():
-            marks[name] = f"rows-{uuid.uuid4().hex}"
-            entry["rows"] = marks[name]
+        for part, inspector in parts:
+            for name, entry in part["params"].items():
+                mark = f"rows-{uuid.uuid4().hex}"
+                entry["rows"] = mark
+                marks[mark] = (inspector, name)
     text = json.dumps(document, indent=2)
-    for name, mark in marks.items():
+    for mark, (inspector, name) in marks.items():
         before, text = text.split(json.dumps(mark), 1)
+        line = before.rsplit("\n", 1)[-1]
+        indent = " " * (len(line) - len(line.lstrip()))
         typer.echo(before + "{", nl=False)
         for i, (row, m, v) in enumerate(_rows(inspector, name, selected)):
-            line = json.dumps({"m": m.tolist(), "v": v.tolist()})
-            typer.echo(f'{"," if i else ""}\n        "{row}": {line}', nl=False)
-        typer.echo("\n      }", nl=False)
+            values = json.dumps({"m": m.tolist(), "v": v.tolist()})
+            typer.echo(f'{"," if i else ""}\n{indent}  "{row}": {values}', nl=False)
+        typer.echo(f"\n{indent}}}", nl=False)
     typer.echo(text)
 
 
-def _print(document: dict, holder: str | None, inspector: StateInspector, selected: list[tuple[int, int]]) -> None:
+def _print(document: dict, inspector: StateInspector, selected: list[tuple[int, int]]) -> None:
+    holder = document["held_by"]
     stdout.print(
         f"{document['path']}: {document['format']} version {document['version']}", markup=False
     )

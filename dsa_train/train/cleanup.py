@@ -21,6 +21,19 @@ counted nor removed); anything in a run or state directory whose lock a live pro
 checkpoint, or a copy of a checkpoint, on its own; a path outside those the plan lists.
 Each removal walks from the locked folder through ``O_NOFOLLOW`` descriptors and checks the
 marker again there, right before it removes.
+
+A torchrun job's run folder (:mod:`.sharded_run`) holds one ordinary run folder per rank in
+``ranks/<rank>-of-<world>/``, cleaned by the rules above, with one more: a checkpoint of the job
+is the same step in every rank, and it is complete only once ``checkpoints.json`` lists it. So
+``keep_last`` counts the job's listed steps: every rank keeps the ``keep_last`` newest steps
+``checkpoints.json`` lists, and any step newer than its newest (one not every rank may have
+finished); the newest listed step also stays while any rank keeps an older checkpoint (its
+optimizer state open, or a kept one made of its deltas). Where ``checkpoints.json`` is not there
+or not ours (it lives on rank 0's machine only), or does not match the rank folders (another
+world size, or a rank without the newest listed step), no step is known complete and every
+rank checkpoint stays. A link in ``ranks/`` (or ``ranks/`` itself) is never entered; an entry
+not named ``<rank>-of-<world>`` or without a run marker is left alone. Removing a rank's
+checkpoint also locks the job's folder and reads ``checkpoints.json`` again there.
 """
 
 from __future__ import annotations
@@ -44,6 +57,14 @@ SEARCH_DEPTH = 3  # how deep below a given folder runs and state directories are
 STATE = "optimizer_state"
 CHECKPOINTS = "checkpoints"
 
+# A torchrun job's folder, as dsa_train/train/sharded_run.py lays it out (that module imports
+# torch, which the CLI's light commands never load: its names are repeated here, and a test
+# checks they agree).
+JOB_MANIFEST = "checkpoints.json"
+JOB_FORMAT = "dsa-train/sharded-checkpoints"
+RANKS = "ranks"
+RANK_NAME = re.compile(r"(\d+)-of-(\d+)")
+
 
 @dataclass
 class Candidate:
@@ -56,6 +77,8 @@ class Candidate:
     modified: float
     owner: Path
     parts: tuple[str, ...]
+    job: Path | None = None  # a rank's checkpoint: the torchrun job's folder, checked again at removal
+    keep_last: int = 0  # and the --keep-last it was planned with
 
 
 @dataclass
@@ -92,6 +115,88 @@ def is_state_dir(path: Path) -> bool:
 def checkpoint_state(path: Path) -> dict | None:
     state = read_json_object(path / TRAINER)
     return state if state and state.get("format") == CHECKPOINT_FORMAT else None
+
+
+@dataclass
+class RankFolder:
+    """An entry of a torchrun job folder's ``ranks/``: rank ``rank`` of ``world_size`` (from its
+    name), or ``problem`` says why it is not a rank's run folder (then it is never entered)."""
+
+    rank: int | None
+    world_size: int | None
+    path: Path
+    problem: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank} of {self.world_size}"
+
+
+def rank_name(name: str) -> tuple[int, int] | None:
+    """``"00001-of-00002"`` -> ``(1, 2)``; ``None`` for any other name."""
+    match = RANK_NAME.fullmatch(name)
+    if match is None:
+        return None
+    rank, world = int(match[1]), int(match[2])
+    return (rank, world) if 0 <= rank < world else None
+
+
+def is_job_folder(path: Path) -> bool:
+    """Whether ``path`` is a torchrun job's folder: it has a ``ranks/`` (on every machine of the
+    job; rank 0's also has the job's ``run.json`` and ``checkpoints.json``)."""
+    return os.path.lexists(Path(path) / RANKS) and not os.path.lexists(Path(path) / MANIFEST)
+
+
+def job_of(run: Path) -> Path | None:
+    """The torchrun job folder whose rank folder ``run`` is (``<job>/ranks/<rank>-of-<world>``),
+    found from its real path; ``None`` for any other folder."""
+    real = Path(os.path.realpath(run))
+    return real.parent.parent if real.parent.name == RANKS and rank_name(real.name) is not None else None
+
+
+def job_ranks(job: Path) -> list[RankFolder]:
+    """The entries of ``<job>/ranks/``, by world size and rank (those with a problem last):
+    links are listed, never entered. A ``StateError`` when ``ranks/`` is a link or not a folder."""
+    ranks = Path(job) / RANKS
+    if ranks.is_symlink():
+        raise StateError(
+            f"'{ranks}' is a symbolic link; dsa-train never follows links inside a run folder",
+            hint="replace it with the real folder (or move the whole run folder instead)",
+        )
+    try:
+        entries = list(os.scandir(ranks))
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise StateError(f"cannot read the rank folders in '{ranks}': {e.strerror}", hint="pass a torchrun job's run folder you can read") from None
+    found = []
+    for entry in entries:
+        path, named = Path(entry.path), rank_name(entry.name)
+        if entry.is_symlink():
+            problem = "a symbolic link"
+        elif not entry.is_dir(follow_symlinks=False):
+            problem = "not a folder"
+        elif named is None:
+            problem = "not named <rank>-of-<world>"
+        elif read_marker(path) is None:
+            problem = f"no valid {RunFolder.MARKER}"
+        else:
+            problem = None
+        rank, world = named or (None, None)
+        found.append(RankFolder(rank, world, path, problem))
+    return sorted(found, key=lambda r: (r.problem is not None, r.world_size or 0, r.rank or 0, r.path.name))
+
+
+def job_checkpoints(job: Path | None, *, dir_fd: int | None = None) -> tuple[int, list[int]] | None:
+    """The world size and the complete steps (oldest first) ``<job>/checkpoints.json`` gives,
+    read without following a link; ``None`` when it is missing or not a valid one of ours."""
+    manifest = read_json_object(JOB_MANIFEST if dir_fd is not None else Path(job) / JOB_MANIFEST, dir_fd=dir_fd)
+    if manifest is None or manifest.get("format") != JOB_FORMAT:
+        return None
+    world, complete = manifest.get("world_size"), manifest.get("complete")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1 or not isinstance(complete, list):
+        return None
+    return world, sorted({s for s in complete if isinstance(s, int) and not isinstance(s, bool) and s >= 0})
 
 
 def allocated_bytes(path: Path) -> int:
@@ -199,10 +304,16 @@ def _plan_inside_run(run: Path, path: Path, inside: Path | None, plan: CleanPlan
         )
     whole = CleanPlan()
     _plan_run(run, whole, keep_last)
-    target = Path(os.path.abspath(path))
+    _take_below(whole, plan, path)
+
+
+def _take_below(whole: CleanPlan, plan: CleanPlan, path: Path) -> None:
+    """Add to ``plan`` what ``whole`` plans and keeps at or below ``path`` (compared by real
+    paths: a rank folder's job is planned from its real path)."""
+    target = Path(os.path.realpath(path))
 
     def below(p: Path) -> bool:
-        p = Path(os.path.abspath(p))
+        p = Path(os.path.realpath(p))
         return p == target or target in p.parents
 
     plan.candidates += [c for c in whole.candidates if below(c.path)]
@@ -223,11 +334,50 @@ def _plan_state_dir(path: Path, plan: CleanPlan, keep_last: int) -> None:
 
 
 def _plan_run(path: Path, plan: CleanPlan, keep_last: int) -> None:
+    job = job_of(path)
+    if job is not None:  # one rank's folder: planned with its whole job, whose steps it shares
+        holder = lock_holder(job) if read_marker(job) is not None else None
+        if holder:
+            plan.kept.append((path, f"a rank of the torchrun job '{job}', which is in progress ({holder})"))
+            return
+        whole = CleanPlan()
+        _plan_job(job, whole, keep_last)
+        _take_below(whole, plan, path)
+        return
+    if is_job_folder(path):
+        _plan_job(path, plan, keep_last)
+        return
+    run = _survey(path, plan)
+    if run is not None:
+        keep = {c: f"one of the newest {keep_last} checkpoints (--keep-last)" for c in (run.complete[-keep_last:] if keep_last else [])}
+        _settle(run, plan, _with_needs(run, keep))
+
+
+@dataclass
+class _Run:
+    """What planning a run folder found: its marker, its own complete checkpoints (oldest
+    first) and those of them whose optimizer state a live process holds (why each stays)."""
+
+    path: Path
+    marker: dict
+    complete: list[Path]
+    open: dict[Path, str]
+
+    def step(self, step: int) -> Path | None:
+        return next((c for c in self.complete if int(c.name) == step), None)
+
+
+def _survey(path: Path, plan: CleanPlan) -> _Run | None:
+    """A run folder's checkpoints, and its scratch folders planned; ``None`` (and why, in
+    ``plan.kept``) for a run in progress."""
     holder = _run_holder(path)
     if holder:
         plan.kept.append((path, f"run in progress, {holder}"))
-        return
+        return None
     marker = read_marker(path)
+    if marker is None:  # gone or replaced since it was recognised
+        plan.kept.append((path, f"no valid {RunFolder.MARKER}: left alone"))
+        return None
     for name in (CHECKPOINTS, STATE):
         if (path / name).is_symlink():
             plan.kept.append((path / name, "a symbolic link: clean never follows links"))
@@ -243,40 +393,131 @@ def _plan_run(path: Path, plan: CleanPlan, keep_last: int) -> None:
                 complete.append(folder)
             else:
                 plan.kept.append((folder, "a checkpoint of another run (its trainer.json names another run id)"))
-    keep = complete[len(complete) - keep_last :] if keep_last else []
-    why: dict[Path, str] = {}
+    opened = {}
     for checkpoint in complete:
         holder = lock_holder(checkpoint / STATE) if (checkpoint / STATE).is_dir() and not (checkpoint / STATE).is_symlink() else None
         if holder:
-            why[checkpoint] = f"its optimizer state is open in {holder}"
-        elif checkpoint in keep:
-            why[checkpoint] = f"one of the newest {keep_last} checkpoints (--keep-last)"
-    for kept in list(why):  # a kept checkpoint's chain (needs lists it whole) stays with it
+            opened[checkpoint] = f"its optimizer state is open in {holder}"
+    return _Run(path, marker, complete, opened)
+
+
+def _with_needs(run: _Run, keep: dict[Path, str]) -> dict[Path, str]:
+    """Why each kept checkpoint stays: an open optimizer state, ``keep``'s reason, or a kept
+    checkpoint made of its deltas (``needs`` lists a chain whole)."""
+    why = dict(run.open)
+    for checkpoint, reason in keep.items():
+        why.setdefault(checkpoint, reason)
+    for kept in list(why):
         for name in checkpoint_needs(kept):
             why.setdefault(kept.parent / name, f"checkpoint {kept.name} is made of its deltas on this one: kept with it")
-    for checkpoint in complete:
+    return why
+
+
+def _settle(run: _Run, plan: CleanPlan, why: dict[Path, str], *, job: Path | None = None, keep_last: int = 0) -> None:
+    """Plan a surveyed run: every complete checkpoint not in ``why`` goes, and the optimizer
+    state of a finished run whose final checkpoint holds a copy."""
+    path = run.path
+    for checkpoint in run.complete:
         if checkpoint in why:
             plan.kept.append((checkpoint, why[checkpoint]))
         else:
             plan.candidates.append(
-                Candidate("checkpoint", checkpoint, allocated_bytes(checkpoint), _mtime(checkpoint / TRAINER), path, (CHECKPOINTS, checkpoint.name))
+                Candidate("checkpoint", checkpoint, allocated_bytes(checkpoint), _mtime(checkpoint / TRAINER), path,
+                          (CHECKPOINTS, checkpoint.name), job, keep_last)  # fmt: skip
             )
     state = path / STATE
     manifest = state_manifest(state) if state.is_dir() and not state.is_symlink() else None
-    if manifest is not None and complete and _finished(path) and manifest["state_id"] == marker.get("state_id"):
+    if manifest is not None and run.complete and _finished(path) and manifest["state_id"] == run.marker.get("state_id"):
         plan.candidates.append(
             Candidate("finished run's optimizer state", state, allocated_bytes(state), _mtime(state / MANIFEST), path, (STATE,))
         )
 
 
+def _plan_job(job: Path, plan: CleanPlan, keep_last: int) -> None:
+    """A torchrun job's folder: its own files as a run's (rank 0's machine), then every rank's
+    folder, the steps each keeps decided for the whole job (:func:`_job_keeps`)."""
+    if read_marker(job) is not None:
+        holder = _run_holder(job)
+        if holder:
+            plan.kept.append((job, f"run in progress, {holder}"))
+            return
+        top = _survey(job, plan)  # a job's own folder holds no checkpoints; should it, they are a run's
+        if top is not None:
+            keep = {c: f"one of the newest {keep_last} checkpoints (--keep-last)" for c in (top.complete[-keep_last:] if keep_last else [])}
+            _settle(top, plan, _with_needs(top, keep))
+    if (job / RANKS).is_symlink():
+        plan.kept.append((job / RANKS, "a symbolic link: clean never follows links"))
+        return
+    try:
+        entries = job_ranks(job)
+    except StateError as e:
+        plan.kept.append((job / RANKS, f"not searched: {e.message}"))
+        return
+    ranks: list[tuple[RankFolder, _Run]] = []
+    for entry in entries:
+        if entry.problem == "a symbolic link":
+            plan.kept.append((entry.path, "a symbolic link: clean never follows links"))
+        elif entry.problem:
+            plan.kept.append((entry.path, f"in the job's {RANKS}/ folder, but {entry.problem}: left alone"))
+        else:
+            run = _survey(entry.path, plan)
+            if run is not None:
+                ranks.append((entry, run))
+    keeps = _job_keeps(job, ranks, keep_last)
+    for entry, run in ranks:
+        _settle(run, plan, keeps[entry.path], job=job, keep_last=keep_last)
+
+
+def _job_keeps(job: Path, ranks: list[tuple[RankFolder, _Run]], keep_last: int) -> dict[Path, dict[Path, str]]:
+    """Why each rank's kept checkpoints stay, by rank folder: the ``keep_last`` newest steps
+    ``checkpoints.json`` lists as complete and every newer step; all of them when it cannot
+    say which steps are complete; and its newest listed step while any rank keeps an older one."""
+    listed = job_checkpoints(job)
+    world, steps = listed if listed is not None else (None, [])
+    newest = steps[-1] if steps else None
+    lacking = [e.label for e, run in ranks if e.world_size == world and newest is not None and run.step(newest) is None]
+    kept = set(steps[-keep_last:]) if keep_last else set()
+    keeps = {}
+    for entry, run in ranks:
+        if listed is None:
+            why = (f"no valid {JOB_MANIFEST} in the job's folder (it is on rank 0's machine, once a checkpoint of "
+                   "every rank is complete): no step is known complete")  # fmt: skip
+            keep = dict.fromkeys(run.complete, why)
+        elif entry.world_size != world:
+            keep = dict.fromkeys(run.complete, f"the job's {JOB_MANIFEST} is for {world} ranks, this folder is {entry.label}")
+        elif lacking:
+            why = f"the job's {JOB_MANIFEST} lists step {newest} as complete, but {lacking[0]} has no checkpoint of it: every checkpoint kept"
+            keep = dict.fromkeys(run.complete, why)
+        else:
+            keep = {}
+            for checkpoint in run.complete:
+                step = int(checkpoint.name)
+                if step in kept:
+                    keep[checkpoint] = f"one of the job's newest {keep_last} complete checkpoints (--keep-last, {JOB_MANIFEST})"
+                elif newest is None or step > newest:
+                    keep[checkpoint] = f"newer than the job's newest complete checkpoint ({JOB_MANIFEST}): one every rank may not have"
+        keeps[entry.path] = _with_needs(run, keep)
+    if newest is not None and any(int(c.name) < newest for why in keeps.values() for c in why):
+        for entry, run in ranks:  # the step a resume starts from never goes while an older one stays
+            newest_here = run.step(newest)
+            if newest_here is not None and newest_here not in keeps[entry.path]:
+                why = "the job's newest complete checkpoint: kept while a rank keeps an older one"
+                keeps[entry.path] = _with_needs(run, {**keeps[entry.path], newest_here: why})
+    return keeps
+
+
 def _finished(run: Path) -> bool:
-    """A summary record is the last thing a run logs."""
+    """A summary record is the last thing a run logs (a torchrun job's rank then logs only
+    its exchange's byte counts)."""
     metrics = run / RunFolder.METRICS
     if not is_regular_file(metrics):
         return False
     try:
-        lines = metrics.read_text(errors="replace").splitlines()
-        return bool(lines) and json.loads(lines[-1]).get("kind") == "summary"
+        for line in reversed(metrics.read_text(errors="replace").splitlines()):
+            kind = json.loads(line).get("kind")
+            if kind != "exchange":
+                return kind == "summary"
+        return False
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -285,13 +526,24 @@ def _finished(run: Path) -> bool:
 def remove(candidate: Candidate) -> None:
     """Remove one planned candidate, holding its owner's lock, after checking there, through
     descriptors that never follow a link, that it is still what it was planned as."""
+    job = None
+    if candidate.job is not None:  # a rank's checkpoint: no job may start (or commit) while it goes
+        job = DirectoryLock(candidate.job, purpose="torchrun job folder", follow_link=False)
+        try:
+            job.acquire()
+        except StateError as e:
+            raise DsaError(f"'{candidate.path}' left alone: {e.message}") from None
     lock = DirectoryLock(candidate.owner, purpose="run folder" if candidate.parts else "state directory", follow_link=False)
     try:
         lock.acquire()  # a live run or optimizer holds it: refused, nothing removed
     except StateError as e:
+        if job is not None:
+            job.release()
         raise DsaError(f"'{candidate.path}' left alone: {e.message}") from None
     guard = None
     try:
+        if job is not None:
+            _check_job(job.fd, lock.fd, candidate)
         if candidate.kind == "state directory":
             _remove_state_dir(lock.fd, candidate)
         elif candidate.kind == "finished run's optimizer state":
@@ -305,6 +557,31 @@ def remove(candidate: Candidate) -> None:
         if guard is not None:
             os.close(guard)
         lock.release()
+        if job is not None:
+            job.release()
+
+
+def _check_job(job_fd: int, run_fd: int, candidate: Candidate) -> None:
+    """A rank's checkpoint goes only while the locked rank folder is still that rank's folder
+    in the locked job folder, and the job's ``checkpoints.json``, read again there, still
+    lists complete steps for its world size, this one neither among their ``keep_last``
+    newest nor newer than all of them."""
+    try:
+        ranks_fd = _open_dir(RANKS, job_fd)
+    except OSError:
+        raise _changed(candidate, f"the job's {RANKS}/ is no longer a real folder") from None
+    try:
+        here = os.stat(candidate.owner.name, dir_fd=ranks_fd, follow_symlinks=False)
+    except OSError:
+        here = None
+    finally:
+        os.close(ranks_fd)
+    if here is None or not os.path.samestat(here, os.fstat(run_fd)):
+        raise _changed(candidate, f"its rank folder is no longer the one in the job's {RANKS}/")
+    listed, named = job_checkpoints(None, dir_fd=job_fd), rank_name(candidate.owner.name)
+    step, keep = int(candidate.parts[1]), candidate.keep_last
+    if listed is None or named is None or named[1] != listed[0] or not listed[1] or step > listed[1][-1] or (keep and step in listed[1][-keep:]):
+        raise _changed(candidate, f"the job's {JOB_MANIFEST} no longer lets it go")
 
 
 def _hold(name: str, parent_fd: int, candidate: Candidate) -> int | None:
