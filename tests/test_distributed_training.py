@@ -230,9 +230,26 @@ def test_sharded_filtered_ranking_equals_the_single_process_ranking(tmp_path):
     assert {side: m.as_dict() for side, m in metrics.items()} == one["final"]["test"]
 
 
-def test_the_cli_trains_over_processes_and_refuses_another_count_on_resume(tmp_path):
-    """`dsa-train run --nproc 2` end to end, then `--resume` with 3: a clear error from every
-    rank, a summary line from the launcher, exit code 1, no traceback."""
+@pytest.fixture(scope="module")
+def eleven_steps_on_two_ranks(tmp_path_factory):
+    return train_job(2, tmp_path_factory.mktemp("reference"), recipe_text(steps=11))
+
+
+@pytest.mark.parametrize("before, after", [(2, 3), (4, 1)])
+def test_resuming_at_another_number_of_ranks_is_exact(tmp_path, before, after, eleven_steps_on_two_ranks):
+    """Stopped after a checkpoint with one number of ranks, resumed with another: the rows and
+    their moments move to their new owners, and the run ends bit-equal to one never stopped."""
+    folder = tmp_path / "job"
+    train_job(before, folder, recipe_text(steps=6))
+    resumed = train_job(after, folder, recipe_text(steps=11), resume=True)
+    assert_same(resumed, eleven_steps_on_two_ranks)
+    assert json.loads((folder / "checkpoints.json").read_text())["world_size"] == after
+
+
+def test_the_cli_trains_over_processes_resumes_at_another_count_and_reports_errors(tmp_path):
+    """`dsa-train run --nproc 2` end to end; `--resume` with 3 processes reshards; a second run
+    into the same folder stops rank 0 with its reason and rank 1 pointing to it, one summary line from the
+    launcher, exit code 1 and no traceback."""
     import subprocess
     import sys
 
@@ -248,7 +265,10 @@ def test_the_cli_trains_over_processes_and_refuses_another_count_on_resume(tmp_p
     assert "4 steps, 0 epochs" in first.stdout and "on 2 ranks" in first.stdout
     manifest = json.loads((tmp_path / "run" / "checkpoints.json").read_text())
     assert manifest["world_size"] == 2 and manifest["complete"][-1] == 4
-    again = run("--nproc", "3", "--resume")
+    resumed = run("--nproc", "3", "--resume", "--set", "train.max_steps=6")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resharded step 4 from 2 ranks to 3" in resumed.stderr and "6 steps" in resumed.stdout
+    again = run("--nproc", "2")
     assert again.returncode == 1
-    assert "Error: run" in again.stderr and "checkpointed by 2 ranks; this job has 3" in again.stderr
-    assert "ranks 0, 1, 2 of 3 failed" in again.stderr and "Traceback" not in again.stderr + again.stdout
+    assert "already exists and is not empty" in again.stderr and "rank 0 could not open the run folder" in again.stderr
+    assert "ranks 0, 1 of 2 failed" in again.stderr and "Traceback" not in again.stderr + again.stdout

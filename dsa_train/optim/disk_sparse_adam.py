@@ -289,6 +289,30 @@ class DiskSparseAdam(Optimizer):
             raise
         return loss
 
+    @torch.no_grad()
+    def load_rows(self, param: Tensor, rows: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, step: int) -> None:
+        """Set the moments of ``rows`` of ``param`` and its step counter :math:`t`: how a
+        table's optimizer state moves between layouts (a job resumed at another number of
+        ranks copies each row's ``m`` and ``v`` to its new owner).
+
+        ``exp_avg`` and ``exp_avg_sq`` are ``(len(rows), W)``; they are stored in the state's
+        own dtype and layout (a row-wise ``v`` keeps column 0, which a row-wise state gives
+        for every column). The rows count as written, as a step's do (checkpoint deltas
+        include them); the other rows keep their moments."""
+        store = self._open_store()
+        key = self._keys[param]
+        moments = store.files[key]
+        rows = rows.reshape(-1).to(torch.int64).cpu()
+        moments.reserve(rows)
+        if store.clean:
+            store.groups = self._groups_summary()
+            store.mark_dirty()
+        self._dirty[key].mark(rows)
+        moments.m[rows] = exp_avg.to(moments.m.dtype)
+        moments.v[rows] = exp_avg_sq[:, : moments.v.shape[1]].to(moments.v.dtype)
+        self.state[param]["step"] = step
+        store.steps[key] = step
+
     def _spec(self, p: Tensor) -> tuple[tuple[int, ...], str, Table | None, str]:
         table = table_of(p)
         return tuple(p.shape), dtype_name(p.dtype), table, TABLE_LAYOUT if table is not None else self._layout

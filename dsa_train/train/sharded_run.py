@@ -14,22 +14,26 @@ A rank's folder is an ordinary run folder holding its shard (:mod:`.run_folder`,
 step: rank 0 adds it only after every rank has committed its own checkpoint of that step (a
 barrier), by an atomic rewrite, so a job killed while checkpointing resumes from the step
 before. ``--resume`` reads the newest listed step on rank 0 and every rank restores its own
-checkpoint of exactly that step.
+checkpoint of exactly that step; at another number of ranks, the new ranks' folders are made
+and filled from the old ranks' checkpoints (:mod:`.reshard`).
 """
 
 from __future__ import annotations
 
 import json
+import time
+import uuid
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ..distributed.group import World
-from ..errors import StateError
+from ..errors import DsaError, StateError
 from ..fsutil import atomic_write_bytes, read_json_object
 from ..recipe import Recipe
 from .loop import Reporter, SilentReporter, Training, resolve_device
+from .reshard import reshard
 from .run_folder import RunFolder
 
 MANIFEST = "checkpoints.json"
@@ -48,32 +52,41 @@ def train_rank(recipe: Recipe, world: World, *, output: Path | None, resume: boo
     world.join(recipe.distributed.backend, recipe.distributed.timeout, device)
     top: RunFolder | None = None
     try:
+        refused: DsaError | None = None
         if world.is_leader:
-            top = (RunFolder.find(output) if output else RunFolder.newest(recipe)) if resume else RunFolder.create(recipe, output)
-            if resume:
-                top.lock()
+            try:
+                top = (RunFolder.find(output) if output else RunFolder.newest(recipe)) if resume else RunFolder.create(recipe, output)
+                if resume:
+                    top.lock()
+            except DsaError as e:  # told to the others, so they stop with it instead of losing rank 0
+                refused = e
         with world.guard("agreeing on the run folder"):
             path = Path(_broadcast_text(str(top.path) if top else ""))
+        if refused is not None:
+            raise refused
+        if not str(path) or str(path) == ".":
+            raise DsaError("rank 0 could not open the run folder (its error says why)", hint="fix what rank 0 reports and run again")
+        with world.guard("agreeing on the checkpoint to resume from"):
             step, saved_world = _newest_complete_step(path) if world.is_leader and resume else (-1, world.world_size)
             step, saved_world = _broadcast_int(step), _broadcast_int(saved_world)
-        if step >= 0 and saved_world != world.world_size:  # every rank says it, none waits for rank 0
-            raise StateError(
-                f"run '{path}' was checkpointed by {saved_world} ranks; this job has {world.world_size}, and resuming at "
-                "another number of ranks (resharding) is not built yet",
-                hint=f"resume it with {saved_world} ranks (--nproc {saved_world}, or torchrun's --nproc-per-node times --nnodes)",
-            )
+        resharding = step >= 0 and saved_world != world.world_size
         top = top or RunFolder(path)
         folder = path / RANKS / rank_folder_name(world.rank, world.world_size)
-        if resume and step >= 0:
+        if resume and step >= 0 and not resharding:
             rank_run = RunFolder.find(folder)
             rank_run.lock()
         else:  # created locked
-            rank_run = _fresh_rank_folder(recipe, folder) if resume else RunFolder.create(recipe, folder)
+            rank_run = _fresh_rank_folder(recipe, folder, step) if resume else RunFolder.create(recipe, folder)
         try:
             training = Training(recipe, rank_run, reporter=reporter if world.is_leader else SilentReporter(), world=world)
             training.commit = lambda step: _commit(world, path, step, recipe.train.keep_checkpoints)  # noqa: E731
             try:
-                training.setup(resume=resume and step >= 0, at_step=step if step >= 0 else None)
+                if resharding:  # a fresh shard, filled from the old ranks' checkpoint
+                    training.setup(resume=False)
+                    old = [path / RANKS / rank_folder_name(k, saved_world) for k in range(saved_world)]
+                    reshard(training, world, old, step)
+                else:
+                    training.setup(resume=resume and step >= 0, at_step=step if step >= 0 else None)
                 summary = training.train()
                 exchange = training.task.exchange
                 training.metrics.log({"kind": "exchange", "rank": world.rank, "steps": training.step_count,
@@ -91,12 +104,25 @@ def train_rank(recipe: Recipe, world: World, *, output: Path | None, resume: boo
     return training, top, summary
 
 
-def _fresh_rank_folder(recipe: Recipe, folder: Path) -> RunFolder:
-    """A resumed job with no complete checkpoint starts every rank afresh."""
+def _fresh_rank_folder(recipe: Recipe, folder: Path, step: int) -> RunFolder:
+    """A rank folder made for a resumed job: one with no complete checkpoint starts afresh, and
+    one resumed at another number of ranks fills it from the old ranks' checkpoint."""
+    if folder.exists() and step >= 0 and (folder / RunFolder.MARKER).is_file() and not folder.is_symlink():
+        # a rank folder of an earlier layout with this rank count: the checkpoint it holds is older
+        # than the job's; kept, under another name, never removed
+        earlier = RunFolder(folder)
+        earlier.lock()  # a process still holding it stops us here, named
+        try:
+            folder.rename(folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"))
+        finally:
+            earlier.release()
+        return RunFolder.create(recipe, folder)
     if folder.exists():
+        why = "the job has no complete checkpoint to resume from" if step < 0 else f"the job's checkpoint of step {step} was written by another number of ranks, so this one was left by an earlier attempt to resume"
         raise StateError(
-            f"'{folder}' holds a rank's state, but the job has no complete checkpoint to resume from",
-            hint="start the run again without --resume (into a new folder)",
+            f"'{folder}' already holds a rank's state, but {why}",
+            hint="remove that folder (it holds no complete checkpoint of the job) and resume again"
+            if step >= 0 else "start the run again without --resume (into a new folder)",
         )
     return RunFolder.create(recipe, folder)
 

@@ -1,0 +1,185 @@
+"""Resuming a ``torchrun`` job at another number of ranks: the rows of a checkpoint written by
+``W0`` ranks, moved to their owners among ``W`` ranks, in chunks, over the process group.
+
+Each old rank's checkpoint of the step is read by one new rank that sees it on its own disk
+(the lowest such rank; on one machine, or with the old folders copied to the machines that
+read them): it verifies the checkpoint (every file's digest), then streams its entity rows,
+``CHUNK_ROWS`` at a time, as ``(new local row, weights, m, v)`` to their new owners with
+``all_to_all_single`` (every rank joins every round, sending nothing once it is done). No rank
+holds more than its old shards' weights and one chunk of moments at once, and the moments are
+never gathered anywhere. The relation table, the same on every old rank, and the trainer state
+(step, epoch, position in the epoch, the loss windows) come from old rank 0's checkpoint,
+broadcast by its reader. Old rank 0's metrics log, up to the checkpoint, becomes new rank 0's.
+
+Weights and moments are copied as they are (float32 and back, never rounded), and the
+steps after the resume depend on the step number alone, so a job resumed at any number of
+ranks ends bit-equal to one that never stopped. Then every rank checkpoints the step at once,
+so the job's ``checkpoints.json`` names the new number of ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ..distributed.group import World
+from ..distributed.sharding import RowSharding
+from ..errors import StateError
+from ..optim import DiskSparseAdam
+from ..optim.inspect import StateInspector
+from .checkpoint import MODEL, verify_checkpoint
+from .optimizers import STATE_COPY, load_tensors
+from .run_folder import MetricsLog, RunFolder
+
+CHUNK_ROWS = 1 << 16
+ENTITIES, RELATIONS = "node_emb.weight", "rel_emb.weight"
+
+
+def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
+    """Fill ``training`` (set up afresh: this rank's new shard and optimizer) with the job's
+    checkpoint of ``step`` written by ``len(old_folders)`` ranks; then checkpoint it."""
+    optimizer = training.optimizer
+    if not isinstance(optimizer, DiskSparseAdam):
+        raise StateError(
+            "resuming at another number of ranks moves DiskSparseAdam's state; this run trains with torch's SparseAdam",
+            hint=f"resume it with the {len(old_folders)} ranks it was checkpointed by",
+        )
+    checkpoints = [folder / "checkpoints" / f"{step:010d}" for folder in old_folders]
+    readers = _readers(world, checkpoints)
+    task, model = training.task, training.task.model
+    old = RowSharding(task.kg.num_entities, len(old_folders), training.recipe.train.seed)
+    mine = [k for k, reader in enumerate(readers) if reader == world.rank]
+    for k in mine:
+        verify_checkpoint(checkpoints[k])
+    trainer_text = (checkpoints[0] / "trainer.json").read_text() if readers[0] == world.rank else ""
+    with world.guard(f"resharding the checkpoint of step {step}"):
+        trainer = json.loads(_broadcast_bytes(trainer_text.encode(), readers[0]).decode())
+        steps = _broadcast_steps(checkpoints[0], readers[0], world)
+        _copy_relations(checkpoints[0], readers[0], world, model, optimizer, steps[RELATIONS])
+        _copy_entities(checkpoints, mine, old, task, optimizer, steps[ENTITIES])
+    training.step_count, training.epoch, training.batch = trainer["step"], trainer["epoch"], trainer["batch"]
+    training.window, training.epoch_loss, training.optimizer_ram = trainer["window"], trainer["epoch_loss"], trainer["optimizer_ram"]
+    if world.is_leader:
+        _copy_metrics(old_folders[0], training, trainer["metrics_records"])
+    training.reporter.note(f"resharded step {step} from {len(old_folders)} ranks to {world.world_size}")
+    training.save_checkpoint()
+
+
+def _readers(world: World, checkpoints: list[Path]) -> list[int]:
+    """For each old rank's checkpoint, the lowest new rank that has it on its disk."""
+    seen = torch.tensor([(c / "trainer.json").is_file() for c in checkpoints], dtype=torch.uint8)
+    everyone = [torch.empty_like(seen) for _ in range(world.world_size)]
+    with world.guard("finding the old ranks' checkpoints"):
+        dist.all_gather(everyone, seen)
+    readers = []
+    for k, checkpoint in enumerate(checkpoints):
+        having = [r for r, s in enumerate(everyone) if s[k]]
+        if not having:
+            raise StateError(
+                f"no rank of this job sees '{checkpoint}', old rank {k}'s checkpoint",
+                hint="resume on the machines that hold the old ranks' folders, or copy the folder to one of them",
+            )
+        readers.append(having[0])
+    return readers
+
+
+def _broadcast_bytes(data: bytes, source: int) -> bytes:
+    length = torch.tensor([len(data)])
+    dist.broadcast(length, source)
+    buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if dist.get_rank() == source else torch.empty(int(length), dtype=torch.uint8)
+    if int(length):
+        dist.broadcast(buffer, source)
+    return bytes(buffer.tolist())
+
+
+def _broadcast_steps(checkpoint: Path, source: int, world: World) -> dict[str, int]:
+    """The optimizer's step counter of each table at the checkpoint (every old rank's are equal)."""
+    text = b""
+    if world.rank == source:
+        params = StateInspector(checkpoint / STATE_COPY).params
+        text = json.dumps({name: params[name]["step"] for name in (ENTITIES, RELATIONS)}).encode()
+    return json.loads(_broadcast_bytes(text, source).decode())
+
+
+def _moments(checkpoint: Path, name: str, start: int, stop: int) -> tuple[Tensor, Tensor]:
+    """``m`` and ``v`` of rows ``[start, stop)`` of ``name`` in a checkpoint's optimizer state,
+    read through its chain of deltas, as float32 (the values as stored: float32, or bfloat16
+    and a row-wise v, which float32 holds exactly)."""
+    if stop <= start:
+        return torch.empty(0), torch.empty(0)
+    parts = list(StateInspector(checkpoint / STATE_COPY).iter_rows(name, [(start, stop)]))
+    as_tensor = lambda arrays: torch.from_numpy(np.ascontiguousarray(np.concatenate(arrays), dtype=np.float32))  # noqa: E731
+    return as_tensor([m for _, m, _ in parts]), as_tensor([v for _, _, v in parts])
+
+
+def _copy_relations(checkpoint: Path, source: int, world: World, model, optimizer: DiskSparseAdam, step: int) -> None:
+    """The replicated relation table and its moments, from old rank 0's checkpoint to every rank."""
+    weight = model.rel_emb.weight
+    rows = len(weight)
+    if world.rank == source:
+        values = load_tensors(checkpoint / MODEL)[RELATIONS].to(torch.float32)
+        m, v = _moments(checkpoint, RELATIONS, 0, rows)
+        packed = torch.cat([values, m, v], dim=1).contiguous()
+    else:
+        packed = torch.empty((rows, 3 * weight.shape[1]))
+    dist.broadcast(packed, source)
+    values, m, v = packed.chunk(3, dim=1)
+    with torch.no_grad():
+        weight.copy_(values.to(weight.device))
+    optimizer.load_rows(weight, torch.arange(rows), m, v, step=step)
+
+
+def _copy_entities(checkpoints: list[Path], mine: list[int], old: RowSharding, task, optimizer: DiskSparseAdam, step: int) -> None:
+    """Stream the old shards this rank reads to the entities' new owners, one chunk a round."""
+    weight = task.model.node_emb.weight
+    dim = weight.shape[1]
+    chunks = [(k, a, min(a + CHUNK_ROWS, old.rows_of(k))) for k in mine for a in range(0, old.rows_of(k), CHUNK_ROWS)]
+    rounds = torch.tensor([len(chunks)])
+    dist.all_reduce(rounds, dist.ReduceOp.MAX)
+    shard_weights: dict[int, Tensor] = {}
+    optimizer.load_rows(weight, torch.empty(0, dtype=torch.int64), torch.empty((0, dim)), torch.empty((0, dim)), step=step)
+    for i in range(int(rounds)):
+        if i < len(chunks):
+            k, a, b = chunks[i]
+            if k not in shard_weights:
+                shard_weights = {k: load_tensors(checkpoints[k] / MODEL)[ENTITIES]}  # one old shard at a time
+            ids = old.ids_of(k, torch.arange(a, b))
+            m, v = _moments(checkpoints[k], ENTITIES, a, b)
+            payload = torch.cat([shard_weights[k][a:b].to(torch.float32), m, v], dim=1)
+        else:
+            ids, payload = torch.empty(0, dtype=torch.int64), torch.empty((0, 3 * dim))
+        owners, local = task.sharding.locate(ids)
+        local, payload = _to_owners(owners, local, payload, task.exchange.sharding.world_size)
+        values, m, v = payload.chunk(3, dim=1)
+        with torch.no_grad():
+            weight[local.to(weight.device)] = values.to(weight.device)
+        optimizer.load_rows(weight, local, m, v, step=step)
+
+
+def _to_owners(owners: Tensor, local: Tensor, payload: Tensor, world_size: int) -> tuple[Tensor, Tensor]:
+    """Send each row (its new local index and its payload) to its owner; returns what came here."""
+    order = torch.argsort(owners, stable=True)
+    send = torch.bincount(owners, minlength=world_size)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send)
+    send_counts, recv_counts = send.tolist(), recv.tolist()
+    got_local = torch.empty(sum(recv_counts), dtype=torch.int64)
+    dist.all_to_all_single(got_local, local[order].contiguous(), recv_counts, send_counts)
+    got = payload.new_empty((sum(recv_counts), payload.shape[1]))
+    dist.all_to_all_single(got, payload[order].contiguous(), recv_counts, send_counts)
+    return got_local, got
+
+
+def _copy_metrics(old_rank0: Path, training, records: int) -> None:
+    """Old rank 0's metrics records up to the checkpoint open new rank 0's log."""
+    path = RunFolder(old_rank0).metrics_path
+    if not path.is_file():
+        training.reporter.note(f"warning: '{path}' is not on this machine: the new metrics log starts at the checkpoint")
+        return
+    for record in MetricsLog.read(path)[:records]:
+        training.metrics.log(record)
