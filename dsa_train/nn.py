@@ -49,6 +49,8 @@ class DiskTable(nn.Module):
         device: torch.device | str | None = None,
         writable: bool = True,
         progress: Callable[[int, int], None] | None = None,
+        first_row: int = 0,
+        total_rows: int | None = None,
     ) -> None:
         super().__init__()
         if num_embeddings <= 0 or embedding_dim <= 0:
@@ -60,8 +62,9 @@ class DiskTable(nn.Module):
             self.table = Table.open(path, shape, dtype, writable=writable)
         else:
             self.table = Table.create(
-                path, shape, dtype, name=path.stem, init=init, std=std, bound=bound, seed=seed, progress=progress
-            )
+                path, shape, dtype, name=path.stem, init=init, std=std, bound=bound, seed=seed, progress=progress,
+                first_row=first_row, total_rows=total_rows,
+            )  # fmt: skip
             if not writable:
                 self.table.close()
                 self.table = Table.open(path, shape, dtype, writable=False)
@@ -137,7 +140,9 @@ class DiskEmbedding(DiskTable):
     ``nn.Embedding``'s default), ``"uniform"`` :math:`U(-\text{bound}, \text{bound})`,
     ``"xavier_uniform"`` :math:`U(-a, a)`, :math:`a = \sqrt{6 / (N + D)}`, ``"zeros"``; each
     chunk of 65,536 rows from its own generator seeded by ``seed``, so a table's initial
-    weights depend on its seed only.
+    weights depend on its seed only. With ``total_rows``, the table is rows
+    ``[first_row, first_row + num_embeddings)`` of a ``total_rows``-row table drawn that way
+    (one process's shard of a table sharded over several).
 
     ``forward(indices)`` returns ``weight[indices]`` on ``device`` (set by the argument or by
     ``.to(device)``; the weight itself never leaves the host); ``backward`` gives the weight a

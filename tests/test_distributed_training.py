@@ -26,7 +26,7 @@ name: tiny
 dataset:
   kind: synthetic
   synthetic: {entities: 300, relations: 5, triples: 3000, valid: 50, test: 50, clusters: 6, seed: 1}
-model: {kind: %(model)s, dim: 8, init_std: 0.1, dropout: %(dropout)s}
+model: {kind: %(model)s, dim: 8, init_std: 0.1, dropout: %(dropout)s, embedding_storage: %(storage)s}
 train: {epochs: 2, max_steps: %(steps)s, batch_size: 256, negatives: 32, checkpoint_every: 3, log_every: 1, device: cpu, loss: %(loss)s, regularization: %(reg)s}
 optimizer: {kind: dsa, lr: 0.05}
 eval: {final_splits: []}
@@ -34,8 +34,8 @@ distributed: {slices: 4, timeout: 60}
 """
 
 
-def recipe_text(model="transe", dropout=0.0, steps=7, loss="cross_entropy", reg=0.0) -> str:
-    return RECIPE % dict(model=model, dropout=dropout, steps=steps, loss=loss, reg=reg)
+def recipe_text(model="transe", dropout=0.0, steps=7, loss="cross_entropy", reg=0.0, storage="memory") -> str:
+    return RECIPE % dict(model=model, dropout=dropout, steps=steps, loss=loss, reg=reg, storage=storage)
 
 
 def _free_port() -> int:
@@ -57,10 +57,11 @@ def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume:
     task = training.task
     local = torch.arange(task.entity_rows())
     m, v = StateInspector.of(training.run.state_dir(recipe)).read_rows("node_emb.weight", local.numpy())
+    weights = task.model.node_emb.weight.detach().clone()
     torch.save(
         {
             "ids": task.sharding.ids_of(rank, local),
-            "weights": task.model.node_emb.weight.detach().clone(),
+            "weights": weights,
             "m": torch.from_numpy(np.array(m)),
             "v": torch.from_numpy(np.array(v)),
             "relations": task.model.rel_emb.weight.detach().clone(),
@@ -102,6 +103,22 @@ def test_tables_moments_and_losses_do_not_depend_on_the_number_of_ranks(tmp_path
     assert len(one["losses"]) == 7
     assert_same(one, many)
     assert (one["m"] != 0).any() and not torch.equal(one["weights"], many["weights"] * 0)
+
+
+def test_a_sharded_disk_table_is_exact_and_holds_its_share_of_the_table(tmp_path):
+    """Each rank's shard a DiskEmbedding of its rows (weights and moments in one file): the
+    same tables as in memory, for 1 and 3 ranks; 2 ranks' files are half the table each."""
+    from dsa_train.distributed.sharding import RowSharding
+    from dsa_train.nn import DiskEmbedding
+
+    text = recipe_text(storage="disk")
+    one, three = train_job(1, tmp_path / "one", text), train_job(3, tmp_path / "three", text)
+    assert_same(one, three)
+    assert_same(one, train_job(1, tmp_path / "memory", recipe_text()))
+    sharding = RowSharding(300, 2, 0)  # the recipe's 300 entities, train.seed 0
+    for rank in range(2):
+        shard = DiskEmbedding(sharding.rows_of(rank), 8, path=tmp_path / f"s{rank}.table", std=0.1, first_row=rank * sharding.block, total_rows=300)
+        assert torch.equal(shard.weight.detach(), sharding.initial_rows(rank, 8, std=0.1, seed=0))  # drawn as the whole table is
 
 
 def test_dropout_softplus_n3_distmult_stay_exact(tmp_path):
@@ -235,13 +252,14 @@ def eleven_steps_on_two_ranks(tmp_path_factory):
     return train_job(2, tmp_path_factory.mktemp("reference"), recipe_text(steps=11))
 
 
-@pytest.mark.parametrize("before, after", [(2, 3), (4, 1)])
-def test_resuming_at_another_number_of_ranks_is_exact(tmp_path, before, after, eleven_steps_on_two_ranks):
+@pytest.mark.parametrize("before, after, storage", [(2, 3, "memory"), (4, 1, "memory"), (3, 2, "disk")])
+def test_resuming_at_another_number_of_ranks_is_exact(tmp_path, before, after, storage, eleven_steps_on_two_ranks):
     """Stopped after a checkpoint with one number of ranks, resumed with another: the rows and
-    their moments move to their new owners, and the run ends bit-equal to one never stopped."""
+    their moments move to their new owners, and the run ends bit-equal to one never stopped
+    (disk shards too, whose checkpoints hold deltas on the table as drawn)."""
     folder = tmp_path / "job"
-    train_job(before, folder, recipe_text(steps=6))
-    resumed = train_job(after, folder, recipe_text(steps=11), resume=True)
+    train_job(before, folder, recipe_text(steps=6, storage=storage))
+    resumed = train_job(after, folder, recipe_text(steps=11, storage=storage), resume=True)
     assert_same(resumed, eleven_steps_on_two_ranks)
     assert json.loads((folder / "checkpoints.json").read_text())["world_size"] == after
 

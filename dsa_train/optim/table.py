@@ -20,6 +20,10 @@ its header also records them, as ``creation``::
      "first_chunk_digest": BLAKE2b-128 (hex) of chunk 0's weight bytes as written,
      "torch": the torch version that drew them}
 
+and, for a table that is a slice of a larger one (a rank's shard of a table sharded over
+several processes), ``"first_row"`` and ``"total_rows"``: its rows are rows
+``[first_row, first_row + N)`` of a ``total_rows``-row table, drawn in that table's chunks,
+so the shards of every layout together hold the same initial weights;
 so a checkpoint can hold the rows written since creation only, on the *initial* version
 (:class:`InitialTable`: re-created in full, or read chunk by chunk, from those parameters).
 The digest guards re-creation: a torch that draws other numbers from the same seed is refused
@@ -116,18 +120,26 @@ class Table:
         bound: float = 0.1,
         seed: int = 0,
         progress: Callable[[int, int], None] | None = None,
+        first_row: int = 0,
+        total_rows: int | None = None,
     ) -> Table:
         """Write a new table: weights initialised chunk by chunk from ``seed``, moments zero.
 
-        ``progress(rows_done, rows)`` is called after each chunk.
+        ``progress(rows_done, rows)`` is called after each chunk. With ``total_rows``, the
+        table holds rows ``[first_row, first_row + shape[0])`` of a ``total_rows``-row table
+        drawn from ``seed`` (a shard: see the module docstring).
         """
         if init not in INITS:
             raise ValueError(f"Invalid init {init!r}: use one of {', '.join(INITS)}")
+        if total_rows is not None and not 0 <= first_row <= total_rows - shape[0]:
+            raise ValueError(f"rows [{first_row}, {first_row + shape[0]}) are not rows of a {total_rows}-row table")
         if dtype_name(dtype) not in DTYPES:
             raise ValueError(f"Invalid dtype {dtype}: a table holds {', '.join(DTYPES)}")
         path = Path(path)
         spec = RowSpec(name, tuple(shape), dtype_name(dtype), uuid.uuid4().hex, TABLE_LAYOUT)
         creation = {"init": init, "std": std, "bound": bound, "seed": seed, "chunk_rows": INIT_CHUNK_ROWS}
+        if total_rows is not None:
+            creation.update(first_row=first_row, total_rows=total_rows)
         partial = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:12]}")
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # never through a link
@@ -190,6 +202,12 @@ def initial_weights(
     return weights
 
 
+def drawn_shape(creation: dict, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape of the table whose chunks a table of ``shape`` is drawn from (itself, or the
+    whole table a shard is a slice of)."""
+    return (creation.get("total_rows", shape[0]), *shape[1:])
+
+
 def _chunk_digest(weights: torch.Tensor) -> str:
     raw = weights.view(torch.int16) if weights.dtype == torch.bfloat16 else weights
     return hashlib.blake2b(memoryview(raw.contiguous().numpy()).cast("B"), digest_size=16).hexdigest()
@@ -201,20 +219,23 @@ def _write_initial(fd: int, spec: RowSpec, creation: dict, progress: Callable[[i
     fsync are the caller's. Returns the digest of the first chunk's weights."""
     os.ftruncate(fd, spec.file_bytes)
     dtype, num_rows, chunk_rows = DTYPES[spec.dtype], spec.num_rows, creation["chunk_rows"]
-    block = torch.empty((min(chunk_rows, num_rows), spec.row_width), dtype=dtype)
+    first, drawn = creation.get("first_row", 0), drawn_shape(creation, spec.shape)
+    block = torch.empty((min(chunk_rows, drawn[0]), spec.row_width), dtype=dtype)
     records = torch.zeros((min(WRITE_ROWS, num_rows), 3, spec.row_width), dtype=dtype)
     digest = ""
-    for index, begin in enumerate(range(0, num_rows, chunk_rows)):
-        weights = initial_weights(creation, spec.shape, dtype, index, out=block)
-        if index == 0:
-            digest = _chunk_digest(weights)
-        for start in range(0, len(weights), WRITE_ROWS):
-            part = weights[start : start + WRITE_ROWS]
+    for index in range(first // chunk_rows, (first + num_rows - 1) // chunk_rows + 1):
+        weights = initial_weights(creation, drawn, dtype, index, out=block)
+        if not digest:
+            digest = _chunk_digest(weights)  # the first chunk drawn, whole
+        lo, hi = max(first - index * chunk_rows, 0), min(first + num_rows - index * chunk_rows, len(weights))
+        begin = index * chunk_rows + lo - first  # the table's row of weights[lo]
+        for start in range(lo, hi, WRITE_ROWS):
+            part = weights[start : min(start + WRITE_ROWS, hi)]
             records[: len(part), 0] = part
             raw = records[: len(part)].view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy()
-            _pwrite_all(fd, memoryview(raw).cast("B"), HEADER_BYTES + (begin + start) * spec.row_bytes)
+            _pwrite_all(fd, memoryview(raw).cast("B"), HEADER_BYTES + (begin + start - lo) * spec.row_bytes)
         if progress is not None:
-            progress(begin + len(weights), num_rows)
+            progress(begin + hi - lo, num_rows)
     return digest
 
 
@@ -234,7 +255,8 @@ class InitialTable:
             self.dtype = DTYPES[self.spec.dtype]
             if creation["init"] not in INITS or creation["chunk_rows"] <= 0:
                 raise ValueError(creation["init"])
-            first = _chunk_digest(initial_weights(creation, self.spec.shape, self.dtype, 0))
+            self.first_row, self.drawn = creation.get("first_row", 0), drawn_shape(creation, self.spec.shape)
+            first = _chunk_digest(initial_weights(creation, self.drawn, self.dtype, self.first_row // creation["chunk_rows"]))
         except (KeyError, TypeError, ValueError):
             raise StateError(f"{where} has malformed creation parameters: {creation}", hint=_DAMAGED) from None
         if first != creation.get("first_chunk_digest"):
@@ -259,18 +281,19 @@ class InitialTable:
         again, moments zero."""
         out = np.zeros((len(rows), self.spec.row_bytes), dtype=np.uint8)
         weight_bytes = self.spec.row_width * self.dtype.itemsize
-        chunks = rows // self.creation["chunk_rows"]
+        drawn_rows = rows + self.first_row
+        chunks = drawn_rows // self.creation["chunk_rows"]
         bounds = np.flatnonzero(np.diff(chunks)) + 1
         for lo, hi in zip([0, *bounds.tolist()], [*bounds.tolist(), len(rows)]):
             index = int(chunks[lo])
-            out[lo:hi, :weight_bytes] = self._chunk(index)[rows[lo:hi] - index * self.creation["chunk_rows"]]
+            out[lo:hi, :weight_bytes] = self._chunk(index)[drawn_rows[lo:hi] - index * self.creation["chunk_rows"]]
         return out
 
     def _chunk(self, index: int) -> np.ndarray:
         if index in self._chunks:
             self._chunks.move_to_end(index)
             return self._chunks[index]
-        weights = initial_weights(self.creation, self.spec.shape, self.dtype, index)
+        weights = initial_weights(self.creation, self.drawn, self.dtype, index)
         raw = weights.view(torch.int16) if self.dtype == torch.bfloat16 else weights
         self._chunks[index] = raw.numpy().view(np.uint8).reshape(len(weights), -1)
         if len(self._chunks) > CACHED_CHUNKS:

@@ -32,7 +32,8 @@ from ..distributed.sharding import RowSharding
 from ..errors import StateError
 from ..optim import DiskSparseAdam
 from ..optim.inspect import StateInspector
-from .checkpoint import MODEL, verify_checkpoint
+from ..nn import DiskEmbedding
+from .checkpoint import MODEL, TABLES, table_versions, verify_checkpoint
 from .optimizers import STATE_COPY, load_tensors
 from .run_folder import MetricsLog, RunFolder
 
@@ -141,16 +142,20 @@ def _copy_entities(checkpoints: list[Path], mine: list[int], old: RowSharding, t
     chunks = [(k, a, min(a + CHUNK_ROWS, old.rows_of(k))) for k in mine for a in range(0, old.rows_of(k), CHUNK_ROWS)]
     rounds = torch.tensor([len(chunks)])
     dist.all_reduce(rounds, dist.ReduceOp.MAX)
-    shard_weights: dict[int, Tensor] = {}
+    reading: OldShard | None = None
     optimizer.load_rows(weight, torch.empty(0, dtype=torch.int64), torch.empty((0, dim)), torch.empty((0, dim)), step=step)
     for i in range(int(rounds)):
         if i < len(chunks):
             k, a, b = chunks[i]
-            if k not in shard_weights:
-                shard_weights = {k: load_tensors(checkpoints[k] / MODEL)[ENTITIES]}  # one old shard at a time
+            if reading is None or reading.checkpoint != checkpoints[k]:  # one old shard at a time
+                if reading is not None:
+                    reading.close()
+                reading = OldShard(checkpoints[k], old.rows_of(k), dim)
             ids = old.ids_of(k, torch.arange(a, b))
             m, v = _moments(checkpoints[k], ENTITIES, a, b)
-            payload = torch.cat([shard_weights[k][a:b].to(torch.float32), m, v], dim=1)
+            payload = torch.cat([reading.weights(a, b), m, v], dim=1)
+            if i == len(chunks) - 1:
+                reading.close()
         else:
             ids, payload = torch.empty(0, dtype=torch.int64), torch.empty((0, 3 * dim))
         owners, local = task.sharding.locate(ids)
@@ -159,6 +164,33 @@ def _copy_entities(checkpoints: list[Path], mine: list[int], old: RowSharding, t
         with torch.no_grad():
             weight[local.to(weight.device)] = values.to(weight.device)
         optimizer.load_rows(weight, local, m, v, step=step)
+
+
+class OldShard:
+    """The entity weights of an old rank's checkpoint, read a range of rows at a time: a memory
+    table's from ``model.pt`` (loaded once: it was that rank's memory), a disk table's through
+    the checkpoint's version of its file (a copy, or a chain of deltas on its base)."""
+
+    def __init__(self, checkpoint: Path, rows: int, dim: int) -> None:
+        self.checkpoint = checkpoint
+        saved = load_tensors(checkpoint / MODEL).get(ENTITIES)
+        self.table = None
+        if isinstance(saved, Tensor) and saved.shape == (rows, dim):
+            self.rows = saved
+            return
+        versions = table_versions(checkpoint)  # a DiskEmbedding's entry is a reference to its file
+        name = "entities.table"
+        self.table = versions[name]() if name in versions else DiskEmbedding(rows, dim, path=checkpoint / TABLES / name, writable=False)
+        self.rows = self.table.weight
+
+    def weights(self, start: int, stop: int) -> Tensor:
+        values = self.rows.range(start, stop) if hasattr(self.rows, "range") else self.rows[start:stop]
+        return values.to(torch.float32).clone()
+
+    def close(self) -> None:
+        if self.table is not None:
+            (self.table.table if isinstance(self.table, DiskEmbedding) else self.table).close()
+            self.table = None
 
 
 def _to_owners(owners: Tensor, local: Tensor, payload: Tensor, world_size: int) -> tuple[Tensor, Tensor]:

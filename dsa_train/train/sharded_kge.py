@@ -38,12 +38,11 @@ from ..data import load_knowledge_graph
 from ..distributed.exchange import RowExchange, gather_everywhere, sum_in_batch_order
 from ..distributed.group import World
 from ..distributed.sharding import RowSharding
-from ..errors import ConfigError
 from ..eval.ranking import RankingScope, ScoreFn
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
 from .kge import KGETask
-from .tasks import TableSite
+from .tasks import TableSite, disk_table
 
 
 class ShardedKGETask(KGETask):
@@ -51,11 +50,6 @@ class ShardedKGETask(KGETask):
 
     def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None, **kwargs) -> None:
         self.world = world
-        if recipe.model.embedding_storage == "disk":
-            raise ConfigError(
-                ["model.embedding_storage: 'disk' is not sharded yet; a torchrun job keeps each rank's shard in memory"],
-                hint="use model.embedding_storage: memory (each rank holds 1/N of the table), or train in one process",
-            )
         if world.local_rank == 0:  # one import per machine; the other ranks there wait, then reuse it
             load_knowledge_graph(recipe.dataset, progress=kwargs.get("progress"), note=kwargs.get("note"))
         with world.guard("waiting for the dataset import"):
@@ -74,9 +68,14 @@ class ShardedKGETask(KGETask):
         return self._sharding
 
     def entity_table(self, tables: TableSite | None) -> nn.Module:
-        rows = self.sharding.initial_rows(self.world.rank, self.recipe.model.dim, std=self.recipe.model.init_std, seed=self.recipe.train.seed)
-        shard = nn.Embedding(len(rows), self.recipe.model.dim, sparse=True, _weight=rows)
-        return shard
+        """This rank's shard: its rows of the table every layout draws alike (slot order, the
+        seed's chunks), as a DiskEmbedding with ``embedding_storage: disk``, else in memory."""
+        recipe, rank, sharding = self.recipe, self.world.rank, self.sharding
+        if recipe.model.embedding_storage == "disk":
+            first = rank * sharding.block
+            return disk_table(recipe, tables, "entities", self.entity_rows(), std=recipe.model.init_std, first_row=first, total_rows=self.kg.num_entities)
+        rows = sharding.initial_rows(rank, recipe.model.dim, std=recipe.model.init_std, seed=recipe.train.seed)
+        return nn.Embedding(len(rows), recipe.model.dim, sparse=True, _weight=rows)
 
     def prefetch(self, picked: Tensor) -> None:
         pass  # memory shards: nothing to read ahead

@@ -29,9 +29,12 @@ class TableSite:
     versions: Mapping[str, Callable[[], nn.Module]] = field(default_factory=dict)
 
 
-def disk_table(recipe: Recipe, site: TableSite | None, name: str, num_rows: int, *, std: float) -> nn.Module | None:
+def disk_table(
+    recipe: Recipe, site: TableSite | None, name: str, num_rows: int, *, std: float, first_row: int = 0, total_rows: int | None = None
+) -> nn.Module | None:
     """The task's ``name`` table as a DiskEmbedding (created, seeded, if missing), or ``None``
-    for ``embedding_storage: memory``."""
+    for ``embedding_storage: memory``. With ``total_rows``: a shard, rows ``[first_row, ...)``
+    of a ``total_rows``-row table drawn from the seed."""
     if recipe.model.embedding_storage != "disk":
         return None
     if site is None:
@@ -53,8 +56,9 @@ def disk_table(recipe: Recipe, site: TableSite | None, name: str, num_rows: int,
     if not site.writable and not path.exists():
         raise DsaError(f"table '{path}' is missing", hint="evaluate a checkpoint written by a run with these tables")
     return DiskEmbedding(
-        num_rows, recipe.model.dim, path=path, std=std, seed=recipe.train.seed, writable=site.writable, progress=site.progress
-    )
+        num_rows, recipe.model.dim, path=path, std=std, seed=recipe.train.seed, writable=site.writable, progress=site.progress,
+        first_row=first_row, total_rows=total_rows,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
