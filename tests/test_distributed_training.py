@@ -60,7 +60,7 @@ def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume:
     weights = task.model.node_emb.weight.detach().clone()
     torch.save(
         {
-            "ids": task.sharding.ids_of(rank, local),
+            "ids": task.shards.sharding.ids_of(rank, local),
             "weights": weights,
             "m": torch.from_numpy(np.array(m)),
             "v": torch.from_numpy(np.array(v)),
@@ -143,7 +143,7 @@ def test_a_sharded_step_is_the_single_process_step(tmp_path, slices):
         sharded = ShardedKGETask(recipe, torch.device("cpu"), World(0, 1, 0))
         torch.manual_seed(0)
         plain = KGETask(recipe, torch.device("cpu"))
-        ids = sharded.sharding.ids_of(0, torch.arange(sharded.entity_rows()))
+        ids = sharded.shards.sharding.ids_of(0, torch.arange(sharded.entity_rows()))
         with torch.no_grad():
             plain.model.node_emb.weight[ids] = sharded.model.node_emb.weight
             plain.model.rel_emb.weight.copy_(sharded.model.rel_emb.weight)

@@ -38,7 +38,6 @@ from .optimizers import STATE_COPY, load_tensors
 from .run_folder import MetricsLog, RunFolder
 
 CHUNK_ROWS = 1 << 16
-ENTITIES, RELATIONS = "node_emb.weight", "rel_emb.weight"
 
 
 def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
@@ -52,17 +51,21 @@ def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
         )
     checkpoints = [folder / "checkpoints" / f"{step:010d}" for folder in old_folders]
     readers = _readers(world, checkpoints)
-    task, model = training.task, training.task.model
-    old = RowSharding(task.kg.num_entities, len(old_folders), training.recipe.train.seed)
+    shards = training.task.shards
+    named = dict(training.task.model.named_parameters())
+    sharded = next(name for name, p in named.items() if p is shards.table.weight)
+    replicated = {name: p for name, p in named.items() if name != sharded}  # the same on every rank
+    old = RowSharding(shards.sharding.num_rows, len(old_folders), training.recipe.train.seed)
     mine = [k for k, reader in enumerate(readers) if reader == world.rank]
     for k in mine:
         verify_checkpoint(checkpoints[k])
     trainer_text = (checkpoints[0] / "trainer.json").read_text() if readers[0] == world.rank else ""
     with world.guard(f"resharding the checkpoint of step {step}"):
         trainer = json.loads(_broadcast_bytes(trainer_text.encode(), readers[0]).decode())
-        steps = _broadcast_steps(checkpoints[0], readers[0], world)
-        _copy_relations(checkpoints[0], readers[0], world, model, optimizer, steps[RELATIONS])
-        _copy_entities(checkpoints, mine, old, task, optimizer, steps[ENTITIES])
+        steps = _broadcast_steps(checkpoints[0], readers[0], world, list(named))
+        for name, param in replicated.items():
+            _copy_replicated(checkpoints[0], readers[0], world, name, param, optimizer, steps[name])
+        _copy_shard(checkpoints, mine, old, shards, sharded, optimizer, steps[sharded])
     training.step_count, training.epoch, training.batch = trainer["step"], trainer["epoch"], trainer["batch"]
     training.window, training.epoch_loss, training.optimizer_ram = trainer["window"], trainer["epoch_loss"], trainer["optimizer_ram"]
     if world.is_leader:
@@ -98,12 +101,12 @@ def _broadcast_bytes(data: bytes, source: int) -> bytes:
     return bytes(buffer.tolist())
 
 
-def _broadcast_steps(checkpoint: Path, source: int, world: World) -> dict[str, int]:
+def _broadcast_steps(checkpoint: Path, source: int, world: World, names: list[str]) -> dict[str, int]:
     """The optimizer's step counter of each table at the checkpoint (every old rank's are equal)."""
     text = b""
     if world.rank == source:
         params = StateInspector(checkpoint / STATE_COPY).params
-        text = json.dumps({name: params[name]["step"] for name in (ENTITIES, RELATIONS)}).encode()
+        text = json.dumps({name: params[name]["step"] for name in names}).encode()
     return json.loads(_broadcast_bytes(text, source).decode())
 
 
@@ -118,13 +121,12 @@ def _moments(checkpoint: Path, name: str, start: int, stop: int) -> tuple[Tensor
     return as_tensor([m for _, m, _ in parts]), as_tensor([v for _, _, v in parts])
 
 
-def _copy_relations(checkpoint: Path, source: int, world: World, model, optimizer: DiskSparseAdam, step: int) -> None:
-    """The replicated relation table and its moments, from old rank 0's checkpoint to every rank."""
-    weight = model.rel_emb.weight
+def _copy_replicated(checkpoint: Path, source: int, world: World, name: str, weight: Tensor, optimizer: DiskSparseAdam, step: int) -> None:
+    """A replicated table (relations) and its moments, from old rank 0's checkpoint to every rank."""
     rows = len(weight)
     if world.rank == source:
-        values = load_tensors(checkpoint / MODEL)[RELATIONS].to(torch.float32)
-        m, v = _moments(checkpoint, RELATIONS, 0, rows)
+        values = load_tensors(checkpoint / MODEL)[name].to(torch.float32)
+        m, v = _moments(checkpoint, name, 0, rows)
         packed = torch.cat([values, m, v], dim=1).contiguous()
     else:
         packed = torch.empty((rows, 3 * weight.shape[1]))
@@ -135,9 +137,9 @@ def _copy_relations(checkpoint: Path, source: int, world: World, model, optimize
     optimizer.load_rows(weight, torch.arange(rows), m, v, step=step)
 
 
-def _copy_entities(checkpoints: list[Path], mine: list[int], old: RowSharding, task, optimizer: DiskSparseAdam, step: int) -> None:
-    """Stream the old shards this rank reads to the entities' new owners, one chunk a round."""
-    weight = task.model.node_emb.weight
+def _copy_shard(checkpoints: list[Path], mine: list[int], old: RowSharding, shards, name: str, optimizer: DiskSparseAdam, step: int) -> None:
+    """Stream the old shards this rank reads to the rows' new owners, one chunk a round."""
+    weight = shards.table.weight
     dim = weight.shape[1]
     chunks = [(k, a, min(a + CHUNK_ROWS, old.rows_of(k))) for k in mine for a in range(0, old.rows_of(k), CHUNK_ROWS)]
     rounds = torch.tensor([len(chunks)])
@@ -150,16 +152,16 @@ def _copy_entities(checkpoints: list[Path], mine: list[int], old: RowSharding, t
             if reading is None or reading.checkpoint != checkpoints[k]:  # one old shard at a time
                 if reading is not None:
                     reading.close()
-                reading = OldShard(checkpoints[k], old.rows_of(k), dim)
+                reading = OldShard(checkpoints[k], name, f"{shards.name}.table", old.rows_of(k), dim)
             ids = old.ids_of(k, torch.arange(a, b))
-            m, v = _moments(checkpoints[k], ENTITIES, a, b)
+            m, v = _moments(checkpoints[k], name, a, b)
             payload = torch.cat([reading.weights(a, b), m, v], dim=1)
             if i == len(chunks) - 1:
                 reading.close()
         else:
             ids, payload = torch.empty(0, dtype=torch.int64), torch.empty((0, 3 * dim))
-        owners, local = task.sharding.locate(ids)
-        local, payload = _to_owners(owners, local, payload, task.exchange.sharding.world_size)
+        owners, local = shards.sharding.locate(ids)
+        local, payload = _to_owners(owners, local, payload, shards.sharding.world_size)
         values, m, v = payload.chunk(3, dim=1)
         with torch.no_grad():
             weight[local.to(weight.device)] = values.to(weight.device)
@@ -171,16 +173,15 @@ class OldShard:
     table's from ``model.pt`` (loaded once: it was that rank's memory), a disk table's through
     the checkpoint's version of its file (a copy, or a chain of deltas on its base)."""
 
-    def __init__(self, checkpoint: Path, rows: int, dim: int) -> None:
+    def __init__(self, checkpoint: Path, name: str, file: str, rows: int, dim: int) -> None:
         self.checkpoint = checkpoint
-        saved = load_tensors(checkpoint / MODEL).get(ENTITIES)
+        saved = load_tensors(checkpoint / MODEL).get(name)
         self.table = None
         if isinstance(saved, Tensor) and saved.shape == (rows, dim):
             self.rows = saved
             return
         versions = table_versions(checkpoint)  # a DiskEmbedding's entry is a reference to its file
-        name = "entities.table"
-        self.table = versions[name]() if name in versions else DiskEmbedding(rows, dim, path=checkpoint / TABLES / name, writable=False)
+        self.table = versions[file]() if file in versions else DiskEmbedding(rows, dim, path=checkpoint / TABLES / file, writable=False)
         self.rows = self.table.weight
 
     def weights(self, start: int, stop: int) -> Tensor:

@@ -35,14 +35,14 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..data import load_knowledge_graph
-from ..distributed.exchange import RowExchange, gather_everywhere, sum_in_batch_order
+from ..distributed.exchange import gather_everywhere, sum_in_batch_order
 from ..distributed.group import World
-from ..distributed.sharding import RowSharding
 from ..eval.ranking import RankingScope, ScoreFn
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
 from .kge import KGETask
-from .tasks import TableSite, disk_table
+from .shards import ShardedRows, wait_for_import
+from .tasks import TableSite
 
 
 class ShardedKGETask(KGETask):
@@ -50,35 +50,25 @@ class ShardedKGETask(KGETask):
 
     def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None, **kwargs) -> None:
         self.world = world
-        if world.local_rank == 0:  # one import per machine; the other ranks there wait, then reuse it
-            load_knowledge_graph(recipe.dataset, progress=kwargs.get("progress"), note=kwargs.get("note"))
-        with world.guard("waiting for the dataset import"):
-            dist.barrier()
+        wait_for_import(world, lambda: load_knowledge_graph(recipe.dataset, progress=kwargs.get("progress"), note=kwargs.get("note")))
         super().__init__(recipe, device, tables, **kwargs)
         self.description += f"; entities sharded over {world.world_size} ranks (this rank holds {self.entity_rows():,} rows)"
 
-    def entity_rows(self) -> int:
-        return self.sharding.rows_of(self.world.rank)
-
     @property
-    def sharding(self) -> RowSharding:
-        if not hasattr(self, "_sharding"):
-            self._sharding = RowSharding(self.kg.num_entities, self.world.world_size, self.recipe.train.seed)
-            self.exchange = RowExchange(self._sharding)
-        return self._sharding
+    def shards(self) -> ShardedRows:
+        """The entity table's layout over the ranks (made once the graph's size is known)."""
+        if not hasattr(self, "_shards"):
+            self._shards = ShardedRows(self.world, self.kg.num_entities, self.recipe.train.seed, self.recipe.distributed.slices)
+        return self._shards
+
+    def entity_rows(self) -> int:
+        return self.shards.rows_here
 
     def entity_table(self, tables: TableSite | None) -> nn.Module:
-        """This rank's shard: its rows of the table every layout draws alike (slot order, the
-        seed's chunks), as a DiskEmbedding with ``embedding_storage: disk``, else in memory."""
-        recipe, rank, sharding = self.recipe, self.world.rank, self.sharding
-        if recipe.model.embedding_storage == "disk":
-            first = rank * sharding.block
-            return disk_table(recipe, tables, "entities", self.entity_rows(), std=recipe.model.init_std, first_row=first, total_rows=self.kg.num_entities)
-        rows = sharding.initial_rows(rank, recipe.model.dim, std=recipe.model.init_std, seed=recipe.train.seed)
-        return nn.Embedding(len(rows), recipe.model.dim, sparse=True, _weight=rows)
+        return self.shards.make_table(self.recipe, tables, "entities", std=self.recipe.model.init_std)
 
     def prefetch(self, picked: Tensor) -> None:
-        pass  # memory shards: nothing to read ahead
+        pass  # the owners learn which rows a step needs only during the step
 
     def loss(self, picked: Tensor) -> Tensor:
         raise TypeError("a sharded task computes its gradients with gradients(), not a loss to backward")
@@ -87,8 +77,7 @@ class ShardedKGETask(KGETask):
     def gradients(self, picked: Tensor) -> float:
         """Forward and backward of this rank's slices of the global batch ``picked``; leaves
         each table's summed sparse gradient in its ``.grad`` and returns the batch's loss."""
-        cfg, model, world = self.recipe.train, self.model, self.world
-        slices = self.recipe.distributed.slices
+        cfg, model, shards = self.recipe.train, self.model, self.shards
         triples = self.kg.rows("train", picked)
         n = len(triples)
         negatives = torch.randint(0, self.kg.num_entities, (cfg.negatives,), device=self.device).cpu()
@@ -96,23 +85,20 @@ class ShardedKGETask(KGETask):
         anchors, answers = torch.cat([triples[:, 0], triples[:, 2]]), torch.cat([triples[:, 2], triples[:, 0]])
         relations = torch.cat([triples[:, 1], triples[:, 1]])
         candidates = torch.cat([answers, negatives]) if cfg.batch_negatives else negatives
-        bounds = [n * m // slices for m in range(slices + 1)]
-        mine = [m for m in range(slices) if m % world.world_size == world.rank and bounds[m] < bounds[m + 1]]
-        queries = {m: torch.cat([torch.arange(bounds[m], bounds[m + 1]), n + torch.arange(bounds[m], bounds[m + 1])]) for m in mine}
+        mine = shards.my_slices(n)
+        queries = {m: torch.cat([torch.arange(a, b), n + torch.arange(a, b)]) for m, a, b in mine}
         wanted = [candidates] if mine else []
-        for m in mine:
+        for m, _, _ in mine:
             wanted += [anchors[queries[m]], answers[queries[m]]]
         ids = torch.cat(wanted) if wanted else torch.empty(0, dtype=torch.int64)
-        with world.guard("fetching the step's entity rows"), torch.no_grad():
-            request = self.exchange.request(ids)
-            rows = self.exchange.fetch(request, lambda local: model.node_emb(local.to(model.node_emb.weight.device)).cpu())
-        k, longest = len(candidates), 2 * (bounds[1] - bounds[0] + 1)
+        rows = shards.fetch(ids, "fetching the step's entity rows")
+        k, longest = len(candidates), 2 * (n // shards.slices + 1)
         span = k + 2 * longest  # positions of slice m: [m * span, (m + 1) * span)
         candidate_mask = self._dropout_mask((k, rows.shape[1]), mask_seed)
         found = {"ids": [], "grads": [], "positions": [], "rel_ids": [], "rel_grads": [], "rel_positions": []}
-        losses = torch.zeros(slices, dtype=torch.float64)
+        losses = torch.zeros(shards.slices, dtype=torch.float64)
         start = k
-        for m in mine:
+        for m, _, _ in mine:
             q = queries[m]
             anchor_rows, answer_rows = rows[start : start + len(q)], rows[start + len(q) : start + 2 * len(q)]
             start += 2 * len(q)
@@ -127,17 +113,13 @@ class ShardedKGETask(KGETask):
             found["rel_grads"].append(rel_leaf.grad.cpu())
             found["rel_positions"].append(m * longest + torch.arange(len(q)))
         cat = lambda key, like: torch.cat(found[key]) if found[key] else like  # noqa: E731
-        dim = rows.shape[1]
-        no_rows, no_ids = torch.empty((0, dim)), torch.empty(0, dtype=torch.int64)
-        shard, relation = model.node_emb.weight, model.rel_emb.weight
-        with world.guard("sending the step's gradient rows to their owners"):
-            push = self.exchange.request(cat("ids", no_ids))
-            grad = self.exchange.push(push, cat("grads", no_rows), cat("positions", no_ids), tuple(shard.shape))
+        no_rows, no_ids = torch.empty((0, rows.shape[1])), torch.empty(0, dtype=torch.int64)
+        shards.push(cat("ids", no_ids), cat("grads", no_rows), cat("positions", no_ids))
+        relation = model.rel_emb.weight
+        with self.world.guard("gathering the relations' gradient rows"):
             rel_rows, rel_values = gather_everywhere(cat("rel_ids", no_ids), cat("rel_grads", no_rows), cat("rel_positions", no_ids))
-            dist.all_reduce(losses)
-        shard.grad = grad.to(shard.device)
         relation.grad = sum_in_batch_order(rel_rows, rel_values, tuple(relation.shape)).to(relation.device)
-        return float(losses.sum())
+        return shards.total(losses)
 
     def _slice_loss(
         self, leaves: list[Tensor], candidate_mask: Tensor | None, seed: int,
@@ -174,7 +156,7 @@ class ShardedKGETask(KGETask):
         scope = ShardScope(self)
 
         def score(anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
-            _, local = self.sharding.locate(candidates)
+            _, local = self.shards.sharding.locate(candidates)
             rows = self.model.node_emb(local.to(self.model.node_emb.weight.device)).to(self.device)
             return self.model.score_candidates(scope.anchor_rows.to(self.device), relation.to(self.device), rows, side)
 
@@ -193,17 +175,13 @@ class ShardScope(RankingScope):
     """A rank's share of a filtered ranking: the entities whose rows it holds."""
 
     def __init__(self, task: ShardedKGETask) -> None:
-        rank = task.world.rank
-        super().__init__(torch.sort(task.sharding.ids_of(rank, torch.arange(task.entity_rows()))).values)
+        shards = task.shards
+        super().__init__(torch.sort(shards.sharding.ids_of(task.world.rank, torch.arange(shards.rows_here))).values)
         self.task = task
         self.anchor_rows: Tensor | None = None
 
     def prepare(self, anchor: Tensor) -> None:
-        task = self.task
-        with task.world.guard("fetching the anchors of an evaluation batch"), torch.no_grad():
-            request = task.exchange.request(anchor.cpu())
-            weight = task.model.node_emb.weight
-            self.anchor_rows = task.exchange.fetch(request, lambda local: task.model.node_emb(local.to(weight.device)).cpu())
+        self.anchor_rows = self.task.shards.fetch(anchor.cpu(), "fetching the anchors of an evaluation batch")
 
     def combine(self, partial: Tensor, op: str) -> Tensor:
         with self.task.world.guard("combining the evaluation's ranks"):

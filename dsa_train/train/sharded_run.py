@@ -88,7 +88,7 @@ def train_rank(recipe: Recipe, world: World, *, output: Path | None, resume: boo
                 else:
                     training.setup(resume=resume and step >= 0, at_step=step if step >= 0 else None)
                 summary = training.train()
-                exchange = training.task.exchange
+                exchange = training.task.shards.exchange
                 training.metrics.log({"kind": "exchange", "rank": world.rank, "steps": training.step_count,
                                       "sent_bytes": exchange.sent, "received_bytes": exchange.received})  # fmt: skip
             except BaseException:
