@@ -32,14 +32,24 @@ EPS = 1e-15  # as PyG's Node2Vec: keeps log() finite
 GRAM_LIMIT = 4096**2
 
 
-def _logistic(score: Tensor, positive: bool) -> Tensor:
-    return -torch.log(torch.sigmoid(score if positive else -score) + EPS).mean()
+def _logistic(score: Tensor, positive: bool, total: int | None = None) -> Tensor:
+    """The mean logistic loss of the pairs' scores (given ``total``: their sum over ``total``,
+    one slice's share of a batch of ``total`` pairs)."""
+    losses = -torch.log(torch.sigmoid(score if positive else -score) + EPS)
+    return losses.mean() if total is None else losses.sum() / total
 
 
 def windows(walks: Tensor, context_size: int) -> Tensor:
     """All ``context_size``-node windows of each walk, as rows."""
     count = walks.shape[1] - context_size + 1
     return torch.cat([walks[:, j : j + context_size] for j in range(count)])
+
+
+def distinct_nodes(positive: Tensor, negative: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The distinct nodes of the windows (sorted), and the windows as positions among them."""
+    nodes, local = torch.unique(torch.cat([positive.reshape(-1), negative.reshape(-1)]), return_inverse=True)
+    split = positive.numel()
+    return nodes, local[:split].view(positive.shape), local[split:].view(negative.shape)
 
 
 class SkipGram(nn.Module):
@@ -58,18 +68,23 @@ class SkipGram(nn.Module):
         ones: each distinct row is looked up once and the windows index into those rows, so
         the sparse gradient has one row per distinct node instead of one per mention.
         """
-        nodes, local = torch.unique(torch.cat([positive.reshape(-1), negative.reshape(-1)]), return_inverse=True)
-        table = self.embedding(nodes)
-        split = positive.numel()
-        positive, negative = local[:split].view(positive.shape), local[split:].view(negative.shape)
-        if len(nodes) ** 2 <= GRAM_LIMIT:
+        nodes, positive, negative = distinct_nodes(positive, negative)
+        return self.rows_loss(self.embedding(nodes), positive, negative)
+
+    @staticmethod
+    def rows_loss(table: Tensor, positive: Tensor, negative: Tensor, totals: tuple[int, int] | None = None) -> Tensor:
+        """The loss of windows given as rows of ``table`` (see :func:`distinct_nodes`);
+        ``totals``: the batch's numbers of positive and negative pairs, when these windows are
+        one slice of it (each part is then summed over its total instead of averaged)."""
+        if len(table) ** 2 <= GRAM_LIMIT:
             # Few distinct nodes: all their dot products in one matrix product, then read the
             # pairs out of it (3x faster than gathering a (windows, context, dim) tensor).
             gram = table @ table.T
             scores = lambda w: gram[w[:, :1], w[:, 1:]]  # noqa: E731
         else:
             scores = lambda w: (table[w[:, :1]] * table[w[:, 1:]]).sum(dim=-1)  # noqa: E731
-        return _logistic(scores(positive), True) + _logistic(scores(negative), False)
+        totals = totals or (None, None)
+        return _logistic(scores(positive), True, totals[0]) + _logistic(scores(negative), False, totals[1])
 
     def node_embeddings(self) -> Tensor:
         """Every node's embedding, indexable by node ids: the weight (a view of the table file

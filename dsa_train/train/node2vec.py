@@ -66,9 +66,16 @@ class Node2VecTask:
         g = self.graph
         self.sampler = WalkSampler(g.rowptr, g.col, p=self.config.p, q=self.config.q, max_degree=g.max_degree)
         working = [node2vec_working(recipe, self.graph.num_nodes)]
-        check_sizes(recipe, device, tables, table="nodes", rows=self.graph.num_nodes, other=0, working=working)
-        nodes = disk_table(recipe, tables, "nodes", self.graph.num_nodes, std=SkipGram.INIT_STD)
-        self.model = SkipGram(self.graph.num_nodes, recipe.model.dim, embedding=nodes).to(device)
+        check_sizes(recipe, device, tables, table="nodes", rows=self.node_rows(), other=0, working=working)
+        self.model = SkipGram(self.graph.num_nodes, recipe.model.dim, embedding=self.node_table(tables)).to(device)
+
+    def node_rows(self) -> int:
+        """The node rows this process holds: all of them."""
+        return self.graph.num_nodes
+
+    def node_table(self, tables: TableSite | None):
+        """The node table if it is not SkipGram's own ``nn.Embedding`` (a disk table)."""
+        return disk_table(self.recipe, tables, "nodes", self.graph.num_nodes, std=SkipGram.INIT_STD)
 
     def prefetch(self, picked: Tensor) -> None:
         # The walks are drawn inside the step; their start nodes are known now.
@@ -84,12 +91,17 @@ class Node2VecTask:
         return self.graph.num_nodes
 
     def loss(self, picked: Tensor) -> Tensor:
+        positive, negative = self.windows(picked)
+        return self.model.loss(positive.to(self.device), negative.to(self.device))
+
+    def windows(self, picked: Tensor) -> tuple[Tensor, Tensor]:
+        """The positive windows of walks from the start nodes ``picked`` and the negative
+        windows (each start node followed by random nodes), drawn from torch's generator."""
         c = self.config
         positive = windows(self.sampler.walks(picked.repeat(c.walks_per_node), c.walk_length), c.context_size)
         starts = picked.repeat(c.walks_per_node * c.negatives)
         random_walks = torch.cat([starts[:, None], torch.randint(0, self.graph.num_nodes, (len(starts), c.walk_length))], 1)
-        negative = windows(random_walks, c.context_size)
-        return self.model.loss(positive.to(self.device), negative.to(self.device))
+        return positive, windows(random_walks, c.context_size)
 
     def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
         return evaluate_node_embeddings(self.graph, self.model.node_embeddings().cpu(), split, self.recipe)

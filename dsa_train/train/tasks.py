@@ -169,14 +169,18 @@ def make_task(
     ``progress(what, done, total)`` and ``note(text)`` hear how a dataset import goes;
     ``world``: this rank's place in a ``torchrun`` job (``None``: one process)."""
     if world is not None:
-        if not recipe.is_kge:
-            raise DsaError(
-                f"model.kind {recipe.model.kind!r} does not train over several processes yet; knowledge-graph models do",
-                hint="run it in one process (without torchrun)",
-            )
-        from .sharded_kge import ShardedKGETask
+        if recipe.is_kge:
+            from .sharded_kge import ShardedKGETask
 
-        return ShardedKGETask(recipe, device, world, tables, progress=progress, note=note)
+            return ShardedKGETask(recipe, device, world, tables, progress=progress, note=note)
+        if recipe.model.kind == "node2vec":
+            from .sharded_node2vec import ShardedNode2VecTask
+
+            return ShardedNode2VecTask(recipe, device, world, tables, progress=progress, note=note)
+        raise DsaError(
+            f"model.kind {recipe.model.kind!r} does not train over several processes yet; knowledge-graph models and node2vec do",
+            hint="run it in one process (without torchrun)",
+        )
     if recipe.is_kge:
         from .kge import KGETask
 
