@@ -345,3 +345,22 @@ def test_node2vec_over_ranks_is_exact_and_evaluates_alike(tmp_path):
         assert torch.equal(other["weights"], one["weights"])
         assert other["losses"] == one["losses"] and other["final"] == one["final"]
     assert set(one["final"]["test"]) == {"probe", "link"}
+
+
+def test_eval_of_a_job_starts_its_ranks_and_gives_the_training_metrics(tmp_path):
+    """`dsa-train eval RUN` on a job's folder starts as many processes as wrote its checkpoint,
+    each scores the entities it holds, and rank 0 prints the metrics the training ended with."""
+    import subprocess
+    import sys
+
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(recipe_text(steps=4).replace("final_splits: []", "final_splits: [test]"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    trained = subprocess.run([sys.executable, "-m", "dsa_train", "run", str(recipe), "-o", str(tmp_path / "run"), "--nproc", "3"], capture_output=True, text=True, env=env, timeout=300)
+    assert trained.returncode == 0, trained.stderr
+    final = [json.loads(line) for line in (tmp_path / "run" / "ranks" / "00000-of-00003" / "metrics.jsonl").read_text().splitlines()]
+    expected = next(r for r in final if r["kind"] == "summary")["final"]["test"]
+    scored = subprocess.run([sys.executable, "-m", "dsa_train", "eval", str(tmp_path / "run"), "--json"], capture_output=True, text=True, env=env, timeout=300)
+    assert scored.returncode == 0, scored.stderr
+    document = json.loads(scored.stdout)
+    assert document["checkpoint"] == 4 and document["metrics"] == expected

@@ -95,12 +95,11 @@ def planned(plan) -> list[tuple[str, str]]:
     return sorted((c.kind, str(c.path.relative_to(c.owner.parent.parent.parent))) for c in plan.candidates)
 
 
-def test_the_names_agree_with_sharded_run():
-    from dsa_train.train import sharded_run
+def test_rank_folder_names_read_back():
+    from dsa_train.train.run_folder import rank_folder_name, rank_name
 
-    assert (cleanup.JOB_MANIFEST, cleanup.JOB_FORMAT, cleanup.RANKS) == (sharded_run.MANIFEST, sharded_run.MANIFEST_FORMAT, sharded_run.RANKS)
-    assert cleanup.rank_name(sharded_run.rank_folder_name(3, 8)) == (3, 8)
-    assert cleanup.rank_name("00002-of-00002") is None and cleanup.rank_name("1-of-2.bak") is None
+    assert rank_name(rank_folder_name(3, 8)) == (3, 8)
+    assert rank_name("00002-of-00002") is None and rank_name("1-of-2.bak") is None
 
 
 # -- inspect-state ---------------------------------------------------------------------------

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import typer
 
-from ..train.run_folder import RunFolder
+from ..train.run_folder import RunFolder, is_job, job_checkpoints
+from ..errors import DsaError
 from ._errors import handle_errors
 from ._output import ProgressReporter, metrics_table, stderr, stdout
-from .run import Device
+from .run import Device, launch_local
 
 
 class Split(str, Enum):
@@ -48,8 +49,22 @@ def eval_(
             stderr.print(text, highlight=False)
 
     run = RunFolder.find(run_dir)
-    reporter = ProgressReporter() if not as_json else NotesOnly()
-    path, metrics, _ = evaluate_run(run, split.value, checkpoint=checkpoint, device=device.value if device else None, reporter=reporter)
+    world = None
+    if is_job(run.path):  # trained over several processes: each scores the rows it holds
+        from ..distributed.group import from_environment
+        from ..train.sharded_run import evaluate_rank
+
+        world = from_environment()
+        if world is None:  # the job's folders are here: start its processes on this machine
+            raise typer.Exit(launch_local(_job_world_size(run.path)))
+    reporter = (ProgressReporter() if not as_json else NotesOnly()) if world is None or world.is_leader else SilentReporter()
+    where = device.value if device else None
+    if world is None:
+        path, metrics, _ = evaluate_run(run, split.value, checkpoint=checkpoint, device=where, reporter=reporter)
+    else:
+        path, metrics, _ = evaluate_rank(run.path, world, split.value, checkpoint=checkpoint, device=where, reporter=reporter)
+        if not world.is_leader:
+            return
     if as_json:
         document = {
             "run": str(run.path),
@@ -61,3 +76,14 @@ def eval_(
         typer.echo(json.dumps(document, indent=2))
     else:
         stdout.print(metrics_table(f"{run.path.name}, checkpoint {int(path.name)}: {split.value}", metrics))
+
+
+def _job_world_size(folder: Path) -> int:
+    """How many ranks wrote the job's complete checkpoints."""
+    listed = job_checkpoints(folder)
+    if listed is None or not listed[1]:
+        raise DsaError(
+            f"'{folder}' is a run over several processes without a complete checkpoint (its checkpoints.json lists none)",
+            hint="train it to its first checkpoint (train.checkpoint_every) or to its end",
+        )
+    return listed[0]

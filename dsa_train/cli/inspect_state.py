@@ -12,7 +12,8 @@ from rich.table import Table
 
 from ..errors import DsaError, StateError
 from ..optim.inspect import PROBLEMS, StateInspector, live_holder
-from ..train.cleanup import JOB_MANIFEST, RANKS, is_job_folder, job_checkpoints, job_ranks
+from ..train.cleanup import is_job_folder, job_ranks
+from ..train.run_folder import JOB_MANIFEST, RANKS, job_checkpoints
 from ._errors import handle_errors
 from ._output import ProgressReporter, stderr, stdout
 

@@ -44,8 +44,8 @@ class World:
             backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl" and device.type != "cuda":
             raise ConfigError([f"distributed.backend: 'nccl' needs train.device cuda, the run computes on {device.type}"])
-        if device.type == "cuda":
-            torch.cuda.set_device(self.local_rank)
+        if torch.cuda.is_available():  # each rank of a machine on its own GPU
+            torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
         with self.guard("joining the process group"):
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
 

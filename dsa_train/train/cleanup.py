@@ -51,19 +51,25 @@ from pathlib import Path
 from ..errors import DsaError, StateError
 from ..fsutil import DirectoryLock, is_regular_file, lock_holder, read_json_object
 from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, STATE_FORMAT, TABLE_LAYOUT
-from .run_folder import CHECKPOINT_FORMAT, DOOMED, PARTIAL, TRAINER, RunFolder, checkpoint_needs, read_marker, real_directories
+from .run_folder import (
+    CHECKPOINT_FORMAT,
+    DOOMED,
+    JOB_MANIFEST,
+    PARTIAL,
+    RANKS,
+    TRAINER,
+    RunFolder,
+    checkpoint_needs,
+    job_checkpoints,
+    rank_name,
+    read_marker,
+    real_directories,
+)
 
 SEARCH_DEPTH = 3  # how deep below a given folder runs and state directories are looked for
 STATE = "optimizer_state"
 CHECKPOINTS = "checkpoints"
 
-# A torchrun job's folder, as dsa_train/train/sharded_run.py lays it out (that module imports
-# torch, which the CLI's light commands never load: its names are repeated here, and a test
-# checks they agree).
-JOB_MANIFEST = "checkpoints.json"
-JOB_FORMAT = "dsa-train/sharded-checkpoints"
-RANKS = "ranks"
-RANK_NAME = re.compile(r"(\d+)-of-(\d+)")
 
 
 @dataclass
@@ -132,15 +138,6 @@ class RankFolder:
         return f"rank {self.rank} of {self.world_size}"
 
 
-def rank_name(name: str) -> tuple[int, int] | None:
-    """``"00001-of-00002"`` -> ``(1, 2)``; ``None`` for any other name."""
-    match = RANK_NAME.fullmatch(name)
-    if match is None:
-        return None
-    rank, world = int(match[1]), int(match[2])
-    return (rank, world) if 0 <= rank < world else None
-
-
 def is_job_folder(path: Path) -> bool:
     """Whether ``path`` is a torchrun job's folder: it has a ``ranks/`` (on every machine of the
     job; rank 0's also has the job's ``run.json`` and ``checkpoints.json``)."""
@@ -185,18 +182,6 @@ def job_ranks(job: Path) -> list[RankFolder]:
         rank, world = named or (None, None)
         found.append(RankFolder(rank, world, path, problem))
     return sorted(found, key=lambda r: (r.problem is not None, r.world_size or 0, r.rank or 0, r.path.name))
-
-
-def job_checkpoints(job: Path | None, *, dir_fd: int | None = None) -> tuple[int, list[int]] | None:
-    """The world size and the complete steps (oldest first) ``<job>/checkpoints.json`` gives,
-    read without following a link; ``None`` when it is missing or not a valid one of ours."""
-    manifest = read_json_object(JOB_MANIFEST if dir_fd is not None else Path(job) / JOB_MANIFEST, dir_fd=dir_fd)
-    if manifest is None or manifest.get("format") != JOB_FORMAT:
-        return None
-    world, complete = manifest.get("world_size"), manifest.get("complete")
-    if not isinstance(world, int) or isinstance(world, bool) or world < 1 or not isinstance(complete, list):
-        return None
-    return world, sorted({s for s in complete if isinstance(s, int) and not isinstance(s, bool) and s >= 0})
 
 
 def allocated_bytes(path: Path) -> int:

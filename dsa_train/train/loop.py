@@ -407,10 +407,12 @@ def _allocated_bytes(folder: Path) -> int:
 
 
 def evaluate_run(
-    run: RunFolder, split: str, *, checkpoint: int | None = None, device: str | None = None, reporter: Reporter | None = None
-) -> tuple[Path, dict[str, dict], str]:
+    run: RunFolder, split: str, *, checkpoint: int | None = None, device: str | None = None, reporter: Reporter | None = None,
+    world=None,
+) -> tuple[Path, dict[str, dict], str]:  # fmt: skip
     """Score ``split`` with the model of a run's checkpoint (the newest intact one by default);
-    returns the checkpoint, the metrics and their one-line headline."""
+    returns the checkpoint, the metrics and their one-line headline. ``world``: this process
+    is one rank of a torchrun job, ``run`` its rank folder (every rank scores its share)."""
     reporter = reporter or SilentReporter()
     recipe = run.read_config([f"train.device={device}"] if device else [])
     path, _, damaged = find_checkpoint(run.checkpoints, checkpoint)
@@ -418,7 +420,7 @@ def evaluate_run(
         reporter.note(f"warning: {warning}")
     torch.manual_seed(recipe.train.seed)
     site = TableSite(path / TABLES, writable=False, versions=table_versions(path))  # deltas read through their chains
-    task = make_task(recipe, resolve_device(recipe.train.device), site, progress=WorkProgress(reporter), note=reporter.note)
+    task = make_task(recipe, resolve_device(recipe.train.device), site, progress=WorkProgress(reporter), note=reporter.note, world=world)
     load_model_state(path, task.model)
     task.model.eval()
     metrics = task.evaluate(split, final=True, reporter=reporter)

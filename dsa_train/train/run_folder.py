@@ -21,6 +21,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -35,6 +36,13 @@ CHECKPOINT_FORMAT = "dsa-train/checkpoint"  # what its trainer.json says it is
 PARTIAL = ".partial-"  # prefix of a checkpoint folder being written
 DOOMED = ".deleting-"  # prefix of an old checkpoint folder being removed
 
+
+# A torchrun job's run folder (see sharded_run.py): rank folders under ranks/, and on rank 0's
+# machine checkpoints.json, the steps every rank has checkpointed.
+JOB_MANIFEST = "checkpoints.json"
+JOB_FORMAT = "dsa-train/sharded-checkpoints"
+RANKS = "ranks"
+RANK_NAME = re.compile(r"(\d+)-of-(\d+)")
 
 RUN_FORMAT = "dsa-train/run"
 RUN_VERSION = 1
@@ -278,3 +286,35 @@ class MetricsLog:
                 )
             records.append(record)
         return records
+
+
+def rank_folder_name(rank: int, world_size: int) -> str:
+    """The name of a rank's run folder under a job's ``ranks/``: ``00001-of-00002``."""
+    return f"{rank:05d}-of-{world_size:05d}"
+
+
+def rank_name(name: str) -> tuple[int, int] | None:
+    """``"00001-of-00002"`` -> ``(1, 2)``; ``None`` for any other name."""
+    match = RANK_NAME.fullmatch(name)
+    if match is None:
+        return None
+    rank, world = int(match[1]), int(match[2])
+    return (rank, world) if 0 <= rank < world else None
+
+
+def job_checkpoints(job: Path | None, *, dir_fd: int | None = None) -> tuple[int, list[int]] | None:
+    """The world size and the complete steps (oldest first) ``<job>/checkpoints.json`` gives,
+    read without following a link; ``None`` when it is missing or not a valid one of ours."""
+    manifest = read_json_object(JOB_MANIFEST if dir_fd is not None else Path(job) / JOB_MANIFEST, dir_fd=dir_fd)
+    if manifest is None or manifest.get("format") != JOB_FORMAT:
+        return None
+    world, complete = manifest.get("world_size"), manifest.get("complete")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1 or not isinstance(complete, list):
+        return None
+    return world, sorted({s for s in complete if isinstance(s, int) and not isinstance(s, bool) and s >= 0})
+
+
+def is_job(folder: Path) -> bool:
+    """Whether ``folder`` is a torchrun job's run folder (it has rank folders, or the job's
+    checkpoints.json)."""
+    return os.path.lexists(Path(folder) / RANKS) or os.path.lexists(Path(folder) / JOB_MANIFEST)

@@ -30,19 +30,13 @@ import torch.distributed as dist
 
 from ..distributed.group import World
 from ..errors import DsaError, StateError
-from ..fsutil import atomic_write_bytes, read_json_object
+from ..fsutil import atomic_write_bytes
 from ..recipe import Recipe
-from .loop import Reporter, SilentReporter, Training, resolve_device
+from .loop import Reporter, SilentReporter, Training, evaluate_run, resolve_device
 from .reshard import reshard
-from .run_folder import RunFolder
+from .run_folder import JOB_FORMAT, JOB_MANIFEST, RANKS, RunFolder, job_checkpoints, rank_folder_name
 
-MANIFEST = "checkpoints.json"
-MANIFEST_FORMAT = "dsa-train/sharded-checkpoints"
-RANKS = "ranks"
-
-
-def rank_folder_name(rank: int, world_size: int) -> str:
-    return f"{rank:05d}-of-{world_size:05d}"
+EVAL_TIMEOUT = 300.0  # seconds; an evaluation has no recipe until its rank folder is found
 
 
 def train_rank(recipe: Recipe, world: World, *, output: Path | None, resume: bool, reporter: Reporter) -> tuple[Training, RunFolder, dict]:
@@ -133,21 +127,20 @@ def _commit(world: World, top: Path, step: int, keep: int) -> None:
     with world.guard(f"waiting for every rank's checkpoint of step {step}"):
         dist.barrier()
     if world.is_leader:
-        manifest = read_json_object(top / MANIFEST) or {}
-        steps = sorted({*manifest.get("complete", []), step}) if manifest.get("world_size") == world.world_size else [step]
+        listed = job_checkpoints(top)
+        steps = sorted({*listed[1], step}) if listed is not None and listed[0] == world.world_size else [step]
         steps = steps[-keep:]
-        record = {"format": MANIFEST_FORMAT, "world_size": world.world_size, "complete": steps}
-        atomic_write_bytes(top / MANIFEST, json.dumps(record, indent=2).encode())
+        record = {"format": JOB_FORMAT, "world_size": world.world_size, "complete": steps}
+        atomic_write_bytes(top / JOB_MANIFEST, json.dumps(record, indent=2).encode())
 
 
 def _newest_complete_step(top: Path) -> tuple[int, int]:
     """The newest step every rank has checkpointed (-1: none) and how many ranks there were."""
-    manifest = read_json_object(top / MANIFEST)
-    world = manifest.get("world_size") if manifest and manifest.get("format") == MANIFEST_FORMAT else None
-    if not isinstance(world, int) or world < 1:
+    listed = job_checkpoints(top)
+    if listed is None:
         return -1, 0
-    steps = [s for s in manifest.get("complete", []) if isinstance(s, int) and s >= 0]
-    return max(steps, default=-1), world
+    world, steps = listed
+    return (steps[-1] if steps else -1), world
 
 
 def _broadcast_text(text: str) -> str:
@@ -163,3 +156,22 @@ def _broadcast_int(value: int) -> int:
     box = torch.tensor([value])
     dist.broadcast(box, 0)
     return int(box)
+
+
+
+def evaluate_rank(top: Path, world: World, split: str, *, checkpoint: int | None, device: str | None, reporter: Reporter):
+    """This rank's part of scoring a job's checkpoint (every rank gets the same metrics)."""
+    world.join("gloo", EVAL_TIMEOUT, torch.device("cpu"))  # rows travel on the host whatever scores them
+    try:
+        with world.guard("agreeing on the checkpoint to evaluate"):
+            newest, saved_world = _newest_complete_step(top) if world.is_leader else (-1, 0)
+            newest, saved_world = _broadcast_int(newest), _broadcast_int(saved_world)
+        if saved_world != world.world_size:
+            raise StateError(
+                f"job '{top}' was checkpointed by {saved_world} ranks; this evaluation has {world.world_size}",
+                hint=f"evaluate it with {saved_world} processes (dsa-train eval starts them when the job's folders are on this machine)",
+            )
+        step = checkpoint if checkpoint is not None else newest
+        return evaluate_run(RunFolder.find(top / RANKS / rank_folder_name(world.rank, world.world_size)), split, checkpoint=step, device=device, reporter=reporter, world=world)
+    finally:
+        world.leave()
