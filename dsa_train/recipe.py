@@ -1,7 +1,7 @@
 """Recipes: YAML files parsed into typed, validated configuration.
 
-A recipe has the sections ``dataset``, ``model``, ``train``, ``optimizer``, ``eval`` and
-``output`` (all optional but ``dataset`` and ``model``); each maps onto a dataclass below,
+A recipe has the sections ``dataset``, ``model``, ``train``, ``optimizer``, ``eval``,
+``output`` and ``distributed`` (all optional but ``dataset`` and ``model``); each maps onto a dataclass below,
 whose fields carry their help text and checks. :func:`load_recipe` reports every problem at
 once in one :class:`~dsa_train.errors.ConfigError`, each with its dotted path, the YAML line
 and, for a misspelt key, the closest valid one. ``key=value`` overrides (``--set``) are

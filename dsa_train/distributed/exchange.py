@@ -90,9 +90,12 @@ class RowExchange:
         return sum_in_batch_order(request.asked[in_batch_order], received[in_batch_order], shard_shape)
 
 
-def gather_everywhere(rows: Tensor, values: Tensor, positions: Tensor, group: dist.ProcessGroup | None = None) -> tuple[Tensor, Tensor]:
+def gather_everywhere(
+    rows: Tensor, values: Tensor, positions: Tensor, group: dist.ProcessGroup | None = None, *, counter: RowExchange | None = None
+) -> tuple[Tensor, Tensor]:
     """Every rank's ``(rows, values)`` lookups on every rank, in global-batch order (by their
-    ``positions``, unique over ranks): how a replicated table's gradient reaches all copies."""
+    ``positions``, unique over ranks): how a replicated table's gradient reaches all copies.
+    ``counter``: an exchange whose byte counts include this traffic."""
     world = dist.get_world_size(group)
     count = torch.tensor([len(rows)])
     counts = [torch.empty_like(count) for _ in range(world)]
@@ -107,6 +110,10 @@ def gather_everywhere(rows: Tensor, values: Tensor, positions: Tensor, group: di
     all_keys = [torch.empty_like(keys) for _ in range(world)]
     dist.all_gather(all_values, packed, group=group)
     dist.all_gather(all_keys, keys, group=group)
+    if counter is not None:  # this rank's padded block to every other, theirs to it
+        block = packed.numel() * packed.element_size() + keys.numel() * keys.element_size()
+        counter.sent += (world - 1) * block
+        counter.received += (world - 1) * block
     keys = torch.cat([k[: int(c)] for k, c in zip(all_keys, counts)])
     values = torch.cat([v[: int(c)] for v, c in zip(all_values, counts)]).view(-1, *values.shape[1:])
     order = torch.argsort(keys[:, 0])

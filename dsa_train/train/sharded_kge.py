@@ -117,7 +117,9 @@ class ShardedKGETask(KGETask):
         shards.push(cat("ids", no_ids), cat("grads", no_rows), cat("positions", no_ids))
         relation = model.rel_emb.weight
         with self.world.guard("gathering the relations' gradient rows"):
-            rel_rows, rel_values = gather_everywhere(cat("rel_ids", no_ids), cat("rel_grads", no_rows), cat("rel_positions", no_ids))
+            rel_rows, rel_values = gather_everywhere(
+                cat("rel_ids", no_ids), cat("rel_grads", no_rows), cat("rel_positions", no_ids), counter=shards.exchange
+            )
         relation.grad = sum_in_batch_order(rel_rows, rel_values, tuple(relation.shape)).to(relation.device)
         return shards.total(losses)
 
