@@ -42,6 +42,7 @@ class RowExchange:
         self.sharding, self.group = sharding, group
         self.rank = dist.get_rank(group)
         self.sent = self.received = 0  # bytes of ids, rows and gradients, to and from other ranks
+        self.counting = True  # off: traffic not added to sent and received (an evaluation's)
         if dist.get_world_size(group) != sharding.world_size:
             raise ValueError(
                 f"the table is laid out over {sharding.world_size} ranks, the process group has {dist.get_world_size(group)}"
@@ -62,6 +63,8 @@ class RowExchange:
 
     def _count(self, send: list[int], recv: list[int], row_bytes: int) -> None:
         """Add what crossed to other ranks (a rank's share to itself stays in its memory)."""
+        if not self.counting:
+            return
         self.sent += (sum(send) - send[self.rank]) * row_bytes
         self.received += (sum(recv) - recv[self.rank]) * row_bytes
 

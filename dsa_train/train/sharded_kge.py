@@ -183,7 +183,7 @@ class ShardScope(RankingScope):
         self.anchor_rows: Tensor | None = None
 
     def prepare(self, anchor: Tensor) -> None:
-        self.anchor_rows = self.task.shards.fetch(anchor.cpu(), "fetching the anchors of an evaluation batch")
+        self.anchor_rows = self.task.shards.fetch(anchor.cpu(), "fetching the anchors of an evaluation batch", counted=False)
 
     def combine(self, partial: Tensor, op: str) -> Tensor:
         with self.task.world.guard("combining the evaluation's ranks"):

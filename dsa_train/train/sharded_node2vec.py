@@ -99,5 +99,5 @@ class FetchedRows:
 
     def __getitem__(self, ids: Tensor) -> Tensor:
         ids = torch.as_tensor(ids)
-        rows = self.shards.fetch(ids.reshape(-1).long().cpu(), "fetching rows to evaluate")
+        rows = self.shards.fetch(ids.reshape(-1).long().cpu(), "fetching rows to evaluate", counted=False)
         return rows.view(*ids.shape, rows.shape[-1])

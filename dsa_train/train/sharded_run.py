@@ -72,6 +72,12 @@ def train_rank(recipe: Recipe, world: World, *, output: Path | None, resume: boo
         else:  # created locked
             rank_run = _fresh_rank_folder(recipe, folder, step) if resume else RunFolder.create(recipe, folder)
         try:
+            if world.is_leader and world.world_size > recipe.distributed.slices:
+                reporter.note(
+                    f"warning: distributed.slices is {recipe.distributed.slices}, so ranks {recipe.distributed.slices}-{world.world_size - 1} "
+                    f"compute nothing (they hold rows only); set distributed.slices to {world.world_size} or more for all "
+                    "to compute (a new run: slices is part of what a run computes)"
+                )
             training = Training(recipe, rank_run, reporter=reporter if world.is_leader else SilentReporter(), world=world)
             training.commit = lambda step: _commit(world, path, step, recipe.train.keep_checkpoints)  # noqa: E731
             try:
@@ -85,6 +91,7 @@ def train_rank(recipe: Recipe, world: World, *, output: Path | None, resume: boo
                 exchange = training.task.shards.exchange
                 training.metrics.log({"kind": "exchange", "rank": world.rank, "steps": training.step_count,
                                       "sent_bytes": exchange.sent, "received_bytes": exchange.received})  # fmt: skip
+                # (training traffic only, since this process started: evaluations are not counted)
             except BaseException:
                 training.close(after_error=True)
                 raise

@@ -60,10 +60,15 @@ class ShardedRows:
         """Rows of this rank's shard, on the host."""
         return self.table(local.to(self.table.weight.device)).detach().cpu()
 
-    def fetch(self, ids: Tensor, doing: str) -> Tensor:
-        """The rows of ``ids`` (global, 1-D, on the host) from their owners, in order."""
-        with self.world.guard(doing), torch.no_grad():
-            return self.exchange.fetch(self.exchange.request(ids), self.read_local)
+    def fetch(self, ids: Tensor, doing: str, *, counted: bool = True) -> Tensor:
+        """The rows of ``ids`` (global, 1-D, on the host) from their owners, in order;
+        ``counted=False``: not training traffic (an evaluation's), left out of the byte counts."""
+        self.exchange.counting = counted
+        try:
+            with self.world.guard(doing), torch.no_grad():
+                return self.exchange.fetch(self.exchange.request(ids), self.read_local)
+        finally:
+            self.exchange.counting = True
 
     def push(self, ids: Tensor, grads: Tensor, positions: Tensor) -> None:
         """Send each lookup's gradient row to its owner; leave this rank's summed sparse
