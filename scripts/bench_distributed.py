@@ -9,7 +9,7 @@ For each N of ``--nproc`` (default 1,2) the script runs ``python -m dsa_train ru
 temporary directory that is removed at the end, whatever happens. The recipe runs
 ``--max-steps`` steps with ``train.log_every`` = ``--max-steps``, ``eval.final_splits=[]`` and
 ``train.final_checkpoint=false`` (``--set`` overrides come after these and win; the exchange
-counters also count an evaluation's traffic, so leave evaluation off to read bytes per step).
+counters count training traffic only, and evaluation and checkpoints would only add time).
 The figures come from the ranks' own records, ``<run>/ranks/<rank>-of-<world>/metrics.jsonl``:
 
 * step time: the ``summary`` record's ``seconds`` (the training loop alone: no process start,
