@@ -44,7 +44,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume: bool) -> None:
+def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume: bool, overrides: tuple[str, ...] = ()) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from dsa_train.distributed.group import from_environment
@@ -53,7 +53,7 @@ def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume:
     from dsa_train.train.sharded_run import train_rank
 
     recipe = parse_recipe(text, source="test")
-    training, _, _ = train_rank(recipe, from_environment(), output=Path(folder), resume=resume, reporter=SilentReporter())
+    training, _, _ = train_rank(recipe, from_environment(), output=Path(folder), resume=resume, reporter=SilentReporter(), overrides=overrides)
     task = training.task
     local = torch.arange(task.entity_rows())
     m, v = StateInspector.of(training.run.state_dir(recipe)).read_rows("node_emb.weight", local.numpy())
@@ -71,9 +71,9 @@ def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume:
     )
 
 
-def train_job(world: int, folder: Path, text: str, *, resume: bool = False) -> dict:
+def train_job(world: int, folder: Path, text: str, *, resume: bool = False, overrides: tuple[str, ...] = ()) -> dict:
     """Run a job of ``world`` ranks; returns the whole table, its moments, relations, losses."""
-    mp.start_processes(_rank_main, args=(world, _free_port(), text, str(folder), resume), nprocs=world, start_method="spawn")
+    mp.start_processes(_rank_main, args=(world, _free_port(), text, str(folder), resume, overrides), nprocs=world, start_method="spawn")
     parts = [torch.load(folder / f"out{r}.pt") for r in range(world)]
     rows = sum(len(p["ids"]) for p in parts)
     whole = {key: torch.empty(rows, parts[0][key].shape[1], dtype=parts[0][key].dtype) for key in ("weights", "m", "v")}
@@ -259,7 +259,7 @@ def test_resuming_at_another_number_of_ranks_is_exact(tmp_path, before, after, s
     (disk shards too, whose checkpoints hold deltas on the table as drawn)."""
     folder = tmp_path / "job"
     train_job(before, folder, recipe_text(steps=6, storage=storage))
-    resumed = train_job(after, folder, recipe_text(steps=11, storage=storage), resume=True)
+    resumed = train_job(after, folder, recipe_text(steps=6, storage=storage), resume=True, overrides=("train.max_steps=11",))
     assert_same(resumed, eleven_steps_on_two_ranks)
     assert json.loads((folder / "checkpoints.json").read_text())["world_size"] == after
 
@@ -283,8 +283,10 @@ def test_the_cli_trains_over_processes_resumes_at_another_count_and_reports_erro
     assert "4 steps, 0 epochs" in first.stdout and "on 2 ranks" in first.stdout
     manifest = json.loads((tmp_path / "run" / "checkpoints.json").read_text())
     assert manifest["world_size"] == 2 and manifest["complete"][-1] == 4
+    recipe.write_text(recipe_text(steps=4).replace("lr: 0.05", "lr: 0.07"))  # edited since: the run's own recipe wins
     resumed = run("--nproc", "3", "--resume", "--set", "train.max_steps=6")
     assert resumed.returncode == 0, resumed.stderr
+    assert "optimizer.lr (0.05 in the run, 0.07 in the recipe)" in resumed.stderr
     assert "resharded step 4 from 2 ranks to 3" in resumed.stderr and "6 steps" in resumed.stdout
     again = run("--nproc", "2")
     assert again.returncode == 1

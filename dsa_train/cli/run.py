@@ -65,7 +65,7 @@ def run(
 
     world = from_environment()
     if world is not None and not dry_run:
-        _run_rank(config, world, output=output, resume=resume)
+        _run_rank(config, world, output=output, resume=resume, overrides=overrides)
         return
     from ..train.loop import Training  # torch and PyG: imported only when training
 
@@ -146,7 +146,7 @@ def launch_local(nproc: int) -> int:
     return 0
 
 
-def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool) -> None:
+def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool, overrides: list[str]) -> None:
     """This process is one rank of a torchrun job: train its shard; rank 0 reports."""
     from ..train.loop import SilentReporter
     from ..train.sharded_run import train_rank
@@ -154,7 +154,8 @@ def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool) -> No
     reporter = ProgressReporter() if world.is_leader else SilentReporter()
     if world.is_leader:
         reporter.note(f"rank 0 of {world.world_size}: {config.name}, entity table split over {world.world_size} ranks")
-    training, top, summary = train_rank(config, world, output=output, resume=resume, reporter=reporter)
+    training, top, summary = train_rank(config, world, output=output, resume=resume, reporter=reporter, overrides=overrides)
+    config = training.recipe
     if not world.is_leader:
         return
     for split, metrics in training.final_metrics.items():

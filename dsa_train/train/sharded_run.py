@@ -31,7 +31,7 @@ import torch.distributed as dist
 from ..distributed.group import World
 from ..errors import DsaError, StateError
 from ..fsutil import atomic_write_bytes
-from ..recipe import Recipe
+from ..recipe import Recipe, parse_recipe, recipe_differences, recipe_to_yaml
 from .loop import Reporter, SilentReporter, Training, evaluate_run, resolve_device
 from .reshard import reshard
 from .run_folder import JOB_FORMAT, JOB_MANIFEST, RANKS, RunFolder, job_checkpoints, rank_folder_name
@@ -39,9 +39,12 @@ from .run_folder import JOB_FORMAT, JOB_MANIFEST, RANKS, RunFolder, job_checkpoi
 EVAL_TIMEOUT = 300.0  # seconds; an evaluation has no recipe until its rank folder is found
 
 
-def train_rank(recipe: Recipe, world: World, *, output: Path | None, resume: bool, reporter: Reporter) -> tuple[Training, RunFolder, dict]:
+def train_rank(
+    recipe: Recipe, world: World, *, output: Path | None, resume: bool, reporter: Reporter, overrides: list[str] | tuple[str, ...] = ()
+) -> tuple[Training, RunFolder, dict]:
     """Join the job, train this rank's shard to the end, leave; returns the training, the
-    job's run folder (on rank 0; elsewhere its path) and the summary."""
+    job's run folder (on rank 0; elsewhere its path) and the summary. A resumed job trains
+    the recipe its run folder saved (with ``overrides``), which rank 0 reads and sends to all."""
     device = resolve_device(recipe.train.device)
     world.join(recipe.distributed.backend, recipe.distributed.timeout, device)
     top: RunFolder | None = None
@@ -63,12 +66,16 @@ def train_rank(recipe: Recipe, world: World, *, output: Path | None, resume: boo
         with world.guard("agreeing on the checkpoint to resume from"):
             step, saved_world = _newest_complete_step(path) if world.is_leader and resume else (-1, world.world_size)
             step, saved_world = _broadcast_int(step), _broadcast_int(saved_world)
+            if resume:
+                recipe = _saved_recipe(top, recipe, overrides, reporter) if world.is_leader else None
+                recipe = parse_recipe(_broadcast_text(recipe_to_yaml(recipe) if recipe else ""), source=f"'{path}'s config.yaml")
         resharding = step >= 0 and saved_world != world.world_size
         top = top or RunFolder(path)
         folder = path / RANKS / rank_folder_name(world.rank, world.world_size)
         if resume and step >= 0 and not resharding:
             rank_run = RunFolder.find(folder)
             rank_run.lock()
+            rank_run.write_config(recipe)
         else:  # created locked
             rank_run = _fresh_rank_folder(recipe, folder, step) if resume else RunFolder.create(recipe, folder)
         try:
@@ -103,6 +110,21 @@ def train_rank(recipe: Recipe, world: World, *, output: Path | None, resume: boo
             top.release()
         world.leave()
     return training, top, summary
+
+
+def _saved_recipe(top: RunFolder, given: Recipe, overrides, reporter: Reporter) -> Recipe:
+    """The job's saved recipe with ``overrides``, as a resumed one-process run takes it; a
+    note names what the given recipe would have changed."""
+    saved = top.read_config(overrides)
+    changed = recipe_differences(saved, given)
+    if changed:
+        reporter.note(
+            "the recipe differs from the run's config.yaml in "
+            + "; ".join(f"{key} ({ours!r} in the run, {theirs!r} in the recipe)" for key, ours, theirs in changed)
+            + ". The run's values win; --set overrides them."
+        )
+    top.write_config(saved)
+    return saved
 
 
 def _fresh_rank_folder(recipe: Recipe, folder: Path, step: int) -> RunFolder:
