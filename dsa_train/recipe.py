@@ -300,7 +300,7 @@ class DistributedConfig:
     """Scale-out under ``torchrun``: read only by a process torchrun started (see docs/distributed.md)."""
 
     backend: Literal["auto", "gloo", "nccl"] = _help(
-        "torch.distributed backend (auto: nccl when training on CUDA, else gloo)", default="auto"
+        "torch.distributed backend: rows travel as host tensors, so auto is gloo; nccl adds NCCL for CUDA tensors beside it", default="auto"
     )
     timeout: float = _help(
         "seconds a rank waits for the others at any exchange before it stops with an error naming the step", _positive, default=300.0

@@ -39,11 +39,12 @@ class World:
         return self.rank == 0
 
     def join(self, backend: str, timeout: float, device: torch.device) -> None:
-        """Initialise the default process group (``backend`` "auto": NCCL for CUDA, else gloo)."""
-        if backend == "auto":
-            backend = "nccl" if device.type == "cuda" else "gloo"
+        """Initialise the default process group. Rows and gradients travel as host tensors
+        (tables and moments live on the host), so ``"auto"`` is gloo; ``"nccl"`` adds NCCL
+        for CUDA tensors beside gloo for host ones (``cpu:gloo,cuda:nccl``)."""
         if backend == "nccl" and device.type != "cuda":
             raise ConfigError([f"distributed.backend: 'nccl' needs train.device cuda, the run computes on {device.type}"])
+        backend = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
         if torch.cuda.is_available():  # each rank of a machine on its own GPU
             torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
         with self.guard("joining the process group"):
