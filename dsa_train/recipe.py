@@ -311,6 +311,11 @@ class DistributedConfig:
         _positive,
         default=8,
     )
+    exact: bool = _help(
+        "true: results bit-equal for every number of ranks (each lookup's gradient row sent and summed in batch order); "
+        "false: each rank sums its rows per id first and sends one (fewer bytes; equal up to float rounding)",
+        default=True,
+    )
 
 
 @dataclass

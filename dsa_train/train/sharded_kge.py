@@ -58,7 +58,9 @@ class ShardedKGETask(KGETask):
     def shards(self) -> ShardedRows:
         """The entity table's layout over the ranks (made once the graph's size is known)."""
         if not hasattr(self, "_shards"):
-            self._shards = ShardedRows(self.world, self.kg.num_entities, self.recipe.train.seed, self.recipe.distributed.slices)
+            self._shards = ShardedRows(
+                self.world, self.kg.num_entities, self.recipe.train.seed, self.recipe.distributed.slices, exact=self.recipe.distributed.exact
+            )
         return self._shards
 
     def entity_rows(self) -> int:

@@ -40,7 +40,9 @@ class ShardedNode2VecTask(Node2VecTask):
     @property
     def shards(self) -> ShardedRows:
         if not hasattr(self, "_shards"):
-            self._shards = ShardedRows(self.world, self.graph.num_nodes, self.recipe.train.seed, self.recipe.distributed.slices)
+            self._shards = ShardedRows(
+                self.world, self.graph.num_nodes, self.recipe.train.seed, self.recipe.distributed.slices, exact=self.recipe.distributed.exact
+            )
         return self._shards
 
     def node_rows(self) -> int:

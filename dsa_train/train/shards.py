@@ -25,8 +25,8 @@ class ShardedRows:
     """One table of ``num_rows`` rows laid out over the ranks of ``world``; ``table`` is this
     rank's shard (an ``nn.Embedding`` or a DiskEmbedding of its rows), set once it exists."""
 
-    def __init__(self, world: World, num_rows: int, seed: int, slices: int) -> None:
-        self.world, self.slices = world, slices
+    def __init__(self, world: World, num_rows: int, seed: int, slices: int, *, exact: bool = True) -> None:
+        self.world, self.slices, self.exact = world, slices, exact
         self.sharding = RowSharding(num_rows, world.world_size, seed)
         self.exchange = RowExchange(self.sharding)
         self.table: nn.Module | None = None
@@ -62,18 +62,31 @@ class ShardedRows:
 
     def fetch(self, ids: Tensor, doing: str, *, counted: bool = True) -> Tensor:
         """The rows of ``ids`` (global, 1-D, on the host) from their owners, in order;
-        ``counted=False``: not training traffic (an evaluation's), left out of the byte counts."""
+        ``counted=False``: not training traffic (an evaluation's), left out of the byte counts.
+        Exact mode asks per occurrence (what docs/distributed.md's traffic model counts); fast
+        mode asks each distinct row once (the same rows: fetching is exact either way)."""
         self.exchange.counting = counted
+        asked, where = (ids, None) if self.exact else torch.unique(ids, return_inverse=True)  # fast: each row asked once
         try:
             with self.world.guard(doing), torch.no_grad():
-                return self.exchange.fetch(self.exchange.request(ids), self.read_local)
+                rows = self.exchange.fetch(self.exchange.request(asked), self.read_local)
         finally:
             self.exchange.counting = True
+        return rows if where is None else rows[where]
 
     def push(self, ids: Tensor, grads: Tensor, positions: Tensor) -> None:
         """Send each lookup's gradient row to its owner; leave this rank's summed sparse
-        gradient (rows in global-batch order of ``positions``) in the shard's ``.grad``."""
+        gradient (rows in global-batch order of ``positions``) in the shard's ``.grad``.
+
+        Not exact (``distributed.exact: false``): this rank first sums its rows of each id
+        (in its own lookup order) and sends one row per distinct id; owners add those in rank
+        order. Fewer bytes, but the sums are associated by rank, so the result depends on the
+        number of ranks by float rounding (docs/distributed.md says how much)."""
         weight = self.table.weight
+        if not self.exact and len(ids):
+            ids, where = torch.unique(ids, return_inverse=True)
+            grads = torch.zeros((len(ids), *grads.shape[1:]), dtype=grads.dtype).index_add_(0, where, grads)
+            positions = self.world.rank * (1 << 40) + torch.arange(len(ids))  # owners add ranks' sums in rank order
         with self.world.guard("sending the step's gradient rows to their owners"):
             request = self.exchange.request(ids)
             weight.grad = self.exchange.push(request, grads, positions, tuple(weight.shape)).to(weight.device)
