@@ -90,7 +90,7 @@ def test_neighbour_sampling_returns_a_valid_subgraph(fanout):
 
 
 def test_probe_matches_scikit_learn():
-    sklearn = pytest.importorskip("sklearn.linear_model", reason="scikit-learn is the reference here; not a dependency")
+    sklearn = pytest.importorskip("sklearn.linear_model", reason="scikit-learn (the test extra) is the reference here")
     torch.manual_seed(0)
     x = torch.randn(400, 12)
     y = (x @ torch.randn(12, 4) + torch.randn(400, 4)).argmax(1)
@@ -106,6 +106,18 @@ def test_probe_separates_separable_classes():
     train = torch.zeros(100, dtype=torch.bool)
     train[::10] = True
     assert probe_accuracy(x, y, train, {"test": ~train})["test"] == 1.0
+
+
+@pytest.mark.parametrize("levels", [None, 5], ids=["continuous", "many-ties"])
+def test_auc_matches_scikit_learn(levels):
+    metrics = pytest.importorskip("sklearn.metrics", reason="scikit-learn (the test extra) is the reference here")
+    g = torch.Generator().manual_seed(4)
+    positive, negative = torch.randn(300, generator=g) + 0.5, torch.randn(200, generator=g)
+    if levels is not None:  # few distinct scores: ties between and within the classes
+        positive, negative = (positive * levels).round(), (negative * levels).round()
+    labels = torch.cat([torch.ones(300), torch.zeros(200)])
+    reference = metrics.roc_auc_score(labels.numpy(), torch.cat([positive, negative]).numpy())
+    assert _auc(positive, negative) == pytest.approx(reference, abs=1e-12)
 
 
 def test_auc_and_link_metrics_by_hand():
