@@ -15,6 +15,7 @@ from ..recipe import Recipe, load_recipe, recipe_differences
 from ..train.run_folder import RunFolder
 from ._errors import debug, handle_errors
 from ._output import ProgressReporter, metrics_table, stdout
+from .recipes import find_recipe
 
 
 class Device(str, Enum):
@@ -25,7 +26,7 @@ class Device(str, Enum):
 
 @handle_errors
 def run(
-    recipe: Path = typer.Argument(..., help="The recipe, a YAML file (see recipes/).", show_default=False),
+    recipe: Path = typer.Argument(..., help="The recipe: a YAML file, or a shipped recipe's name (dsa-train recipes lists them).", show_default=False),
     set_: list[str] = typer.Option(
         [], "--set", help="Override a recipe key, e.g. --set train.epochs=5 (repeatable).", show_default=False
     ),
@@ -47,6 +48,8 @@ def run(
 
     Examples:
 
+      dsa-train run quickstart
+
       dsa-train run recipes/quickstart.yaml
 
       dsa-train run recipes/fb15k237-distmult.yaml --set train.epochs=5 --device cpu
@@ -58,7 +61,7 @@ def run(
       torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m dsa_train run recipes/x.yaml
     """
     overrides = list(set_) + ([f"train.device={device.value}"] if device else [])
-    config = load_recipe(recipe, overrides)
+    config = load_recipe(find_recipe(recipe), overrides)
     if nproc is not None and not dry_run:
         raise typer.Exit(launch_local(nproc))
     from ..distributed.group import from_environment

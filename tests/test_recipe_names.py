@@ -1,0 +1,65 @@
+"""Shipped recipes run by name from anywhere, and an installed package carries them.
+
+References: the files in the checkout's recipes/ (what must be shipped), pyproject.toml's
+package list against the package folders on disk, and a wheel built from the checkout.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dsa_train.cli.app import app
+from dsa_train.cli.recipes import find_recipe
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+
+
+def test_a_recipe_is_found_by_name_from_any_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./recipes here
+    assert find_recipe(Path("quickstart")).read_bytes() == (ROOT / "recipes" / "quickstart.yaml").read_bytes()
+    assert find_recipe(Path("quickstart.yaml")).name == "quickstart.yaml"
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "quickstart.yaml").write_text("name: mine\n")  # ./recipes comes first
+    assert find_recipe(Path("quickstart")) == Path.cwd() / "recipes" / "quickstart.yaml"
+    assert find_recipe(Path("some/file.yaml")) == Path("some/file.yaml")  # a path stays a path
+
+
+def test_recipes_lists_and_shows_the_shipped_ones_outside_a_checkout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    listed = runner.invoke(app, ["recipes"], terminal_width=300)
+    assert listed.exit_code == 0, listed.output
+    assert all(name in listed.output for name in SHIPPED)
+    shown = runner.invoke(app, ["recipes", "--show", "quickstart"])
+    assert shown.exit_code == 0 and shown.output == (ROOT / "recipes" / "quickstart.yaml").read_text()
+    missing = runner.invoke(app, ["run", "no-such-recipe", "--dry-run"])
+    assert missing.exit_code == 1 and "neither a file nor the name of a recipe" in missing.output
+    dry = runner.invoke(app, ["run", "quickstart", "--dry-run"])
+    assert dry.exit_code == 0 and "would train transe" in dry.output
+
+
+def test_every_package_folder_is_listed_for_installation():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "dsa_train").rglob("__init__.py")}
+    assert on_disk <= listed and listed - on_disk == {"dsa_train.recipes"}
+
+
+@pytest.mark.skipif(subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0, reason="no pip")
+def test_a_wheel_carries_the_recipes_and_the_kernel_source(tmp_path):
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    if built.returncode != 0:
+        pytest.skip(f"cannot build a wheel here: {built.stderr.strip().splitlines()[-1:]}")
+    names = zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist()
+    assert {f"dsa_train/recipes/{name}.yaml" for name in SHIPPED} <= set(names)
+    assert "dsa_train/optim/sparse_adam_rows.c" in names
