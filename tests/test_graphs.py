@@ -78,7 +78,7 @@ def test_neighbour_sampling_returns_a_valid_subgraph(fanout):
     g = synthetic(nodes=2000, average_degree=6, seed=2)
     torch.manual_seed(0)
     seeds = torch.unique(torch.randint(0, 2000, (50,)))
-    n_id, edge_index = NeighbourSampler(g.rowptr, g.col, fanout, use_pyg=False).sample(seeds)
+    n_id, edge_index = NeighbourSampler(g.rowptr, g.col, fanout).sample(seeds)
     assert torch.equal(n_id[: len(seeds)], seeds) and len(torch.unique(n_id)) == len(n_id)
     edges = pairs_of(g.rowptr, g.col)
     src, dst = n_id[edge_index[0]], n_id[edge_index[1]]
@@ -155,7 +155,7 @@ def test_neighbour_sampling_on_the_memory_mapped_graph_equals_the_in_ram_sampler
     g = synthetic(nodes=1000, average_degree=5, seed=8)
     seeds = torch.unique(torch.randint(0, 1000, (64,)))
     torch.manual_seed(3)
-    ours = NeighbourSampler(g.rowptr, g.col, [5, 3], use_pyg=False).sample(seeds)
+    ours = NeighbourSampler(g.rowptr, g.col, [5, 3]).sample(seeds)
     torch.manual_seed(3)
     reference = in_ram_subgraph(g.rowptr.clone(), g.col.long(), seeds, [5, 3])
     assert torch.equal(ours[0], reference[0]) and torch.equal(ours[1], reference[1])

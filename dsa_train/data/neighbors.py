@@ -6,20 +6,16 @@ has fewer), and returns the union as a subgraph: the global ids of its nodes (se
 in order) and its edges in local ids, flowing from neighbour to target. Only the sampled
 nodes' embedding rows are then looked up, so a step touches O(batch x fan-out) rows.
 
-When pyg-lib or torch-sparse is importable, PyG's own ``NeighborSampler`` (the sampler behind
-its ``NeighborLoader``) draws the neighbours instead, without replacement.
+PyG's ``NeighborSampler`` (with pyg-lib or torch-sparse) is not used: it takes the whole graph
+as an in-memory ``edge_index`` and builds its own CSC copy of it, while this one reads the
+(memory-mapped) CSR rows of the frontier only, and draws the same neighbours for the same
+seed whatever optional packages are installed.
 """
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 from torch import Tensor
-
-
-def pyg_sampler_available() -> bool:
-    return any(importlib.util.find_spec(m) is not None for m in ("pyg_lib", "torch_sparse"))
 
 
 class NeighbourSampler:
@@ -27,18 +23,11 @@ class NeighbourSampler:
     read-only) with ``fanout[i]`` neighbours per node at hop ``i``. A step reads the degrees
     and neighbours of its frontier nodes only."""
 
-    def __init__(self, rowptr: Tensor, col: Tensor, fanout: list[int], *, use_pyg: bool | None = None) -> None:
+    def __init__(self, rowptr: Tensor, col: Tensor, fanout: list[int]) -> None:
         self.rowptr, self.col, self.fanout = rowptr, col, list(fanout)
-        self.use_pyg = pyg_sampler_available() if use_pyg is None else use_pyg
-        self._pyg = _pyg_sampler(rowptr, col, self.fanout) if self.use_pyg else None
 
     def sample(self, seeds: Tensor) -> tuple[Tensor, Tensor]:
         """``(n_id, edge_index)``: the sampled nodes (seeds first) and local-id edges (2, E)."""
-        if self._pyg is not None:
-            from torch_geometric.sampler import NodeSamplerInput
-
-            out = self._pyg.sample_from_nodes(NodeSamplerInput(input_id=None, node=seeds))
-            return out.node, torch.stack([out.row, out.col])
         rowptr, col = self.rowptr, self.col
         n_id = seeds
         frontier = seeds
@@ -63,13 +52,3 @@ class NeighbourSampler:
         order = torch.argsort(n_id)
         local = lambda g: order[torch.searchsorted(n_id[order], g)]  # noqa: E731  (global id -> position in n_id)
         return n_id, torch.stack([local(torch.cat(sources)), local(torch.cat(targets))])
-
-
-def _pyg_sampler(rowptr: Tensor, col: Tensor, fanout: list[int]):
-    """PyG's ``NeighborSampler`` over the graph (it builds its own CSC copy, once)."""
-    from torch_geometric.data import Data
-    from torch_geometric.sampler import NeighborSampler
-
-    num_nodes = len(rowptr) - 1
-    rows = torch.repeat_interleave(torch.arange(num_nodes), rowptr[1:] - rowptr[:-1])
-    return NeighborSampler(Data(edge_index=torch.stack([col.long(), rows]), num_nodes=num_nodes), num_neighbors=fanout)
