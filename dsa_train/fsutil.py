@@ -389,7 +389,7 @@ def write_digested(fd: int, size: int, chunks, *, depth: int) -> str:
             try:
                 if not failed:
                     digest.update(chunk)
-            except BaseException as e:  # noqa: BLE001: handed to the writer
+            except BaseException as e:  # handed to the writer  # noqa: BLE001
                 failed.append(e)
             finally:
                 chunk = None

@@ -235,7 +235,7 @@ def summarise(measurements: list[dict], conditions: list[str]) -> dict:
         entry["neighbour_work"] = {kind: neighbour_work([m for m in mine if m["kind"] == kind]) for kind in KINDS}
         summary[condition] = entry
     if "none" in summary:  # how much each neighbour slows each optimizer down
-        for condition, entry in summary.items():
+        for entry in summary.values():
             for kind in KINDS:
                 entry[kind]["wall_vs_none"] = entry[kind]["wall_s"] / summary["none"][kind]["wall_s"]
                 entry[kind]["cpu_vs_none"] = entry[kind]["cpu_s"] / summary["none"][kind]["cpu_s"]

@@ -37,7 +37,6 @@ MiB = 2**20
 
 def child(phase: str, recipe: Path, nodes: int, root: Path, steps: int, run_steps: int) -> None:
     """One phase, in this process; prints one JSON line."""
-    import dataclasses
 
     import torch
 

@@ -35,7 +35,6 @@ import random
 import shutil
 import statistics
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

@@ -77,7 +77,7 @@ def fresh_memory(chunks: int) -> list[float]:
     for _ in range(chunks):
         mapping = mmap.mmap(-1, 240 << 20)
         view = np.frombuffer(mapping, dtype=np.uint8)
-        costs.append(timed(lambda: view.__setitem__(slice(None, None, PAGE), 1)) / (len(view) // PAGE) * 1e6)
+        costs.append(timed(lambda view=view: view.__setitem__(slice(None, None, PAGE), 1)) / (len(view) // PAGE) * 1e6)
         kept.append(mapping)
     return costs
 

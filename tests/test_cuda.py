@@ -42,7 +42,7 @@ def test_cuda_memory_does_not_grow_with_the_table(state_dir):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        for t in range(5):
+        for _ in range(5):
             opt.zero_grad()
             idx = torch.randint(0, n, (lookups,), device="cuda")
             emb(idx).pow(2).sum().backward()
@@ -147,7 +147,7 @@ def test_staged_steps_are_bit_identical_to_sparse_adam(state_dir, dtype):
         assert torch.equal(ours_param, reference), "the weights differ from SparseAdam's"
         largest = max(cuda_gradient(k, n, dtype).coalesce()._nnz() for k, n in enumerate(SIZES))
         staging = ours._staging[ours_param.device]
-        for (name, buffer_dtype), buffer in staging.buffers.buffers.items():
+        for (name, _), buffer in staging.buffers.buffers.items():
             assert buffer.is_pinned()
             width = 1 if name == "rows" else DIM
             assert largest * width <= buffer.numel() <= 2 * largest * width, name

@@ -89,7 +89,7 @@ def test_mixed_model_of_disk_and_memory_tables(tmp_path):
     plain_ref.load_state_dict(plain.state_dict())
     ours = DiskSparseAdam([("ent", disk.weight), ("rel", plain.weight)], lr=0.01, state_dir=tmp_path / "state")
     theirs = torch.optim.SparseAdam([ref.weight, plain_ref.weight], lr=0.01)
-    for step in range(20):
+    for _ in range(20):
         e, r = torch.randint(0, ROWS, (64,)), torch.randint(0, 30, (64,))
         for (ent, rel), opt in (((disk, plain), ours), ((ref, plain_ref), theirs)):
             opt.zero_grad()

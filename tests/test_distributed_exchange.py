@@ -33,8 +33,8 @@ def test_every_row_has_one_owner_and_one_place():
             assert torch.equal(mine, torch.arange(sharding.rows_of(rank)))  # a dense block of local rows
             assert torch.equal(owners[sharding.ids_of(rank, mine)], torch.full_like(mine, rank))
         ids = torch.randint(0, ROWS, (50,))
-        o, l = sharding.locate(ids)
-        assert torch.equal(torch.stack([sharding.ids_of(int(r), x.view(1))[0] for r, x in zip(o, l)]), ids)
+        owner, local = sharding.locate(ids)
+        assert torch.equal(torch.stack([sharding.ids_of(int(r), x.view(1))[0] for r, x in zip(owner, local)]), ids)
 
 
 def test_hot_low_ids_spread_over_ranks():

@@ -199,7 +199,7 @@ def test_synthetic_import_does_not_depend_on_the_memory_budget(tmp_path, monkeyp
     monkeypatch.setattr(synthetic, "write_synthetic_knowledge_graph", lambda writer, **kw: real(writer, **{**kw, "memory_bytes": 1 << 16}))
     b = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=config, root=str(tmp_path / "b")))
     for split in SPLITS:  # the same facts in each split (train's order follows the partitions)
-        rows = lambda kg: sorted(map(tuple, kg.split(split).tolist()))  # noqa: E731
+        rows = lambda kg, split=split: sorted(map(tuple, kg.split(split).tolist()))  # noqa: E731
         assert rows(a) == rows(b), split
     assert torch.equal(a.valid, b.valid) and torch.equal(a.test, b.test)
     train = set(map(tuple, a.train.tolist()))

@@ -29,7 +29,6 @@ from dsa_train.cli.app import app
 from dsa_train.errors import DsaError
 from dsa_train.fsutil import DirectoryLock
 from dsa_train.optim.format import HEADER_BYTES, RowSpec
-from dsa_train.train import cleanup
 from dsa_train.train.cleanup import plan_clean, remove
 from dsa_train.train.run_folder import RUN_FORMAT
 

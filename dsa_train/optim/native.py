@@ -79,7 +79,7 @@ class CacheError(OSError):
     """No kernel cache folder is safe to load a library from (each one's reason is given)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load() -> RowKernel | None:
     """The kernel, compiling it if needed; ``None`` (with one warning) when unavailable."""
     if os.environ.get("DSA_NATIVE", "1") == "0":
