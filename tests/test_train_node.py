@@ -9,7 +9,9 @@ import torch
 from typer.testing import CliRunner
 
 from dsa_train.cli.app import app
+from dsa_train.data.graphs import load_graph
 from dsa_train.models import node
+from dsa_train.recipe import DatasetConfig
 from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
 
@@ -54,8 +56,18 @@ def test_karate_quickstart(tmp_path):
     assert result.exit_code == 0, result.stderr
     assert "karate-node2vec: test" in result.stdout and "probe" in result.stdout
     final = records(out, "summary")[0]["final"]["test"]["probe"]
-    assert final["nodes"] == 30 and final["train_accuracy"] == 1.0
-    assert final["accuracy"] > 0.25  # above chance for four communities
+    assert final["nodes"] == 30
+    # The probe fits its 4 training nodes (one per community) whatever the embeddings, so its
+    # train accuracy of 1.0 says nothing. What training must give: communities in the geometry
+    # (a node's nearest node is of its community: 0.85-0.97 trained, at most 0.47 untrained,
+    # seeds 0-5) and a test accuracy untrained embeddings do not reach (0.53 here; at most 0.37
+    # untrained, seeds 0-5; chance is 0.25).
+    weight = torch.load(sorted((out / "checkpoints").iterdir())[-1] / "model.pt")["embedding.weight"]
+    labels = load_graph(DatasetConfig(kind="karate")).labels.long()
+    unit = torch.nn.functional.normalize(weight.float(), dim=1)
+    nearest = (unit @ unit.T).fill_diagonal_(-2).argmax(1)
+    assert (labels[nearest] == labels).double().mean() > 0.75
+    assert final["accuracy"] > 0.4
 
 
 @pytest.mark.parametrize(
