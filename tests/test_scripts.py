@@ -22,12 +22,23 @@ def bash(*args, **env):
 
 @pytest.mark.parametrize("script", ["setup_box.sh", "run_benchmarks.sh"])
 def test_help_and_unknown_options(script):
-    text = (SCRIPTS / script).read_text()
-    assert "set -euo pipefail" in text
     shown = bash(SCRIPTS / script, "--help")
     assert shown.returncode == 0 and shown.stdout.startswith("Usage: scripts/")
     wrong = bash(SCRIPTS / script, "--bogus")
     assert wrong.returncode == 2 and "unknown option --bogus" in wrong.stderr
+
+
+@pytest.mark.parametrize(
+    "script,args", [("setup_box.sh", ["--no-install", "--check-only"]), ("run_benchmarks.sh", ["--quick"])]
+)  # fmt: skip
+def test_a_failing_step_stops_the_script(tmp_path, script, args):
+    """The first command that fails ends the script with its status: nothing after it runs."""
+    failing = tmp_path / "python"
+    failing.write_text("#!/bin/sh\necho ran \"$@\"\nexit 3\n")
+    failing.chmod(0o755)
+    result = bash(SCRIPTS / script, *args, "--dir" if script == "run_benchmarks.sh" else "--state-dir", tmp_path, PYTHON=str(failing))
+    assert result.returncode == 3, (result.stdout, result.stderr)
+    assert result.stdout.count("ran ") == 1, result.stdout  # one failed step, the next one never ran
 
 
 def test_setup_box_checks_this_machine(tmp_path):
