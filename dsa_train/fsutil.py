@@ -30,7 +30,18 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .errors import StateError
+from .errors import DsaError, StateError
+
+
+def require_linux(what: str) -> None:
+    """Refuse to start on a system other than Linux, where dsa-train's state would not be safe:
+    its locks are ``flock``, its copies ``copy_file_range`` and reflink clones, its memory
+    figures ``/proc``. A clear error at start instead of an ``AttributeError`` mid-run."""
+    if not sys.platform.startswith("linux"):
+        raise DsaError(
+            f"{what} runs on Linux only (its file locks, copies and memory figures are Linux's), and this is {sys.platform}",
+            hint="run it on Linux: a Linux machine, WSL2 on Windows, a Linux container, or Colab",
+        )
 
 
 def fsync_directory(path: Path) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import warnings
+
 import typer
 
 from .. import __version__
+from ..errors import DsaError
+from ..fsutil import require_linux
 from ..threads import prefer_sleeping_threads
 from .clean import clean
 from .eval import eval_
@@ -44,6 +48,18 @@ def main_options(
     """Train huge sparse embedding tables on one machine, with Adam's moments on disk."""
 
 
+#: Warnings from dependencies that a user can do nothing about (PyG calls torch.jit.script at
+#: import; torch notes once that sparse invariant checks are off): not printed on every command.
+THIRD_PARTY_WARNINGS = (r"`torch\.jit\.script` is deprecated", r"Sparse invariant checks are implicitly disabled")
+
+
 def main() -> None:
+    try:
+        require_linux("dsa-train")
+    except DsaError as e:
+        typer.echo(f"Error: {e.message}\nHint: {e.hint}", err=True)
+        raise SystemExit(1) from None
+    for message in THIRD_PARTY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
     prefer_sleeping_threads()  # before any command imports torch
     app()

@@ -13,6 +13,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from ..errors import StateError, TrainingError
+from ..fsutil import require_linux
 from . import native
 from .functional import (
     AdamStep,
@@ -105,6 +106,7 @@ class DiskSparseAdam(Optimizer):
         first_moment: str = "full",
         second_moment: str = "full",
     ) -> None:
+        require_linux("DiskSparseAdam")
         _check_hyperparameters(lr, betas, eps)
         if nonfinite not in ("error", "skip"):
             raise ValueError(f"Invalid nonfinite policy: {nonfinite!r} (use 'error' or 'skip')")
