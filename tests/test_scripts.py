@@ -34,7 +34,7 @@ def test_help_and_unknown_options(script):
 def test_a_failing_step_stops_the_script(tmp_path, script, args):
     """The first command that fails ends the script with its status: nothing after it runs."""
     failing = tmp_path / "python"
-    failing.write_text("#!/bin/sh\necho ran \"$@\"\nexit 3\n")
+    failing.write_text('#!/bin/sh\necho ran "$@"\nexit 3\n')
     failing.chmod(0o755)
     result = bash(SCRIPTS / script, *args, "--dir" if script == "run_benchmarks.sh" else "--state-dir", tmp_path, PYTHON=str(failing))
     assert result.returncode == 3, (result.stdout, result.stderr)
