@@ -98,6 +98,16 @@ def run(
         try:
             training.setup(resume=resume)
             summary = training.train()
+        except KeyboardInterrupt:
+            training.close(after_error=True)
+            typer.echo("", err=True)
+            typer.echo(
+                f"Interrupted at step {training.step_count:,}"
+                + (", checkpoint written" if training.interrupted else "")
+                + f". Continue with: dsa-train run {recipe} --resume -o {folder.path}",
+                err=True,
+            )
+            raise typer.Exit(130) from None
         except BaseException:
             training.close(after_error=True)  # the first error is the one the user sees
             raise

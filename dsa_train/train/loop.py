@@ -21,8 +21,11 @@ torch's Adam at ``optimizer.dense_lr``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Protocol
@@ -145,6 +148,7 @@ class Training:
         self.recipe = recipe
         self.world = world  # this rank's place in a torchrun job (distributed.group.World), or None
         self.commit = None  # called with the step after each checkpoint (a torchrun job's manifest)
+        self.interrupted = False  # Ctrl-C during train(): stop after the step, with a checkpoint
         self.run = run
         self.reporter = reporter or SilentReporter()
         self.device = resolve_device(recipe.train.device)
@@ -219,8 +223,12 @@ class Training:
 
     # -- training -------------------------------------------------------------------------
     def train(self) -> dict:
-        """Run the remaining epochs, the final checkpoint and evaluation; returns the summary."""
-        with PeakRssAnon(interval=0.1) as anon:
+        """Run the remaining epochs, the final checkpoint and evaluation; returns the summary.
+
+        Ctrl-C (SIGINT) ends the step under way, writes a checkpoint and raises
+        ``KeyboardInterrupt`` (so ``--resume`` continues from there); a second Ctrl-C stops at
+        once. Only in the main thread, where Python delivers signals."""
+        with PeakRssAnon(interval=0.1) as anon, self._checkpoint_on_interrupt():
             summary = self._train()
         summary["peak_rss_anon_mib"] = round(anon.peak / MiB, 1)
         self.metrics.log(summary)
@@ -250,6 +258,7 @@ class Training:
                 self.reporter.step_done(1, loss, rate, self.task.unit)
                 if cfg.checkpoint_every and self.step_count % cfg.checkpoint_every == 0:
                     self.save_checkpoint()
+                self._stop_if_interrupted()
             if self.batch < steps_per_epoch:  # stopped by max_steps inside the epoch
                 break
             seconds = time.perf_counter() - epoch_started
@@ -285,6 +294,31 @@ class Training:
             "final": final,
         }
         return summary
+
+    @contextlib.contextmanager
+    def _checkpoint_on_interrupt(self):
+        self.interrupted = False
+        if threading.current_thread() is not threading.main_thread() or self.world is not None:
+            yield  # (the ranks of a job would each stop at another step: there, Ctrl-C stops at once)
+            return
+
+        def first(signum, frame) -> None:
+            self.interrupted = True
+            self.reporter.note("interrupted: finishing this step and writing a checkpoint (Ctrl-C again stops at once)")
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # the second one raises KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, first)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _stop_if_interrupted(self) -> None:
+        if self.interrupted:
+            last = complete_checkpoints(self.run.checkpoints)
+            if not last or int(last[-1].name) != self.step_count:
+                self.save_checkpoint()
+            raise KeyboardInterrupt
 
     def _step_limit_reached(self) -> bool:
         limit = self.recipe.train.max_steps
