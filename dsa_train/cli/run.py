@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from ..recipe import Recipe, load_recipe, recipe_differences
-from ..train.run_folder import RunFolder
+from ..train.run_folder import MetricsLog, RunFolder, complete_checkpoints
 from ._errors import debug, handle_errors
 from ._output import ProgressReporter, metrics_table, stdout
 from .recipes import find_recipe
@@ -86,12 +86,22 @@ def run(
         folder.lock()  # a second process on this run folder stops here, told who holds it
     else:
         folder = RunFolder.create(config, output)  # locked before anything is written into it
+    discard = False
     try:
         if resume:
             saved = folder.read_config(overrides)
             _warn_differences(config, saved)
             config = saved
             folder.write_config(config)
+            done = _finished(folder, config)
+            if done is not None:
+                stdout.print(
+                    f"{folder.path} is finished: {_count(done['step'], 'step')}, {_count(done['epochs'], 'epoch')}; nothing to resume. "
+                    f"Its final metrics are in {folder.metrics_path.name} (dsa-train eval {folder.path} scores it again); "
+                    "to train longer, resume with --set train.epochs=<more>",
+                    highlight=False,
+                )
+                return
         reporter = ProgressReporter()
         reporter.note(f"run folder: {folder.path}")
         training = Training(config, folder, reporter=reporter)
@@ -110,10 +120,16 @@ def run(
             raise typer.Exit(130) from None
         except BaseException:
             training.close(after_error=True)  # the first error is the one the user sees
+            # a new run that failed before its first step leaves nothing behind (no folder that
+            # clean would not know and --resume would pick)
+            discard = not resume and training.step_count == 0 and not complete_checkpoints(folder.checkpoints)
             raise
         training.close()
     finally:
         folder.release()
+        if discard:
+            folder.discard()
+            typer.echo(f"(removed {folder.path}: the run stopped before its first step)", err=True)
     for split, metrics in training.final_metrics.items():
         stdout.print(metrics_table(f"{config.name}: {split}", metrics))
     stdout.print(
@@ -124,6 +140,22 @@ def run(
         + f"\nrun folder: {folder.path}",
         highlight=False,
     )
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
+def _finished(folder: RunFolder, config: Recipe) -> dict | None:
+    """The run's summary record if it finished the training ``config`` asks for, else ``None``."""
+    if not folder.metrics_path.is_file():
+        return None
+    records = MetricsLog.read(folder.metrics_path)
+    last = records[-1] if records else {}
+    if last.get("kind") != "summary":
+        return None
+    limit = config.train.max_steps
+    return last if last.get("epochs", 0) >= config.train.epochs or (limit is not None and last.get("step", 0) >= limit) else None
 
 
 def launch_local(nproc: int) -> int:

@@ -22,6 +22,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -97,6 +98,7 @@ class RunFolder:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._lock: DirectoryLock | None = None
+        self._created = False  # made by create() in this process
 
     @property
     def config_path(self) -> Path:
@@ -155,6 +157,7 @@ class RunFolder:
         cls._refuse_non_empty(path)
         path.mkdir(parents=True, exist_ok=True)
         run = cls(path)
+        run._created = True
         run.lock()  # before the first byte: a second process started at the same instant stops here
         try:
             cls._refuse_non_empty(path)
@@ -228,6 +231,14 @@ class RunFolder:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    def discard(self) -> None:
+        """Remove a run folder this process created and that holds nothing worth keeping (a
+        run that failed before its first step). Only for a folder ``create`` made (it refuses a
+        non-empty one, so all inside is the run's); links inside are removed, never followed."""
+        if not self._created:
+            raise RuntimeError("discard() is for a run folder this process created")
+        shutil.rmtree(self.path, ignore_errors=True)
 
     def write_config(self, recipe: Recipe) -> None:
         atomic_write_bytes(self.config_path, recipe_to_yaml(recipe).encode())

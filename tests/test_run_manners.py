@@ -1,0 +1,52 @@
+"""What `dsa-train run` leaves and says around the edges of a run: a new run that fails before
+its first step leaves no folder behind; `--resume` of a finished run says so and trains
+nothing (until asked for more epochs). References: the file system and the metrics log."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from dsa_train.cli.app import app
+
+RECIPE = """
+name: small
+dataset:
+  kind: synthetic
+  synthetic: {entities: 200, relations: 3, triples: 1500, valid: 20, test: 20, seed: 4}
+model: {kind: distmult, dim: 8}
+train: {epochs: 1, batch_size: 64, negatives: 16, device: cpu}
+eval: {final_splits: []}
+"""
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, ["run", *args], terminal_width=300)
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("DSA_DATA_ROOT", str(tmp_path / "no-data"))
+    recipe = tmp_path / "umls.yaml"
+    recipe.write_text("name: u\ndataset: {kind: tsv, path: umls}\nmodel: {kind: transe, dim: 8}\n")
+    result = _run(str(recipe), "-o", str(tmp_path / "runs" / "u"))
+    assert result.exit_code == 1 and "lacks train.txt" in result.output
+    assert not (tmp_path / "runs" / "u").exists() and "removed" in result.output
+    again = _run(str(recipe), "-o", str(tmp_path / "runs" / "u"), "--resume")  # nothing to pick up
+    assert again.exit_code == 1 and "is not a run folder" in again.output
+
+
+def test_resuming_a_finished_run_says_so_and_trains_nothing(tmp_path):
+    recipe, run = tmp_path / "small.yaml", tmp_path / "run"
+    recipe.write_text(RECIPE)
+    assert _run(str(recipe), "-o", str(run)).exit_code == 0
+    before = (run / "metrics.jsonl").read_text()
+    steps = json.loads(before.splitlines()[-1])["step"]
+    finished = _run(str(recipe), "-o", str(run), "--resume")
+    assert finished.exit_code == 0 and f"is finished: {steps} steps, 1 epoch; nothing to resume" in finished.output
+    assert (run / "metrics.jsonl").read_text() == before  # nothing trained, evaluated or logged
+    longer = _run(str(recipe), "-o", str(run), "--resume", "--set", "train.epochs=2")
+    assert longer.exit_code == 0 and f"{2 * steps} steps, 2 epochs" in longer.output
+    records = [json.loads(line) for line in Path(run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epochs"] for r in records if r["kind"] == "summary"] == [2]  # cut back to the checkpoint, then one summary
