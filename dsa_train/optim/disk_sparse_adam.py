@@ -498,7 +498,7 @@ def _step_through_host(
     Splitting the rows into chunks to pipeline copies with the host update would save at
     most the copies: 32 MiB each way for 65,536 float32 rows of 128, about 1.5 ms at the
     bus's rate (an estimate, not measured here), against the host update's tens of ms
-    (README's Benchmarks: 27-59 ms for such a step on two CPU cores).
+    (docs/benchmarks.md: 27-59 ms for such a step on two CPU cores).
 
     Without ``staging`` (another accelerator, or a CPU parameter in the tests) the copies
     are ordinary blocking ones into new buffers.
