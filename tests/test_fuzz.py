@@ -45,20 +45,87 @@ overrides = st.lists(
 )
 texts = st.one_of(documents.map(lambda d: yaml.safe_dump(d, allow_unicode=True)), st.text(max_size=200))
 
-PART = r"(?:\w+|'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|-?\d+|None|True|False|-?[\d.e+-]+|nan|inf|-inf)"
-PROBLEM = re.compile(rf"^({PART}(?:\.{PART})*|--set .*|\(top level\)|not valid YAML.*|the top level must be .*|cannot read .*)(\s|:)", re.S)
+SECTIONS = {k.rpartition(".")[0] for k in KEYS}  # "" is the top level
+
+# A problem says where, then what: "model.dim (line 4): must be > 0, got -1", "dataset.'a b'
+# (line 2): unknown key; ...", "train.seed (from --set): ...", "--set x: ...", "not valid YAML
+# (line 3): ...". A key part is a name (str.isidentifier), a list index, or the repr of any other key.
+PART = r"(?:datetime\.\w+\([\d, ]*\)|b?'(?:[^'\\]|\\.)*'|b?\"(?:[^\"\\]|\\.)*\"|[^\s.'\"():\\]+|-?\.\d+(?:e[+-]?\d+)?)"
+KEYED = re.compile(
+    rf"(?P<path>{PART}(?:\.{PART})*|\(top level\))"
+    r"(?: \((?:line (?P<line>\d+)|from (?P<origin>--set|the file name)|in the section at line (?P<section>\d+))\))?: (?P<what>\S.*)",
+    re.S,
+)
+WHOLE = re.compile(r"--set \S.*: \S.*|not valid YAML(?: \(line (?P<line>\d+)\))?: \S.*|the top level must be a mapping of sections, got .+", re.S)
+# The composer's refusals (a bomb, a cycle, too deep) and duplicate keys can be at any path.
+ANYWHERE = ("duplicate key", "the recipe has more than", "an alias refers to itself", "nested deeper than", "nested too deeply")
+
+
+def where_problem(problem: str, text: str, sets: list[str]) -> str | None:
+    """What is wrong with a problem's message (None: nothing): it must name a place that
+    exists, a recipe key (or the section of an unknown one) at a line of the text, or an
+    override that was given."""
+    lines = text.count("\n") + 2  # PyYAML may point one line past the last one
+    whole = WHOLE.fullmatch(problem)
+    if whole:
+        if problem.startswith("--set") and not sets:
+            return "names an override, none was given"
+        line = whole.group("line")
+        return None if line is None or 1 <= int(line) <= lines else f"line {line} of a text of {lines - 1} lines"
+    keyed = KEYED.fullmatch(problem)
+    if not keyed:
+        return "does not start with where it is"
+    for line in (keyed.group("line"), keyed.group("section")):
+        if line is not None and not 1 <= int(line) <= lines:
+            return f"line {line} of a text of {lines - 1} lines"
+    if keyed.group("origin") == "--set" and not sets:
+        return "names an override, none was given"
+    path = keyed.group("path")
+    parts, at = [], 0
+    while path != "(top level)" and at < len(path):
+        parts.append(re.compile(PART).match(path, at).group())
+        at += len(parts[-1]) + 1  # and the dot
+    while parts and re.fullmatch(r"-?\d+", parts[-1]):  # a list item: its list is the key
+        parts.pop()
+    key, section, what = ".".join(parts), ".".join(parts[:-1]), keyed.group("what")
+    if what.startswith("unknown key"):
+        return None if section in SECTIONS else f"an unknown key in {section!r}, not a section"
+    if what.startswith(ANYWHERE) or key in KEYS or key == "":
+        return None
+    return f"{key!r} is not a recipe key"
 
 
 def check(text, sets):
     try:
         recipe = parse_recipe(text, overrides=sets)
     except ConfigError as e:
-        assert e.problems and all(PROBLEM.match(p) for p in e.problems), e.problems
+        assert e.problems, "a ConfigError without problems"
+        for problem in e.problems:
+            assert where_problem(problem, text, sets) is None, (problem, where_problem(problem, text, sets))
         return None
     assert isinstance(recipe, Recipe)
     name = recipe.output.run_name  # paths from a recipe never reach outside the runs folder
     assert name is None or ("/" not in name and not name.startswith("."))
     return recipe
+
+
+def test_the_check_refuses_problems_that_do_not_say_where():
+    text = "model:\n  dim: -1\n"
+    for good in ("model.dim (line 2): must be > 0, got -1", "model.'a.b' (line 2): unknown key; valid keys: kind, dim",
+                 "eval.final_splits.0 (from --set): must be one of 'valid', 'test', got 3", "dataset: missing (required)",
+                 "not valid YAML (line 3): found character '\\t' that cannot start any token"):  # fmt: skip
+        assert where_problem(good, text, ["eval.final_splits=[3]"]) is None, good
+    for bad, sets in (
+        ("invalid literal for int() with base 10: 'x'", []),  # a bare exception's text
+        ("KeyError: 'kind'", []),
+        ("Traceback (most recent call last):", []),
+        ("expected a whole number, got text ('x')", []),  # the place lost
+        ("modle.dim (line 2): must be > 0, got -1", []),  # not a recipe key
+        ("model.dim (line 9): must be > 0, got -1", []),  # past the end of the text
+        ("train.seed (from --set): must be a whole number", []),  # no override was given
+        ("model.dim.x (line 2): unknown key; valid keys: ", []),  # dim is not a section
+    ):
+        assert where_problem(bad, text, sets) is not None, bad
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
