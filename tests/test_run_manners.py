@@ -34,7 +34,7 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path, monke
     assert result.exit_code == 1 and "lacks train.txt" in result.output
     assert not (tmp_path / "runs" / "u").exists() and "removed" in result.output
     again = _run(str(recipe), "-o", str(tmp_path / "runs" / "u"), "--resume")  # nothing to pick up
-    assert again.exit_code == 1 and "is not a run folder" in again.output
+    assert again.exit_code == 1 and "does not exist" in again.output
 
 
 def test_resuming_a_finished_run_says_so_and_trains_nothing(tmp_path):
@@ -50,3 +50,17 @@ def test_resuming_a_finished_run_says_so_and_trains_nothing(tmp_path):
     assert longer.exit_code == 0 and f"{2 * steps} steps, 2 epochs" in longer.output
     records = [json.loads(line) for line in Path(run / "metrics.jsonl").read_text().splitlines()]
     assert [r["epochs"] for r in records if r["kind"] == "summary"] == [2]  # cut back to the checkpoint, then one summary
+
+
+def test_help_shows_no_type_placeholders_for_flags_or_lists():
+    runner = CliRunner()
+    for command in ("run", "eval", "import", "inspect-state", "clean", "recipes", "validate"):
+        shown = runner.invoke(app, [command, "--help"], terminal_width=200).output
+        assert "<bool>" not in shown and "list[" not in shown, (command, shown)
+    assert "KEY=VALUE" in runner.invoke(app, ["run", "--help"], terminal_width=200).output
+
+
+def test_eval_of_a_missing_folder_says_it_does_not_exist(tmp_path):
+    result = CliRunner().invoke(app, ["eval", str(tmp_path / "nothing")])
+    assert result.exit_code == 1 and f"run folder '{tmp_path / 'nothing'}' does not exist" in result.output
+    assert "Hint:" in result.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import typer
+from typer.core import TyperArgument, TyperOption
 
 from .. import __version__
 from ..errors import DsaError
@@ -16,6 +17,18 @@ from .import_data import import_
 from .inspect_state import inspect_state
 from .recipes import recipes, validate
 from .run import run
+
+def _no_type_placeholders() -> None:
+    """Typer's help writes ``<bool>`` in the type column of every on/off flag (``--help``
+    included), which reads as if the flag took a value, and ``<list[Path]>`` beside an
+    argument that its name already says repeats: flags show no type, and an argument with a
+    metavar shows only that (options with one show it in the type column, as before)."""
+    option_type, argument_type = TyperOption.display_type_rich, TyperArgument.display_type_rich
+    TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else option_type(self, ctx)
+    TyperArgument.display_type_rich = lambda self, ctx: None if self.metavar else argument_type(self, ctx)
+
+
+_no_type_placeholders()
 
 app = typer.Typer(
     name="dsa-train",

@@ -25,7 +25,7 @@ def _default_paths() -> list[Path]:
 @handle_errors
 def clean(
     paths: list[Path] = typer.Argument(
-        None, help="Run folders, state directories, or folders holding them. Default: ./runs and state directories in .", show_default=False
+        None, metavar="PATH", help="Run folders, state directories, or folders holding them. Default: ./runs and state directories in .", show_default=False
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan and remove nothing."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Remove without asking."),

@@ -19,7 +19,7 @@ def import_(
     source: Path = typer.Argument(
         ..., help="A recipe (its dataset is imported) or a folder of train.txt, valid.txt, test.txt.", show_default=False
     ),
-    set_: list[str] = typer.Option([], "--set", help="Override a recipe key, e.g. --set dataset.root=/data (repeatable).", show_default=False),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set dataset.root=/data (repeatable).", show_default=False),
     root: Path | None = typer.Option(
         None, "--root", help="The data root to import under. Default: dataset.root, else $DSA_DATA_ROOT, else ./datasets.", show_default=False
     ),

@@ -88,7 +88,7 @@ def recipes(
 @handle_errors
 def validate(
     recipe: Path = typer.Argument(..., help="The recipe: a YAML file, or a recipe's name (dsa-train recipes lists them).", show_default=False),
-    set_: list[str] = typer.Option([], "--set", help="Override a recipe key, e.g. --set train.epochs=5 (repeatable).", show_default=False),
+    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set train.epochs=5 (repeatable).", show_default=False),
     show: bool = typer.Option(False, "--show", help="Print the resolved recipe (every key, defaults filled in)."),
 ) -> None:
     """Check a recipe completely without training: every problem at once, with its dotted path.

@@ -28,7 +28,7 @@ class Device(str, Enum):
 def run(
     recipe: Path = typer.Argument(..., help="The recipe: a YAML file, or a shipped recipe's name (dsa-train recipes lists them).", show_default=False),
     set_: list[str] = typer.Option(
-        [], "--set", help="Override a recipe key, e.g. --set train.epochs=5 (repeatable).", show_default=False
+        [], "--set", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set train.epochs=5 (repeatable).", show_default=False
     ),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="The run folder. Default: <output.dir>/<recipe name>-<timestamp>.", show_default=False
@@ -39,7 +39,7 @@ def run(
     device: Device | None = typer.Option(None, "--device", help="Where the model computes. Default: the recipe's train.device."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the recipe and show what would run; train nothing."),
     nproc: int | None = typer.Option(
-        None, "--nproc", min=1, show_default=False,
+        None, "--nproc", min=1, show_default=False, metavar="N",
         help="Train over this many processes on this machine, the entity table split between them "
         "(as torchrun --standalone --nproc-per-node N -m dsa_train run ... would; see docs/distributed.md).",
     ),

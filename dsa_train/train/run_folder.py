@@ -185,6 +185,11 @@ class RunFolder:
     def find(cls, path: Path) -> RunFolder:
         """An existing run folder; a ``StateError`` says what is missing or wrong."""
         run = cls(path)
+        if not os.path.lexists(path):
+            raise StateError(
+                f"run folder '{path}' does not exist",
+                hint="pass the folder that `dsa-train run` created, for example runs/<recipe>-<timestamp> (ls runs/ lists them)",
+            )
         if not run.config_path.is_file():
             raise StateError(
                 f"'{path}' is not a run folder (it has no {cls.CONFIG})",
