@@ -463,7 +463,7 @@ def test_inspect_state_reads_a_checkpoint_kept_as_a_delta_on_the_initial_table(p
     first = parts.save(tmp_path / "checkpoints", 3)
     moments = parts.table.table.rows.moments.clone()
     parts.train(3, 3)  # the live table moves on; the checkpoint's version stays
-    inspector = StateInspector.of(first / "optimizer_state")
+    inspector = StateInspector(first / "optimizer_state", checkpoint=first)
     touched = np.flatnonzero(moments[:, 1].abs().sum(1).numpy())
     asked = [int(touched[0]), int(touched[-1]), ROWS - 1 if ROWS - 1 not in touched else 1]
     m, v = inspector.read_rows("table.weight", asked)

@@ -221,7 +221,7 @@ def test_inspect_state_reads_moments_from_the_table(tmp_path):
     disk(torch.tensor([3, 3, 7])).sum().backward()
     opt.step()
     opt.flush()
-    inspector = StateInspector.of(tmp_path / "state")
+    inspector = StateInspector(tmp_path / "state")
     m, v = inspector.read_rows("weight", [3, 7, 8])
     assert torch.equal(torch.from_numpy(m).float(), disk.table.rows.moments[[3, 7, 8], 0])
     assert torch.equal(torch.from_numpy(v).float(), disk.table.rows.moments[[3, 7, 8], 1])

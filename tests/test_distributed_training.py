@@ -56,7 +56,7 @@ def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume:
     training, _, _ = train_rank(recipe, from_environment(), output=Path(folder), resume=resume, reporter=SilentReporter(), overrides=overrides)
     task = training.task
     local = torch.arange(task.entity_rows())
-    m, v = StateInspector.of(training.run.state_dir(recipe)).read_rows("node_emb.weight", local.numpy())
+    m, v = StateInspector(training.run.state_dir(recipe)).read_rows("node_emb.weight", local.numpy())
     weights = task.model.node_emb.weight.detach().clone()
     torch.save(
         {

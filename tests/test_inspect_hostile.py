@@ -138,7 +138,7 @@ def test_asked_rows_are_read_in_chunks_and_match_the_file(state, monkeypatch):
     reads = []
     real = os.pread
     monkeypatch.setattr(inspect_module.os, "pread", lambda fd, n, at: reads.append(n) or real(fd, n, at))
-    inspector = StateInspector.of(state)
+    inspector = StateInspector(state)
     chunks = list(inspector.iter_rows("weight", [(0, 1000), (998, 1000)]))
     assert max(reads) <= inspect_module.CHUNK_BYTES and len(chunks) >= 2
     raw = np.fromfile(state / "weight.rows", dtype=np.float32, offset=HEADER_BYTES).reshape(ROWS, 2, DIM)
@@ -170,7 +170,7 @@ def test_a_row_file_of_the_wrong_size_is_a_clean_error(state, change, args):
 
 def test_a_truncated_row_file_is_a_state_error_in_the_library_too(state):
     os.truncate(state / "weight.rows", HEADER_BYTES + 10 * 32 + 5)
-    inspector = StateInspector.of(state)
+    inspector = StateInspector(state)
     for read in (lambda: inspector.summary("weight"), lambda: inspector.read_rows("weight", [0, 1]),
                  lambda: inspector.statistics("weight"), lambda: inspector.check("weight")):  # fmt: skip
         with pytest.raises(StateError, match=r"is 4,421 bytes, but 1,000 rows .* need 36,096 \(truncated\)"):
@@ -227,7 +227,7 @@ def test_check_counts_every_bad_row_and_lists_the_first_few(state):
     path, spec = state / "weight.rows", weight_spec()
     for row in range(100, 140):
         poke(path, spec, row, "v", -1.0)
-    check = StateInspector.of(state).check("weight")
+    check = StateInspector(state).check("weight")
     assert check["bad_rows"] == 40
     assert check["problems"] == {"v_negative": {"rows": 40, "first": [100, 101, 102, 103, 104]}}
 
@@ -258,6 +258,6 @@ def test_check_streams_in_chunks_of_a_few_thousand_rows(tmp_path, monkeypatch):
     reads = []
     real = os.pread
     monkeypatch.setattr(inspect_module.os, "pread", lambda fd, n, at: reads.append(n) or real(fd, n, at))
-    check = StateInspector.of(path).check("weight")
+    check = StateInspector(path).check("weight")
     assert check["rows_read"] == 20_000 and check["problems"] == {"v_not_finite": {"rows": 1, "first": [19_999]}}
     assert len(reads) >= 5 and max(reads) <= 4096 * spec.row_bytes

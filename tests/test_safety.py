@@ -221,7 +221,8 @@ def test_resume_never_touches_a_state_dir_that_is_not_the_runs(run, tmp_path, fo
     before = tree(target)
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(TINY % {"model": "transe", "optimizer": "dsa", "storage": "memory"})
-    result = invoke("run", recipe, "--output", run, "--resume", "--set", f"optimizer.state_dir={target}")
+    # more epochs than the (finished) run had, so the resume goes on to open the state
+    result = invoke("run", recipe, "--output", run, "--resume", "--set", f"optimizer.state_dir={target}", "--set", "train.epochs=99")
     assert result.exit_code == 1 and "nothing in it was changed" in result.stderr
     assert tree(target) == before
 
@@ -273,7 +274,7 @@ def test_a_tampered_checkpoint_never_runs_code(run, tmp_path, file):
     reseal(newest)
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(TINY % {"model": "transe", "optimizer": "dsa", "storage": "memory"})
-    result = invoke("run", recipe, "--output", run, "--resume")
+    result = invoke("run", recipe, "--output", run, "--resume", "--set", "train.epochs=99")  # more: the finished run loads its checkpoint
     assert not PWNED.exists()
     assert result.exit_code == 1 and "holds something other than tensors" in result.stderr
     assert "Traceback" not in result.stderr
@@ -314,7 +315,7 @@ def test_a_checkpoint_of_another_run_is_refused(run, tmp_path):
     reseal(newest, run_id="0" * 32)
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(TINY % {"model": "transe", "optimizer": "dsa", "storage": "memory"})
-    result = invoke("run", recipe, "--output", run, "--resume")
+    result = invoke("run", recipe, "--output", run, "--resume", "--set", "train.epochs=99")  # more: the finished run loads its checkpoint
     assert result.exit_code == 1 and "belongs to run" in result.stderr
 
 

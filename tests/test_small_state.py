@@ -59,7 +59,7 @@ def test_smaller_state_follows_its_reference(tmp_path, first, second):
         torch.testing.assert_close(emb.weight.detach(), reference.weight, rtol=1e-5, atol=1e-7)
     opt.flush()
     # What is on disk is the compact state: m (rounded) and v, readable by inspect-state.
-    m, v = StateInspector.of(tmp_path / "s").read_rows("weight", list(range(ROWS)))
+    m, v = StateInspector(tmp_path / "s").read_rows("weight", list(range(ROWS)))
     torch.testing.assert_close(torch.tensor(m).float(), reference.m, rtol=1e-6, atol=0)
     torch.testing.assert_close(torch.tensor(v).float(), reference.v.expand(ROWS, DIM), rtol=1e-6, atol=0)
     opt.close()

@@ -13,7 +13,8 @@ from rich.table import Table
 from ..errors import DsaError, StateError
 from ..optim.inspect import PROBLEMS, StateInspector, live_holder
 from ..train.cleanup import is_job_folder, job_ranks
-from ..train.run_folder import JOB_MANIFEST, RANKS, job_checkpoints
+from ..optim.format import MANIFEST
+from ..train.run_folder import JOB_MANIFEST, RANKS, STATE_DIR, TRAINER, RunFolder, complete_checkpoints, job_checkpoints, read_marker
 from ._errors import handle_errors
 from ._output import ProgressReporter, stderr, stdout
 
@@ -112,10 +113,36 @@ def inspect_state(
         raise typer.Exit(1)
 
 
+def state_of(path: Path) -> tuple[Path, Path | None]:
+    """The state directory ``path`` names, and the checkpoint whose copy it is (or ``None``).
+
+    A run folder names the state its marker records (``optimizer_state/``, or a recipe's own
+    ``optimizer.state_dir``); a checkpoint folder names its copy. A run whose live state was
+    removed (``dsa-train clean``) points to its newest checkpoint's copy."""
+    path = Path(path)
+    if (path / TRAINER).is_file():  # a checkpoint folder
+        return path / STATE_DIR, path
+    if path.name == STATE_DIR and (path.parent / TRAINER).is_file():  # a checkpoint's copy
+        return path, path.parent
+    if read_marker(path) is None:
+        return path, None  # a state directory (StateInspector says if it is not one)
+    state = RunFolder(path).live_state_dir
+    if not (state / MANIFEST).is_file():
+        kept = complete_checkpoints(path / "checkpoints")
+        if kept:
+            raise DsaError(
+                f"run '{path}' has no live optimizer state any more (at '{state}': removed by dsa-train clean once the run "
+                f"finished, or never made); its checkpoints keep copies, the newest at step {int(kept[-1].name):,}",
+                hint=f"dsa-train inspect-state {kept[-1]}",
+            )
+    return state, None
+
+
 def _open(path: Path, param: str | None, selected: list[tuple[int, int]]) -> tuple[StateInspector, list[str]]:
     """The inspector of ``path`` and the parameters to show, once every refusal is made (a
     row range out of range, a truncated or swapped row file), before anything is printed."""
-    inspector = StateInspector.of(path)
+    state, checkpoint = state_of(path)
+    inspector = StateInspector(state, checkpoint=checkpoint)
     names = [param] if param else list(inspector.params)
     for name in names:
         inspector.check_ranges(name, selected)

@@ -52,15 +52,16 @@ class ParamSummary:
 
 
 class StateInspector:
-    """The manifest and sampled rows of a state directory (or of a run folder's).
+    """The manifest and sampled rows of a state directory (with ``checkpoint``: that checkpoint's copy of one).
 
     Every method that reads rows first checks the parameter's row file against the manifest
     (present, its header, its size: see :meth:`row_file`), so a truncated or swapped file is a
     :class:`StateError` that names it, never a numpy error.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, checkpoint: Path | None = None) -> None:
         self.path = Path(path)
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None  # a checkpoint's copy: its folder
         if not (self.path / MANIFEST).is_file():
             raise StateError(
                 f"'{path}' is not a DiskSparseAdam state directory (it has no {MANIFEST})",
@@ -68,23 +69,9 @@ class StateInspector:
             )
         self.manifest = load_manifest(self.path / MANIFEST)
 
-    @classmethod
-    def of(cls, path: Path) -> StateInspector:
-        """Inspect ``path``: a state directory, or a run folder's ``optimizer_state/``."""
-        path = Path(path)
-        if not (path / MANIFEST).is_file() and (path / "config.yaml").is_file():
-            return cls(path / "optimizer_state")
-        return cls(path)
-
     @property
     def params(self) -> dict[str, dict]:
         return self.manifest["params"]
-
-    @property
-    def checkpoint(self) -> Path | None:
-        """The checkpoint folder whose ``optimizer_state/`` this is, or ``None`` (a live state)."""
-        parent = self.path.parent
-        return parent if self.path.name == "optimizer_state" and (parent / "trainer.json").is_file() else None
 
     def chain(self, name: str) -> list:
         """The files that make the parameter's records: ``[row file]``, or in a checkpoint that

@@ -57,6 +57,7 @@ from .run_folder import (
     JOB_MANIFEST,
     PARTIAL,
     RANKS,
+    STATE_DIR as STATE,
     TRAINER,
     RunFolder,
     checkpoint_needs,
@@ -67,7 +68,6 @@ from .run_folder import (
 )
 
 SEARCH_DEPTH = 3  # how deep below a given folder runs and state directories are looked for
-STATE = "optimizer_state"
 CHECKPOINTS = "checkpoints"
 
 
@@ -336,6 +336,10 @@ def _plan_run(path: Path, plan: CleanPlan, keep_last: int) -> None:
     if run is not None:
         keep = {c: f"one of the newest {keep_last} checkpoints (--keep-last)" for c in (run.complete[-keep_last:] if keep_last else [])}
         _settle(run, plan, _with_needs(run, keep))
+        elsewhere = RunFolder(path).live_state_dir
+        if elsewhere != path / STATE and os.path.isdir(elsewhere):  # the recipe's own optimizer.state_dir
+            plan.kept.append((elsewhere, f"the optimizer state of run '{path}', outside its folder (optimizer.state_dir): "
+                                         f"dsa-train clean {elsewhere} removes it once the run is finished"))  # fmt: skip
 
 
 @dataclass

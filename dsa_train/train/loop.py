@@ -199,7 +199,7 @@ class Training:
             MetricsLog.truncate(self.run.metrics_path, 0)
             self.reporter.note(f"{self.run.path} has no checkpoint yet: starting it from the beginning")
         self.optimizer = build_optimizer(recipe.optimizer, self.task.sparse_parameters(), state_dir)
-        self.run.record_state_id(getattr(self.optimizer, "state_id", None))
+        self.run.record_state_id(getattr(self.optimizer, "state_id", None), state_dir)
         self.reporter.note(f"checkpoints: {checkpoint_mode(self.run.checkpoints, self.optimizer)}")
         dense = self.task.dense_parameters()
         if dense:

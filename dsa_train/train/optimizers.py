@@ -26,9 +26,9 @@ from ..optim import DiskSparseAdam
 from ..optim.deltas import DELTA_SUFFIX, chain_of, materialise
 from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, TABLE_LAYOUT, load_manifest
 from ..recipe import OptimizerConfig
-from .run_folder import TRAINER
+from .run_folder import STATE_DIR, TRAINER
 
-STATE_COPY = "optimizer_state"
+STATE_COPY = STATE_DIR  # a checkpoint's copy of the state has the live directory's name
 STATE_DICT = "optimizer.pt"
 RESTORING = ".restore-"  # prefix of a row file being restored (renamed into place when whole)
 

@@ -105,7 +105,7 @@ def _broadcast_steps(checkpoint: Path, source: int, world: World, names: list[st
     """The optimizer's step counter of each table at the checkpoint (every old rank's are equal)."""
     text = b""
     if world.rank == source:
-        params = StateInspector(checkpoint / STATE_COPY).params
+        params = StateInspector(checkpoint / STATE_COPY, checkpoint=checkpoint).params
         text = json.dumps({name: params[name]["step"] for name in names}).encode()
     return json.loads(_broadcast_bytes(text, source).decode())
 
@@ -116,7 +116,7 @@ def _moments(checkpoint: Path, name: str, start: int, stop: int) -> tuple[Tensor
     and a row-wise v, which float32 holds exactly)."""
     if stop <= start:
         return torch.empty(0), torch.empty(0)
-    parts = list(StateInspector(checkpoint / STATE_COPY).iter_rows(name, [(start, stop)]))
+    parts = list(StateInspector(checkpoint / STATE_COPY, checkpoint=checkpoint).iter_rows(name, [(start, stop)]))
     as_tensor = lambda arrays: torch.from_numpy(np.ascontiguousarray(np.concatenate(arrays), dtype=np.float32))  # noqa: E731
     return as_tensor([m for _, m, _ in parts]), as_tensor([v for _, _, v in parts])
 

@@ -47,7 +47,8 @@ RANK_NAME = re.compile(r"(\d+)-of-(\d+)")
 
 RUN_FORMAT = "dsa-train/run"
 RUN_VERSION = 1
-INNER = ("checkpoints", "tables", "optimizer_state", "config.yaml", "metrics.jsonl", "run.json")  # never links
+STATE_DIR = "optimizer_state"  # a run's live DiskSparseAdam state (unless optimizer.state_dir), and a checkpoint's copy
+INNER = ("checkpoints", "tables", STATE_DIR, "config.yaml", "metrics.jsonl", "run.json")  # never links
 
 
 def real_directories(folder: Path) -> list[Path]:
@@ -118,7 +119,16 @@ class RunFolder:
         return self.path / "tables"
 
     def state_dir(self, recipe: Recipe) -> Path:
-        return Path(recipe.optimizer.state_dir) if recipe.optimizer.state_dir else self.path / "optimizer_state"
+        """Where the run's optimizer state goes: the recipe's ``optimizer.state_dir``, else
+        ``optimizer_state/`` in the run folder."""
+        return Path(recipe.optimizer.state_dir) if recipe.optimizer.state_dir else self.path / STATE_DIR
+
+    @property
+    def live_state_dir(self) -> Path:
+        """Where the run's optimizer state is, from the run folder alone: the directory its
+        marker records (a recipe's own ``optimizer.state_dir``), else ``optimizer_state/``."""
+        recorded = (read_marker(self.path) or {}).get("state_dir")
+        return Path(recorded) if isinstance(recorded, str) and recorded else self.path / STATE_DIR
 
     @property
     def marker(self) -> dict:
@@ -135,11 +145,16 @@ class RunFolder:
     def run_id(self) -> str:
         return self.marker["run_id"]
 
-    def record_state_id(self, state_id: str | None) -> None:
-        """Remember which optimizer state directory is this run's (checked before it is reset)."""
+    def record_state_id(self, state_id: str | None, state_dir: Path | None = None) -> None:
+        """Remember which optimizer state directory is this run's (checked before it is reset)
+        and, when it is not the run folder's own ``optimizer_state/``, where it is."""
         marker = self.marker
-        if marker.get("state_id") != state_id:
-            atomic_write_bytes(self.path / self.MARKER, json.dumps({**marker, "state_id": state_id}, indent=2).encode())
+        where = str(Path(state_dir).resolve()) if state_dir is not None and Path(state_dir) != self.path / STATE_DIR else None
+        if marker.get("state_id") != state_id or marker.get("state_dir") != where:
+            record = {**marker, "state_id": state_id, **({"state_dir": where} if where else {})}
+            if not where:
+                record.pop("state_dir", None)
+            atomic_write_bytes(self.path / self.MARKER, json.dumps(record, indent=2).encode())
 
     @classmethod
     def create(cls, recipe: Recipe, path: Path | None = None) -> RunFolder:
