@@ -134,9 +134,18 @@ def test_clean_keep_last_zero_and_older_than(runs, tmp_path):
     assert list((runs / "tiny-1" / "checkpoints").iterdir()) == []
 
 
-def test_clean_asks_first(runs, tmp_path):
+def test_clean_asks_first(runs, tmp_path, monkeypatch):
+    from dsa_train.cli import clean
+
+    monkeypatch.setattr(clean, "can_ask", lambda: True)  # as on a terminal
     result = invoke("clean", runs, input="n\n")
     assert result.exit_code == 0 and "Cancelled: nothing removed." in result.stdout
+    assert len(list((runs / "tiny-1" / "checkpoints").iterdir())) == 3
+
+
+def test_clean_without_a_terminal_asks_for_yes_and_removes_nothing(runs):
+    result = invoke("clean", runs)  # the test's stdin is no terminal, as in a script
+    assert result.exit_code == 1 and "no terminal to confirm it on" in result.stderr and "pass --yes" in result.stderr
     assert len(list((runs / "tiny-1" / "checkpoints").iterdir())) == 3
 
 

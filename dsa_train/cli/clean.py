@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -75,6 +76,11 @@ def clean(
     if dry_run:
         stdout.print("Dry run: nothing removed.")
         return
+    if not yes and not can_ask():  # a script or a pipe: no one to answer the question
+        raise DsaError(
+            f"clean would remove the {len(plan.candidates)} items above, but there is no terminal to confirm it on",
+            hint="pass --yes to remove them without asking (or --dry-run to only list them)",
+        )
     if not yes and not typer.confirm(f"Remove these {len(plan.candidates)} items?", default=False, err=True):
         stdout.print("Cancelled: nothing removed.")
         return
@@ -86,6 +92,11 @@ def clean(
         except DsaError as e:
             stderr.print(str(e), highlight=False, soft_wrap=True)
     stdout.print(f"Removed {sum(1 for c in plan.candidates if not c.path.exists())} items, freed {_bytes(freed)}.")
+
+
+def can_ask() -> bool:
+    """Whether someone can answer a question: stdin is a terminal."""
+    return sys.stdin.isatty()
 
 
 def _shown(path: Path) -> str:
