@@ -26,7 +26,7 @@ from .optim.deltas import ChainReader
 from .optim.format import TABLE_LAYOUT, RowSpec, parse_row_header
 from .optim.prefetch import shared_prefetcher
 from .optim.row_file import DTYPES
-from .optim.table import Table
+from .optim.table import Table, register_weight
 
 STATE_KEY = "table"  # a disk module's state_dict entry: a reference to its table, not N x D weights
 
@@ -69,8 +69,15 @@ class DiskTable(nn.Module):
                 self.table.close()
                 self.table = Table.open(path, shape, dtype, writable=False)
         self.weight = nn.Parameter(self.table.weight, requires_grad=writable)
-        self.weight._dsa_table = self.table  # how DiskSparseAdam finds the records
+        register_weight(self.weight, self.table)  # how DiskSparseAdam finds the records
         self.output_device = torch.device(device) if device is not None else torch.device("cpu")
+
+    def __deepcopy__(self, memo):
+        raise TypeError(
+            f"{type(self).__name__} cannot be deep-copied: its weight is the memory-mapped table file "
+            f"'{self.table.path}', which a copy in memory would not be. Copy the file (after the optimizer's flush()) and "
+            f"open a new {type(self).__name__} on the copy, or copy the rest of the model without this module"
+        )
 
     @property
     def path(self) -> Path:

@@ -258,3 +258,20 @@ def test_a_table_records_how_it_was_made_and_an_older_header_still_opens(tmp_pat
     first = save_checkpoint(tmp_path / "checkpoints", 1, older, opt, {"step": 1}, keep=1)
     assert (first / "tables" / "t.table").is_file() and not (first / "tables" / "t.table.delta").exists()
     opt.close()
+
+
+def test_the_table_link_is_explicit_and_a_deepcopy_says_why_it_cannot(tmp_path):
+    """DiskSparseAdam finds a DiskEmbedding's table through the registry, not an attribute of
+    the tensor (a plain tensor with the same values is not a table's weight), and deepcopy of
+    a model holding one fails with a sentence naming the file instead of 'cannot pickle mmap'."""
+    import copy
+
+    from dsa_train.optim.table import table_of
+
+    emb = DiskEmbedding(50, 4, path=tmp_path / "t.table")
+    assert table_of(emb.weight) is emb.table
+    assert table_of(torch.nn.Parameter(emb.weight.detach().clone())) is None
+    assert not hasattr(emb.weight, "_dsa_table")
+    model = torch.nn.Sequential(emb)
+    with pytest.raises(TypeError, match=r"cannot be deep-copied: its weight is the memory-mapped table file '.*t\.table'"):
+        copy.deepcopy(model)

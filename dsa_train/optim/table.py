@@ -38,6 +38,7 @@ import json
 import math
 import os
 import uuid
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -310,6 +311,21 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
+#: Which table each registered weight parameter views: ``id(param) -> (weak reference to the
+#: parameter, table)``. A parameter's own attributes are not used: ``copy``/``deepcopy`` and
+#: ``Module._apply`` would carry or lose them behind the registry's back.
+_WEIGHTS: dict[int, tuple[weakref.ref, Table]] = {}
+
+
+def register_weight(param: torch.Tensor, table: Table) -> None:
+    """Record that ``param`` is the weight of ``table`` (its rows are the table's records),
+    so that :class:`DiskSparseAdam` keeps the moments in the same records. The entry goes
+    when the parameter is collected."""
+    key = id(param)
+    _WEIGHTS[key] = (weakref.ref(param, lambda _ref, key=key: _WEIGHTS.pop(key, None)), table)
+
+
 def table_of(param: torch.Tensor) -> Table | None:
-    """The disk table a parameter is the weight of, or ``None`` (see ``DiskEmbedding``)."""
-    return getattr(param, "_dsa_table", None)
+    """The disk table a parameter is the weight of (see :func:`register_weight`), or ``None``."""
+    entry = _WEIGHTS.get(id(param))
+    return entry[1] if entry is not None and entry[0]() is param else None
