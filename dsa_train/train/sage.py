@@ -120,7 +120,10 @@ class SageTask:
         g = self.graph
         rows = torch.repeat_interleave(torch.arange(g.num_nodes), g.rowptr[1:] - g.rowptr[:-1])
         edge_index = torch.stack([g.col.long(), rows]).to(self.device)  # neighbour -> node
-        return self.model.encoder(self.model.embedding.weight, edge_index)
+        # Every node's row through the table's forward, so it arrives on the encoder's device
+        # whatever holds it: an nn.Embedding there, a DiskEmbedding's file on the host, a
+        # checkpoint's table read through its deltas.
+        return self.model.encoder(self.model.embedding(torch.arange(g.num_nodes, device=self.device)), edge_index)
 
     def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
         z = self.encode_all()
