@@ -866,3 +866,18 @@ def _convert(tp, value, path: tuple, lines: dict, problems: list[str]) -> Any:
         items = [_convert(a, item, (*path, i), lines, problems) for i, (a, item) in enumerate(zip(args, value))]
         return _MISSING if any(item is _MISSING for item in items) else tuple(items)
     raise TypeError(f"recipe field type {tp} is not supported")  # a bug in this file, not user input
+
+
+def with_data_root(recipe: Recipe, *, stored: bool = False, note=None) -> Recipe:
+    """``recipe`` with ``dataset.root`` resolved to the absolute data root it reads (its own,
+    else ``$DSA_DATA_ROOT``, else ``./datasets``), as a new run stores it, so that ``eval``
+    and ``--resume`` find the data without the environment the run was started in.
+    ``stored``: the recipe is a run's; a set ``$DSA_DATA_ROOT`` other than its root wins (the
+    data moved), and ``note(text)`` is told so."""
+    root, env = recipe.dataset.root, os.environ.get("DSA_DATA_ROOT")
+    if stored and root and env and Path(env).resolve() != Path(root).resolve():
+        if note is not None:
+            note(f"data root: $DSA_DATA_ROOT ({Path(env).resolve()}) instead of the run's {root}")
+        root = env
+    resolved = Path(root or env or "datasets").resolve()
+    return dataclasses.replace(recipe, dataset=dataclasses.replace(recipe.dataset, root=str(resolved)))

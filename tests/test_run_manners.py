@@ -64,3 +64,23 @@ def test_eval_of_a_missing_folder_says_it_does_not_exist(tmp_path):
     result = CliRunner().invoke(app, ["eval", str(tmp_path / "nothing")])
     assert result.exit_code == 1 and f"run folder '{tmp_path / 'nothing'}' does not exist" in result.output
     assert "Hint:" in result.output
+
+
+def test_a_run_stores_its_data_root_so_eval_needs_no_environment(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    monkeypatch.setenv("DSA_DATA_ROOT", str(data))
+    recipe, run = tmp_path / "small.yaml", tmp_path / "run"
+    recipe.write_text(RECIPE.replace("final_splits: []", "final_splits: [test]"))
+    assert _run(str(recipe), "-o", str(run)).exit_code == 0
+    assert f"root: {data.resolve()}" in (run / "config.yaml").read_text()
+    monkeypatch.delenv("DSA_DATA_ROOT")
+    monkeypatch.chdir(tmp_path / "run")  # no ./datasets here: only the stored root finds the data
+    scored = CliRunner().invoke(app, ["eval", str(run), "--json"])
+    assert scored.exit_code == 0, scored.output
+    assert json.loads(scored.stdout)["warnings"] == []
+    moved = tmp_path / "moved"
+    data.rename(moved)
+    monkeypatch.setenv("DSA_DATA_ROOT", str(moved))
+    scored = CliRunner().invoke(app, ["eval", str(run), "--json"])
+    assert scored.exit_code == 0, scored.output
+    assert json.loads(scored.stdout)["warnings"] == [f"data root: $DSA_DATA_ROOT ({moved.resolve()}) instead of the run's {data.resolve()}"]

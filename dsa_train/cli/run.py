@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from ..recipe import Recipe, load_recipe, recipe_differences
+from ..recipe import Recipe, load_recipe, recipe_differences, with_data_root
 from ..train.run_folder import MetricsLog, RunFolder, complete_checkpoints
 from ._errors import debug, handle_errors
 from ._output import ProgressReporter, metrics_table, stdout
@@ -61,7 +61,7 @@ def run(
       torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m dsa_train run recipes/x.yaml
     """
     overrides = list(set_) + ([f"train.device={device.value}"] if device else [])
-    config = load_recipe(find_recipe(recipe), overrides)
+    config = with_data_root(load_recipe(find_recipe(recipe), overrides))  # stored resolved: eval needs no environment
     if nproc is not None and not dry_run:
         raise typer.Exit(launch_local(nproc))
     from ..distributed.group import from_environment
@@ -89,7 +89,7 @@ def run(
     discard = False
     try:
         if resume:
-            saved = folder.read_config(overrides)
+            saved = with_data_root(folder.read_config(overrides), stored=True, note=ProgressReporter().note)
             _warn_differences(config, saved)
             config = saved
             folder.write_config(config)

@@ -35,7 +35,7 @@ import torch
 from ..data.order import Shuffle
 from ..errors import DsaError
 from ..memory import PeakRssAnon, peak_rss_bytes, rss_anon_bytes
-from ..recipe import Recipe
+from ..recipe import Recipe, with_data_root
 from .checkpoint import (
     TABLES,
     checkpoint_mode,
@@ -448,7 +448,7 @@ def evaluate_run(
     returns the checkpoint, the metrics and their one-line headline. ``world``: this process
     is one rank of a torchrun job, ``run`` its rank folder (every rank scores its share)."""
     reporter = reporter or SilentReporter()
-    recipe = run.read_config([f"train.device={device}"] if device else [])
+    recipe = with_data_root(run.read_config([f"train.device={device}"] if device else []), stored=True, note=reporter.note)
     path, _, damaged = find_checkpoint(run.checkpoints, checkpoint)
     for warning in damaged:
         reporter.note(f"warning: {warning}")
