@@ -62,9 +62,9 @@ def test_karate_is_built_in():
 
 
 def test_planetoid_offline_says_which_files_to_place_where(tmp_path):
-    with pytest.raises(DatasetError, match=r"Planetoid Cora files in .*Cora/raw' are ind.cora.x, .* missing") as err:
+    with pytest.raises(DatasetError, match=r"Planetoid Cora: ind.cora.x, .*, ind.cora.test.index are missing from '.*Cora/raw' and could not be downloaded") as err:
         load_graph(DatasetConfig(kind="planetoid", name="Cora", root=str(tmp_path)))
-    assert "kimiyoung/planetoid" in err.value.hint
+    assert "kimiyoung/planetoid" in err.value.hint and "DSA_DATA_ROOT" in err.value.hint and "'Cora/raw/'" in err.value.hint
 
 
 def test_cora(test_data, tmp_path):

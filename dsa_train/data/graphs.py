@@ -156,8 +156,13 @@ def _planetoid(name: str, root: Path, files: list[Path]):
     try:
         return Planetoid(str(root), name)[0]
     except Exception as e:  # offline download, unreadable or truncated files
-        what = f"{', '.join(missing)} missing" if missing else f"unreadable ({type(e).__name__}: {e})"
+        problem = (
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing from '{files[0].parent}' and could not be downloaded"
+            if missing
+            else f"its files in '{files[0].parent}' are unreadable ({type(e).__name__}: {e})"
+        )
         raise DatasetError(
-            f"Planetoid {name} files in '{files[0].parent}' are {what}",
-            hint=f"place {', '.join(f.name for f in files)} in '{files[0].parent}' (from {Planetoid.url}/), or set DSA_DATA_ROOT",
+            f"Planetoid {name}: {problem}",
+            hint=f"place {', '.join(f.name for f in files)} in '{files[0].parent}' (from {Planetoid.url}/), "
+            f"or set DSA_DATA_ROOT (or dataset.root) to the folder that holds '{name}/raw/'",
         ) from None

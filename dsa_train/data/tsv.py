@@ -27,11 +27,21 @@ def tsv_files(folder: Path) -> list[Path]:
     files = [folder / f"{split}.txt" for split in SPLITS]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
+        source = KNOWN_SOURCES.get(folder.name.lower())
         raise DatasetError(
             f"dataset folder '{folder}' lacks {', '.join(missing)}",
-            hint=f"place train.txt, valid.txt and test.txt (head<TAB>relation<TAB>tail lines) in '{folder}'",
+            hint=f"place train.txt, valid.txt and test.txt (head<TAB>relation<TAB>tail lines) in '{folder}'"
+            + (f" ({source})" if source else "")
+            + f", or set DSA_DATA_ROOT (or dataset.root) to the folder that holds '{folder.name}/'",
         )
     return files
+
+
+#: Where the TSV datasets the shipped recipes name come from.
+KNOWN_SOURCES = {
+    "umls": "UMLS ships with PyKEEN: src/pykeen/datasets/umls/ in github.com/pykeen/pykeen",
+    "nations": "Nations ships with PyKEEN: src/pykeen/datasets/nations/ in github.com/pykeen/pykeen",
+}
 
 
 # -- checking lines ---------------------------------------------------------------------------
