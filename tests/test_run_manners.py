@@ -85,3 +85,18 @@ def test_a_run_stores_its_data_root_so_eval_needs_no_environment(tmp_path, monke
     scored = CliRunner().invoke(app, ["eval", str(run), "--json"])
     assert scored.exit_code == 0, scored.output
     assert json.loads(scored.stdout)["warnings"] == [f"data root: $DSA_DATA_ROOT ({moved.resolve()}) instead of the run's {data.resolve()}"]
+
+
+def test_the_summary_line_is_never_broken_inside_a_value(tmp_path, monkeypatch):
+    """On a narrow console (or a log that is no terminal) the summary stays one line per fact:
+    rich must not insert line breaks between a number and its unit."""
+    from dsa_train.cli._output import stdout
+
+    monkeypatch.setattr(stdout, "width", 40)  # narrower than the line
+    recipe, run = tmp_path / "small.yaml", tmp_path / "run"
+    recipe.write_text(RECIPE)
+    result = CliRunner().invoke(app, ["run", str(recipe), "-o", str(run)])
+    assert result.exit_code == 0, result.output
+    summary = next(line for line in result.stdout.splitlines() if " steps, " in line)
+    assert "optimizer state on disk" in summary and summary.rstrip().endswith("MiB")
+    assert f"run folder: {run}" in result.stdout.splitlines()

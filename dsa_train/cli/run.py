@@ -100,6 +100,7 @@ def run(
                     f"Its final metrics are in {folder.metrics_path.name} (dsa-train eval {folder.path} scores it again); "
                     "to train longer, resume with --set train.epochs=<more>",
                     highlight=False,
+                    soft_wrap=True,
                 )
                 return
         reporter = ProgressReporter()
@@ -139,6 +140,7 @@ def run(
         + (f", disk tables {summary['tables_on_disk_mib']:,.1f} MiB" if summary["tables_on_disk_mib"] else "")
         + f"\nrun folder: {folder.path}",
         highlight=False,
+        soft_wrap=True,  # one line each, never broken inside a value: a terminal wraps it, a log keeps it whole
     )
 
 
@@ -210,6 +212,7 @@ def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool, overr
         f"rank 0: peak RSS {summary['peak_rss_mib']:,.0f} MiB, optimizer state on disk {summary['optimizer_state_on_disk_mib']:,.1f} MiB"
         f"\nrun folder: {top.path}",
         highlight=False,
+        soft_wrap=True,
     )
 
 
