@@ -795,6 +795,8 @@ def _show(choices) -> str:
 
 
 def _kind(value) -> str:
+    if value is None:
+        return "nothing (an empty value or null)"
     if isinstance(value, bool):
         return f"a boolean ({value})"
     if isinstance(value, (int, float)):

@@ -96,3 +96,9 @@ def test_missing_file_names_the_path(tmp_path):
 def test_shipped_recipes_are_valid(path):
     recipe = load_recipe(path)
     assert recipe.name == path.stem and recipe.description
+
+
+def test_an_empty_value_is_named_in_plain_words():
+    with pytest.raises(ConfigError) as err:
+        parse_recipe("dataset: {kind: synthetic}\nmodel: {kind: transe, dim:}\n")
+    assert "model.dim (line 2): expected a whole number, got nothing (an empty value or null)" in err.value.problems
