@@ -96,3 +96,21 @@ def from_environment() -> World | None:
             hint="launch with torchrun (for example torchrun --nproc-per-node 2 -m dsa_train run RECIPE), or unset WORLD_SIZE for one process",
         )
     return World(rank, world, local)
+
+
+def broadcast_bytes(data: bytes, source: int = 0) -> bytes:
+    """``data`` of rank ``source`` on every rank (a path, a recipe, a small JSON document)."""
+    length = torch.tensor([len(data)])
+    dist.broadcast(length, source)
+    mine = dist.get_rank() == source
+    buffer = torch.tensor(list(data), dtype=torch.uint8) if mine else torch.empty(int(length), dtype=torch.uint8)
+    if int(length):
+        dist.broadcast(buffer, source)
+    return bytes(buffer.tolist())
+
+
+def broadcast_int(value: int, source: int = 0) -> int:
+    """``value`` of rank ``source`` on every rank."""
+    box = torch.tensor([value])
+    dist.broadcast(box, source)
+    return int(box)

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..distributed.group import World
+from ..distributed.group import World, broadcast_bytes
 from ..distributed.sharding import RowSharding
 from ..errors import StateError
 from ..optim import DiskSparseAdam
@@ -61,7 +61,7 @@ def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
         verify_checkpoint(checkpoints[k])
     trainer_text = (checkpoints[0] / "trainer.json").read_text() if readers[0] == world.rank else ""
     with world.guard(f"resharding the checkpoint of step {step}"):
-        trainer = json.loads(_broadcast_bytes(trainer_text.encode(), readers[0]).decode())
+        trainer = json.loads(broadcast_bytes(trainer_text.encode(), readers[0]).decode())
         steps = _broadcast_steps(checkpoints[0], readers[0], world, list(named))
         for name, param in replicated.items():
             _copy_replicated(checkpoints[0], readers[0], world, name, param, optimizer, steps[name])
@@ -92,22 +92,13 @@ def _readers(world: World, checkpoints: list[Path]) -> list[int]:
     return readers
 
 
-def _broadcast_bytes(data: bytes, source: int) -> bytes:
-    length = torch.tensor([len(data)])
-    dist.broadcast(length, source)
-    buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if dist.get_rank() == source else torch.empty(int(length), dtype=torch.uint8)
-    if int(length):
-        dist.broadcast(buffer, source)
-    return bytes(buffer.tolist())
-
-
 def _broadcast_steps(checkpoint: Path, source: int, world: World, names: list[str]) -> dict[str, int]:
     """The optimizer's step counter of each table at the checkpoint (every old rank's are equal)."""
     text = b""
     if world.rank == source:
         params = StateInspector(checkpoint / STATE_COPY, checkpoint=checkpoint).params
         text = json.dumps({name: params[name]["step"] for name in names}).encode()
-    return json.loads(_broadcast_bytes(text, source).decode())
+    return json.loads(broadcast_bytes(text, source).decode())
 
 
 def _moments(checkpoint: Path, name: str, start: int, stop: int) -> tuple[Tensor, Tensor]:

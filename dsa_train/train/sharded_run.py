@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..distributed.group import World
+from ..distributed.group import World, broadcast_bytes, broadcast_int
 from ..errors import DsaError, StateError
 from ..fsutil import atomic_write_bytes
 from ..recipe import Recipe, parse_recipe, recipe_differences, recipe_to_yaml
@@ -58,17 +58,17 @@ def train_rank(
             except DsaError as e:  # told to the others, so they stop with it instead of losing rank 0
                 refused = e
         with world.guard("agreeing on the run folder"):
-            path = Path(_broadcast_text(str(top.path) if top else ""))
+            path = Path(broadcast_bytes(str(top.path).encode() if top else b"").decode())
         if refused is not None:
             raise refused
         if not str(path) or str(path) == ".":
             raise DsaError("rank 0 could not open the run folder (its error says why)", hint="fix what rank 0 reports and run again")
         with world.guard("agreeing on the checkpoint to resume from"):
             step, saved_world = _newest_complete_step(path) if world.is_leader and resume else (-1, world.world_size)
-            step, saved_world = _broadcast_int(step), _broadcast_int(saved_world)
+            step, saved_world = broadcast_int(step), broadcast_int(saved_world)
             if resume:
                 recipe = _saved_recipe(top, recipe, overrides, reporter) if world.is_leader else None
-                recipe = parse_recipe(_broadcast_text(recipe_to_yaml(recipe) if recipe else ""), source=f"'{path}'s config.yaml")
+                recipe = parse_recipe(broadcast_bytes(recipe_to_yaml(recipe).encode() if recipe else b"").decode(), source=f"'{path}'s config.yaml")
         resharding = step >= 0 and saved_world != world.world_size
         top = top or RunFolder(path)
         folder = path / RANKS / rank_folder_name(world.rank, world.world_size)
@@ -172,29 +172,13 @@ def _newest_complete_step(top: Path) -> tuple[int, int]:
     return (steps[-1] if steps else -1), world
 
 
-def _broadcast_text(text: str) -> str:
-    raw = torch.tensor(list(text.encode()), dtype=torch.uint8)
-    length = torch.tensor([len(raw)])
-    dist.broadcast(length, 0)
-    buffer = raw if dist.get_rank() == 0 else torch.empty(int(length), dtype=torch.uint8)
-    dist.broadcast(buffer, 0)
-    return bytes(buffer.tolist()).decode()
-
-
-def _broadcast_int(value: int) -> int:
-    box = torch.tensor([value])
-    dist.broadcast(box, 0)
-    return int(box)
-
-
-
 def evaluate_rank(top: Path, world: World, split: str, *, checkpoint: int | None, device: str | None, reporter: Reporter):
     """This rank's part of scoring a job's checkpoint (every rank gets the same metrics)."""
     world.join("gloo", EVAL_TIMEOUT, torch.device("cpu"))  # rows travel on the host whatever scores them
     try:
         with world.guard("agreeing on the checkpoint to evaluate"):
             newest, saved_world = _newest_complete_step(top) if world.is_leader else (-1, 0)
-            newest, saved_world = _broadcast_int(newest), _broadcast_int(saved_world)
+            newest, saved_world = broadcast_int(newest), broadcast_int(saved_world)
         if saved_world != world.world_size:
             raise StateError(
                 f"job '{top}' was checkpointed by {saved_world} ranks; this evaluation has {world.world_size}",
