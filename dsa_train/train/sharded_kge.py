@@ -41,11 +41,11 @@ from ..eval.ranking import RankingScope, ScoreFn
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
 from .kge import KGETask
-from .shards import ShardedRows, wait_for_import
+from .shards import ShardedRows, ShardedTask, wait_for_import
 from .tasks import TableSite
 
 
-class ShardedKGETask(KGETask):
+class ShardedKGETask(ShardedTask, KGETask):
     """A :class:`KGETask` whose entity table is this rank's shard (see the module docstring)."""
 
     def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None, **kwargs) -> None:
@@ -56,24 +56,13 @@ class ShardedKGETask(KGETask):
 
     @property
     def shards(self) -> ShardedRows:
-        """The entity table's layout over the ranks (made once the graph's size is known)."""
-        if not hasattr(self, "_shards"):
-            self._shards = ShardedRows(
-                self.world, self.kg.num_entities, self.recipe.train.seed, self.recipe.distributed.slices, exact=self.recipe.distributed.exact
-            )
-        return self._shards
+        return self.sharded_rows(self.kg.num_entities)
 
     def entity_rows(self) -> int:
         return self.shards.rows_here
 
     def entity_table(self, tables: TableSite | None) -> nn.Module:
         return self.shards.make_table(self.recipe, tables, "entities", std=self.recipe.model.init_std)
-
-    def prefetch(self, picked: Tensor) -> None:
-        pass  # the owners learn which rows a step needs only during the step
-
-    def loss(self, picked: Tensor) -> Tensor:
-        raise TypeError("a sharded task computes its gradients with gradients(), not a loss to backward")
 
     # -- one step ------------------------------------------------------------------------------
     def gradients(self, picked: Tensor) -> float:

@@ -24,11 +24,11 @@ from ..distributed.group import World
 from ..models.node import SkipGram, distinct_nodes
 from ..recipe import Recipe
 from .node2vec import Node2VecTask, evaluate_node_embeddings
-from .shards import ShardedRows, wait_for_import
+from .shards import ShardedRows, ShardedTask, wait_for_import
 from .tasks import TableSite
 
 
-class ShardedNode2VecTask(Node2VecTask):
+class ShardedNode2VecTask(ShardedTask, Node2VecTask):
     """A :class:`Node2VecTask` whose node table is this rank's shard."""
 
     def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None, **kwargs) -> None:
@@ -39,23 +39,13 @@ class ShardedNode2VecTask(Node2VecTask):
 
     @property
     def shards(self) -> ShardedRows:
-        if not hasattr(self, "_shards"):
-            self._shards = ShardedRows(
-                self.world, self.graph.num_nodes, self.recipe.train.seed, self.recipe.distributed.slices, exact=self.recipe.distributed.exact
-            )
-        return self._shards
+        return self.sharded_rows(self.graph.num_nodes)
 
     def node_rows(self) -> int:
         return self.shards.rows_here
 
     def node_table(self, tables: TableSite | None) -> nn.Module:
         return self.shards.make_table(self.recipe, tables, "nodes", std=SkipGram.INIT_STD)
-
-    def prefetch(self, picked: Tensor) -> None:
-        pass  # the owners learn which rows a step needs only during the step
-
-    def loss(self, picked: Tensor) -> Tensor:
-        raise TypeError("a sharded task computes its gradients with gradients(), not a loss to backward")
 
     def gradients(self, picked: Tensor) -> float:
         """Forward and backward of this rank's slices of the start nodes ``picked``; leaves the

@@ -99,6 +99,28 @@ class ShardedRows:
 
 
 
+class ShardedTask:
+    """What a sharded task (listed before the one-process task it extends) shares with the
+    others: its table's layout, no read-ahead and no plain loss. ``world`` and ``recipe`` are
+    the task's."""
+
+    world: World
+    recipe: Recipe
+
+    def sharded_rows(self, num_rows: int) -> ShardedRows:
+        """The sharded table's layout over the ranks, made once its size is known."""
+        if not hasattr(self, "_shards"):
+            d = self.recipe.distributed
+            self._shards = ShardedRows(self.world, num_rows, self.recipe.train.seed, d.slices, exact=d.exact)
+        return self._shards
+
+    def prefetch(self, picked: Tensor) -> None:
+        pass  # the owners learn which rows a step needs only during the step
+
+    def loss(self, picked: Tensor) -> Tensor:
+        raise TypeError("a sharded task computes its gradients with gradients(), not a loss to backward")
+
+
 def wait_for_import(world: World, load) -> None:
     """Let one rank per machine (local rank 0) run ``load()`` (a dataset import) first; the
     others wait, then reuse what it imported."""
