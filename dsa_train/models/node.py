@@ -39,6 +39,16 @@ def _logistic(score: Tensor, positive: bool, total: int | None = None) -> Tensor
     return losses.mean() if total is None else losses.sum() / total
 
 
+def rows(table: Tensor, index: Tensor) -> Tensor:
+    """``table[index]`` for an index tensor of any shape, with a backward pass that adds in
+    a fixed order. Indexing (``table[index]``) backpropagates through ``index_put_`` with
+    accumulation, which on a CPU with several threads adds repeated rows with atomics in
+    whatever order the threads reach them: the same seed then gives gradients (and after a
+    few hundred steps, metrics) that differ from run to run. ``index_select``'s backward,
+    ``index_add_``, adds in index order."""
+    return table.index_select(0, index.reshape(-1)).view(*index.shape, *table.shape[1:])
+
+
 def windows(walks: Tensor, context_size: int) -> Tensor:
     """All ``context_size``-node windows of each walk, as rows."""
     count = walks.shape[1] - context_size + 1
@@ -82,7 +92,7 @@ class SkipGram(nn.Module):
             gram = table @ table.T
             scores = lambda w: gram[w[:, :1], w[:, 1:]]  # noqa: E731
         else:
-            scores = lambda w: (table[w[:, :1]] * table[w[:, 1:]]).sum(dim=-1)  # noqa: E731
+            scores = lambda w: (rows(table, w[:, :1]) * rows(table, w[:, 1:])).sum(dim=-1)  # noqa: E731
         totals = totals or (None, None)
         return _logistic(scores(positive), True, totals[0]) + _logistic(scores(negative), False, totals[1])
 
@@ -117,8 +127,8 @@ class SageOverEmbeddings(nn.Module):
 
     def link_loss(self, z: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
         """Logistic loss of ``(E, 2)`` local-id pairs: true edges up, random pairs down."""
-        pos = (z[positive[:, 0]] * z[positive[:, 1]]).sum(-1)
-        neg = (z[negative[:, 0]] * z[negative[:, 1]]).sum(-1)
+        pos = (rows(z, positive[:, 0]) * rows(z, positive[:, 1])).sum(-1)
+        neg = (rows(z, negative[:, 0]) * rows(z, negative[:, 1])).sum(-1)
         return F.binary_cross_entropy_with_logits(torch.cat([pos, neg]), torch.cat([torch.ones_like(pos), torch.zeros_like(neg)]))
 
     def node_loss(self, z: Tensor, labels: Tensor) -> Tensor:
