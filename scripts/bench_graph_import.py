@@ -40,7 +40,7 @@ def child(phase: str, recipe: Path, nodes: int, root: Path, steps: int, run_step
 
     import torch
 
-    from dsa_train.data.graphs import load_graph
+    from dsa_train.data import load_graph
     from dsa_train.memory import PeakRssAnon, peak_rss_bytes, rss_anon_bytes
     from dsa_train.recipe import load_recipe
 

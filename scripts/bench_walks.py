@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from dsa_train.data.graphs import load_graph
+from dsa_train.data import load_graph
 from dsa_train.data.walks import WalkSampler
 from dsa_train.recipe import load_recipe
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from dsa_train.data import graph_import
-from dsa_train.data.graph_import import write_csr, write_synthetic_graph
-from dsa_train.data.graphs import load_graph
+from dsa_train.data import graph_import, graph_synthetic, load_graph
+from dsa_train.data.graph_import import write_csr
+from dsa_train.data.graph_synthetic import write_synthetic_graph
 from dsa_train.data.store import Dataset, DatasetWriter, imports_root
 from dsa_train.errors import DatasetError
 from dsa_train.recipe import DatasetConfig, GraphSyntheticConfig
@@ -83,7 +83,7 @@ def test_partition_spans_keep_keys_within_int64():
 @pytest.mark.parametrize("memory_bytes", [256 << 20, 64 * 500], ids=["one-partition", "many-partitions"])
 def test_synthetic_graph_equals_in_ram_construction(tmp_path, memory_bytes):
     dataset = written(tmp_path, lambda w: write_synthetic_graph(w, config=SMALL, link_split=(0.0, 0.0), memory_bytes=memory_bytes))
-    u, v = map(np.concatenate, zip(*graph_import._synthetic_edges(SMALL)))  # the generator's draws
+    u, v = map(np.concatenate, zip(*graph_synthetic._synthetic_edges(SMALL)))  # the generator's draws
     assert len(u) == SMALL.nodes * SMALL.average_degree // 2
     rowptr, col = brute_force_csr(u, v, SMALL.nodes)
     assert torch.equal(dataset.tensor("rowptr"), rowptr) and torch.equal(dataset.tensor("col").long(), col)
@@ -99,7 +99,7 @@ def test_synthetic_graph_equals_in_ram_construction(tmp_path, memory_bytes):
 def test_held_out_edges_are_real_edges_absent_from_the_csr_both_ways(tmp_path):
     config = DatasetConfig(kind="synthetic_graph", graph=SMALL, link_split=(0.1, 0.2))
     g = load_graph(config)
-    u, v = map(np.concatenate, zip(*graph_import._synthetic_edges(SMALL)))
+    u, v = map(np.concatenate, zip(*graph_synthetic._synthetic_edges(SMALL)))
     everything = pairs_of(*brute_force_csr(u, v, SMALL.nodes))
     kept = pairs_of(g.rowptr, g.col)
     valid, test = [set(map(tuple, e.long().tolist())) for e in (g.valid_edges, g.test_edges)]
@@ -136,10 +136,9 @@ def test_killed_import_leaves_no_half_dataset(tmp_path):
     root = tmp_path / "data"
     script = (
         "import os, signal\n"
-        "from dsa_train.data import graph_import\n"
-        "from dsa_train.data.graphs import load_graph\n"
+        "from dsa_train.data import graph_synthetic, load_graph\n"
         "from dsa_train.recipe import DatasetConfig, GraphSyntheticConfig\n"
-        "graph_import.write_nodes = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "graph_synthetic.write_nodes = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
         f"load_graph(DatasetConfig(kind='synthetic_graph', graph=GraphSyntheticConfig(**{SMALL.__dict__!r})))\n"
     )
     env = {**os.environ, "DSA_DATA_ROOT": str(root)}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dsa_train.data import load_graph
 from dsa_train.data.graph_import import write_csr
-from dsa_train.data.graphs import load_graph
 from dsa_train.data.neighbors import NeighbourSampler
 from dsa_train.errors import DatasetError
 from dsa_train.eval.node import _auc, link_prediction, probe_accuracy

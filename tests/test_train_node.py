@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from dsa_train.cli.app import app
-from dsa_train.data.graphs import load_graph
+from dsa_train.data import load_graph
 from dsa_train.models import node
 from dsa_train.recipe import DatasetConfig
 from dsa_train.train import loop

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dsa_train.data import walks as walks_module
-from dsa_train.data.graphs import load_graph
+from dsa_train.data import load_graph
 from dsa_train.data.walks import WalkSampler, pyg_lib_walks_available
 from dsa_train.recipe import DatasetConfig, GraphSyntheticConfig
 

@@ -67,7 +67,7 @@ def imported_summary(config: DatasetConfig, *, progress, note) -> dict:
 
         data = load_knowledge_graph(config, progress=progress, note=note)
     else:
-        from ..data.graphs import load_graph
+        from ..data import load_graph
 
         data = load_graph(config, progress=progress, note=note)
     dataset = getattr(data, "dataset", None)

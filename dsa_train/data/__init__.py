@@ -1,5 +1,9 @@
-"""Datasets: knowledge graphs from TSV folders, PyG's classes, or a synthetic generator."""
+"""Datasets: knowledge graphs from TSV folders, PyG's classes, or a synthetic generator, and
+graphs for node embeddings from PyG's classes or a synthetic generator."""
 
-from .kg import KnowledgeGraph, data_root, load_knowledge_graph
+from .graphs import Graph
+from .kg import KnowledgeGraph
+from .load import load_graph, load_knowledge_graph
+from .paths import data_root
 
-__all__ = ["KnowledgeGraph", "data_root", "load_knowledge_graph"]
+__all__ = ["Graph", "KnowledgeGraph", "data_root", "load_graph", "load_knowledge_graph"]

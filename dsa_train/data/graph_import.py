@@ -1,5 +1,7 @@
 r"""Writing a graph into the on-disk dataset format (:mod:`.store`, kind ``"graph"``) in
-memory bounded by a budget, whatever the number of edges.
+memory bounded by a budget, whatever the number of edges: :func:`write_csr` and
+:func:`write_nodes`, which every graph's writer calls (the generator's in
+:mod:`.graph_synthetic`, PyG's in :mod:`.graph_pyg`).
 
 The folder holds (``E``: undirected training edges, ``N``: nodes; "id" is int32 where
 ``N < 2^31``, else int64)::
@@ -40,13 +42,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ..errors import DatasetError
-from ..recipe import GraphSyntheticConfig
-from .fingerprint import hash_columns, mix64
+from .fingerprint import hash_columns
 from .store import MAX_PARTITIONS, DatasetWriter, Progress
-from .synthetic import CHUNK, power_law_ids
 
 IMPORTER_VERSION = 1
 KEY_BYTES = 8
@@ -54,9 +53,6 @@ KEY_BYTES = 8
 #: its source and target, the priority of held-out edges, their filtered copies and masks).
 WORK_BYTES_PER_KEY = 64
 BLOCK_NODES = 1 << 22  # rows of rowptr, labels or nodes handled at once
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_SECOND = np.uint64(0xC2B2AE3D27D4EB4F)
 
 
 def id_dtype(num_nodes: int) -> np.dtype:
@@ -75,12 +71,6 @@ def label_dtype(num_classes: int) -> np.dtype:
 def edge_priority(a: np.ndarray, b: np.ndarray, seed: int) -> np.ndarray:
     """The seeded 64-bit priority of the undirected edges ``{a, b}`` (symmetric in a and b)."""
     return hash_columns([np.minimum(a, b), np.maximum(a, b)], seed)
-
-
-def node_priority(nodes: np.ndarray, seed: int) -> np.ndarray:
-    """A seeded 64-bit hash of each node id (uniform: what the synthetic node split uses)."""
-    with np.errstate(over="ignore"):
-        return mix64(mix64(nodes.astype(np.uint64) * _SECOND + np.uint64(seed % 2**64)) ^ _GOLDEN)
 
 
 def fraction_bound(fraction: float) -> np.uint64:
@@ -252,73 +242,3 @@ def write_nodes(
         for which, target in enumerate(lists):
             target.append(nodes[split == which])
     writer.meta.update(num_classes=num_classes or 0)
-
-
-# -- the graphs --------------------------------------------------------------------------
-
-#: 2: written out of core into the dataset format; the node split by a hash of each node.
-GENERATOR_VERSION = 2
-#: The synthetic graph's node split: a node whose hash falls in the first 10% of the range
-#: is a training node, in the next 10% a validation node, else a test node.
-NODE_SPLIT = (0.1, 0.2)
-
-
-def write_synthetic_graph(
-    writer: DatasetWriter, *, config: GraphSyntheticConfig, link_split: tuple[float, float],
-    memory_bytes: int = 256 << 20, progress: Progress | None = None,
-) -> None:  # fmt: skip
-    r"""Generate the degree-corrected stochastic block model of :mod:`.graphs` into ``writer``.
-
-    Edge :math:`i` joins :math:`u_i` (power-law popular, see
-    :func:`~dsa_train.data.synthetic.power_law_ids`) to :math:`v_i`, a popular node moved
-    into :math:`u_i`'s community :math:`u_i \bmod K` with probability ``homophily``, else into
-    a uniform community; ``N x average_degree / 2`` edges are drawn in chunks from one seeded
-    generator (repeats and self-loops then dropped). Node :math:`u`'s label is
-    :math:`u \bmod K`; its split is a seeded hash of :math:`u` (see :data:`NODE_SPLIT`)."""
-    n, k = config.nodes, min(config.communities, config.nodes)
-    draws = n * config.average_degree // 2
-    write_csr(
-        writer, _synthetic_edges(config), n, edges_bound=draws, link_split=link_split, seed=config.seed,
-        memory_bytes=memory_bytes, progress=progress, what="generating edges",
-    )  # fmt: skip
-    write_nodes(writer, n, k, _synthetic_nodes(n, k, config.seed))
-
-
-def _synthetic_edges(config: GraphSyntheticConfig) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    generator = torch.Generator().manual_seed(config.seed)
-    n, k = config.nodes, min(config.communities, config.nodes)
-    draws = n * config.average_degree // 2
-    for start in range(0, draws, CHUNK):
-        count = min(CHUNK, draws - start)
-        u = power_law_ids(n, count, generator, config.zipf)
-        same = torch.rand(count, generator=generator) < config.homophily
-        community = torch.where(same, u % k, torch.randint(0, k, (count,), generator=generator))
-        v = power_law_ids(n, count, generator, config.zipf)
-        v = v - v % k + community
-        v = torch.where(v >= n, v - k, v)
-        yield u.numpy(), v.numpy()
-
-
-def _synthetic_nodes(n: int, k: int, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    train, valid = fraction_bound(NODE_SPLIT[0]), fraction_bound(NODE_SPLIT[1])
-    for start in range(0, n, BLOCK_NODES):
-        nodes = np.arange(start, min(n, start + BLOCK_NODES), dtype=np.int64)
-        draw = node_priority(nodes, seed)
-        yield nodes, nodes % k, np.where(draw < train, 0, np.where(draw < valid, 1, 2)).astype(np.int8)
-
-
-def write_pyg_graph(
-    writer: DatasetWriter, data, masks: dict[str, torch.Tensor | None], *, link_split: tuple[float, float], seed: int,
-    progress: Progress | None = None,
-) -> None:  # fmt: skip
-    """Write a (small) PyG ``Data`` graph: its ``edge_index``, its labels ``y`` and the
-    nodes of each split's mask (``masks``: ``train``, ``valid``, ``test``; ``None``: none)."""
-    n = int(data.num_nodes)
-    source, target = data.edge_index.numpy()
-    write_csr(writer, [(source, target)], n, edges_bound=len(source), link_split=link_split, seed=seed, progress=progress)
-    split = np.full(n, -1, np.int8)
-    for which, name in enumerate(("train", "valid", "test")):
-        if masks.get(name) is not None:
-            split[masks[name].numpy()] = which
-    labels = data.y.numpy()
-    write_nodes(writer, n, int(labels.max()) + 1, [(np.arange(n), labels, split)])

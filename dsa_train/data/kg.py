@@ -1,28 +1,24 @@
-"""The knowledge-graph container and the one entry point that loads any recipe's dataset.
+"""The knowledge-graph container: a graph's triples, names and filter index, mapped from its
+imported dataset.
 
 Every knowledge graph (a TSV folder, a PyG dataset, a generated one) is imported once into
-the on-disk dataset format (:mod:`.store`) under ``<data root>/imported/`` and mapped from
-there by every later run, ``--resume`` or ``eval``: its triples are never held in RAM.
+the on-disk dataset format (:mod:`.store`) under ``<data root>/imported/``
+(:func:`~dsa_train.data.load.load_knowledge_graph`) and mapped from there by every later run,
+``--resume`` or ``eval``, as a :class:`KnowledgeGraph`: its triples are never held in RAM.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from dataclasses import asdict, dataclass
-from functools import partial
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import DatasetError
-from ..recipe import DatasetConfig
 from .fingerprint import fingerprint_of
-from .store import SPLITS, Dataset, DatasetWriter, Progress, file_sources, import_folder, imports_root
-from .triple_index import TripleIndex, write_triple_index
+from .store import SPLITS, Dataset
+from .triple_index import TripleIndex
 
 FILTER_INDEX = "filter"  # the imported dataset's subfolder holding its TripleIndex
 LAYOUT = "kg-1"  # what an imported knowledge graph holds (arrays, names, filter index): bump it when that changes
@@ -105,63 +101,3 @@ def _ids(dataset: Dataset | None, space: str, names) -> list[int | None]:
         hit = i < len(prints) and int(prints[i, 0]) == h1 and _names(dataset, space, [i])[0] == name
         found.append(i if hit else None)
     return found
-
-
-def data_root(config: DatasetConfig) -> Path:
-    """The recipe's ``dataset.root``, else ``$DSA_DATA_ROOT``, else ``./datasets``."""
-    return Path(config.root or os.environ.get("DSA_DATA_ROOT") or "datasets")
-
-
-def import_target(config: DatasetConfig, slug: str, key: object) -> Path:
-    """The folder a dataset is imported into: ``<data root>/imported/<slug>-<digest of key>``."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return imports_root(data_root(config)) / f"{slug}-{digest}"
-
-
-def load_knowledge_graph(config: DatasetConfig, *, progress: Progress | None = None, note=None) -> KnowledgeGraph:
-    """Load the knowledge graph a recipe names, importing (or generating) it first if it has
-    not been, or if its sources changed. Raises ``DatasetError``."""
-    name, target, sources, write = _source(config, progress)
-    sources = {**sources, "layout": LAYOUT}
-
-    def build(writer: DatasetWriter) -> None:
-        write(writer)
-
-        def chunks():
-            for split in SPLITS:
-                yield from writer.blocks(split)
-
-        if progress is not None:
-            progress("building the filter index", 0, 1)
-        write_triple_index(writer.path(FILTER_INDEX), chunks, writer.meta["num_entities"], writer.meta["num_relations"])
-        if progress is not None:
-            progress("building the filter index", 1, 1)
-
-    dataset = import_folder(target, kind="kg", name=name, sources=sources, build=build, note=note)
-    return KnowledgeGraph.of(dataset)
-
-
-def _source(config: DatasetConfig, progress: Progress | None):
-    """The dataset's name, import folder, sources, and the function that writes it."""
-    if config.kind == "synthetic":
-        from .synthetic import GENERATOR_VERSION, write_synthetic_knowledge_graph
-
-        settings = asdict(config.synthetic)
-        sources = {"generator": f"synthetic-{GENERATOR_VERSION}", "settings": settings}
-        write = partial(write_synthetic_knowledge_graph, config=config.synthetic, progress=progress)
-        return f"synthetic-{config.synthetic.entities}", import_target(config, "synthetic", sources), sources, write
-    if config.kind == "tsv":
-        from .tsv import tsv_files
-        from .tsv_import import IMPORTER_VERSION, write_knowledge_graph
-
-        folder = Path(config.path)
-        folder = folder if folder.is_absolute() else data_root(config) / folder
-        files = tsv_files(folder)
-        sources = file_sources(files, importer=f"tsv-{IMPORTER_VERSION}")
-        write = partial(write_knowledge_graph, files=files, progress=progress)
-        return folder.name, import_target(config, f"tsv-{folder.name}", str(folder.resolve())), sources, write
-    from .pyg import pyg_source
-
-    name, files, write = pyg_source(config.kind, data_root(config))
-    sources = file_sources(files, importer="pyg-1")
-    return name, import_target(config, config.kind, config.kind), sources, write

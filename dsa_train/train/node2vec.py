@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..data.graphs import Graph, load_graph
+from ..data import Graph, load_graph
 from ..data.order import Shuffle
 from ..data.walks import WalkSampler
 from ..eval.node import link_prediction, probe_accuracy

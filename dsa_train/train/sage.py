@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..data.graphs import Graph, load_graph
+from ..data import Graph, load_graph
 from ..errors import ConfigError
 from ..data.neighbors import NeighbourSampler
 from ..models.node import SageOverEmbeddings

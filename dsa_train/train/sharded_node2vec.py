@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..data.graphs import load_graph
+from ..data import load_graph
 from ..distributed.group import World
 from ..models.node import SkipGram, distinct_nodes
 from ..recipe import Recipe

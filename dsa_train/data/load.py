@@ -1,0 +1,98 @@
+"""The entry points that load the dataset a recipe names: :func:`load_knowledge_graph` and
+:func:`load_graph`, each importing (or generating) it first if it has not been, or if its
+sources changed.
+
+Every dataset (a TSV folder, a PyG dataset, a generated one) is imported once into the
+on-disk dataset format (:mod:`.store`) in its folder under ``<data root>/imported/``
+(:mod:`.paths`) and mapped from there by every later run, ``--resume`` or ``eval``, as a
+:class:`~.kg.KnowledgeGraph` or a :class:`~.graphs.Graph`. Each kind of dataset's loader
+lives in its own module (:mod:`.tsv_import`, :mod:`.synthetic`, :mod:`.pyg` for knowledge
+graphs; :mod:`.graph_synthetic`, :mod:`.graph_pyg` for graphs); this module picks one by
+``dataset.kind`` and names what the import is made from. The loaders are referred to
+through their modules (both generators have a ``GENERATOR_VERSION``); ``torch_geometric``
+is imported inside the PyG loaders only, when a PyG dataset is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+
+from ..recipe import DatasetConfig
+from . import graph_import, graph_pyg, graph_synthetic, pyg, synthetic, tsv, tsv_import
+from .graphs import Graph
+from .kg import FILTER_INDEX, LAYOUT, KnowledgeGraph
+from .paths import data_root, import_target
+from .store import SPLITS, DatasetWriter, Progress, file_sources, import_folder
+from .triple_index import write_triple_index
+
+
+def load_knowledge_graph(config: DatasetConfig, *, progress: Progress | None = None, note=None) -> KnowledgeGraph:
+    """Load the knowledge graph a recipe names, importing (or generating) it first if it has
+    not been, or if its sources changed. Raises ``DatasetError``."""
+    name, target, sources, write = _knowledge_graph_source(config, progress)
+    sources = {**sources, "layout": LAYOUT}
+
+    def build(writer: DatasetWriter) -> None:
+        write(writer)
+
+        def chunks():
+            for split in SPLITS:
+                yield from writer.blocks(split)
+
+        if progress is not None:
+            progress("building the filter index", 0, 1)
+        write_triple_index(writer.path(FILTER_INDEX), chunks, writer.meta["num_entities"], writer.meta["num_relations"])
+        if progress is not None:
+            progress("building the filter index", 1, 1)
+
+    dataset = import_folder(target, kind="kg", name=name, sources=sources, build=build, note=note)
+    return KnowledgeGraph.of(dataset)
+
+
+def _knowledge_graph_source(config: DatasetConfig, progress: Progress | None):
+    """The dataset's name, import folder, sources, and the function that writes it."""
+    if config.kind == "synthetic":
+        settings = asdict(config.synthetic)
+        sources = {"generator": f"synthetic-{synthetic.GENERATOR_VERSION}", "settings": settings}
+        write = partial(synthetic.write_synthetic_knowledge_graph, config=config.synthetic, progress=progress)
+        return f"synthetic-{config.synthetic.entities}", import_target(config, "synthetic", sources), sources, write
+    if config.kind == "tsv":
+        folder = Path(config.path)
+        folder = folder if folder.is_absolute() else data_root(config) / folder
+        files = tsv.tsv_files(folder)
+        sources = file_sources(files, importer=f"tsv-{tsv_import.IMPORTER_VERSION}")
+        write = partial(tsv_import.write_knowledge_graph, files=files, progress=progress)
+        return folder.name, import_target(config, f"tsv-{folder.name}", str(folder.resolve())), sources, write
+    name, files, write = pyg.pyg_source(config.kind, data_root(config))
+    sources = file_sources(files, importer="pyg-1")
+    return name, import_target(config, config.kind, config.kind), sources, write
+
+
+def load_graph(config: DatasetConfig, *, progress: Progress | None = None, note=None) -> Graph:
+    """Load the graph a recipe names, importing (or generating) it first if it has not been,
+    or if its sources changed (other generator settings, files or ``link_split``). Raises
+    ``DatasetError``."""
+    name, target, sources, write = _graph_source(config, progress)
+    return Graph.of(import_folder(target, kind="graph", name=name, sources=sources, build=write, note=note))
+
+
+def _graph_source(config: DatasetConfig, progress: Progress | None):
+    """The graph's name, import folder, sources, and the function that writes it. The held-out
+    edges depend on ``link_split`` and the seed: they are sources too (a new split re-imports
+    into the same folder)."""
+    split = {"link_split": [float(f) for f in config.link_split], "split_seed": config.graph.seed, "importer": f"graph-{graph_import.IMPORTER_VERSION}"}
+    link = {"link_split": tuple(config.link_split), "seed": config.graph.seed, "progress": progress}
+    if config.kind == "synthetic_graph":
+        identity = {"generator": f"synthetic_graph-{graph_synthetic.GENERATOR_VERSION}", "settings": asdict(config.graph)}
+        write = partial(graph_synthetic.write_synthetic_graph, config=config.graph, link_split=link["link_split"], progress=progress)
+        return f"sbm-{config.graph.nodes}", import_target(config, "synthetic-graph", identity), {**identity, **split}, write
+    if config.kind == "karate":
+        sources = {"dataset": "KarateClub", "torch_geometric": graph_pyg.torch_geometric_version(), **split}
+        return "KarateClub", import_target(config, "karate", "karate"), sources, partial(graph_pyg.write_karate, **link)
+    root = data_root(config)
+    files = graph_pyg.planetoid_files(config.name, root)
+    write = partial(graph_pyg.write_planetoid, name=config.name, root=root, files=files, **link)
+    target = import_target(config, f"planetoid-{config.name}", str((root / config.name).resolve()))
+    return config.name, target, file_sources(files, **split), write
