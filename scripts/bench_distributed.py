@@ -275,9 +275,11 @@ def main() -> None:
         parser.error("--nproc and --extrapolate take positive integers; --max-steps and --threads must be at least 1")
 
     sys.path.insert(0, str(REPO))
+    from dsa_train.cli.recipes import find_recipe
     from dsa_train.recipe import load_recipe  # only the recipe: torch stays in the ranks
 
     overrides = [f"train.max_steps={args.max_steps}", f"train.log_every={args.max_steps}", "eval.final_splits=[]", "train.final_checkpoint=false", *args.overrides]
+    args.recipe = find_recipe(args.recipe)  # a path, or a shipped recipe's name
     recipe = load_recipe(args.recipe, overrides)
     cfg = recipe.train
     n, slices, dim = cfg.batch_size, recipe.distributed.slices, recipe.model.dim

@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--touched", type=int, default=100_000, help="rows written in each state directory")
     parser.add_argument("--dir", default=None, help="where to build them (default: the temp dir)")
     args = parser.parse_args()
-    cli = shutil.which("dsa-train") or sys.exit("dsa-train is not on PATH: pip install -e . first")
+    cli = [sys.executable, "-m", "dsa_train"]  # this interpreter's dsa_train, on PATH or not
     print(f"{'rows':>12} {'apparent':>10} {'on disk':>9} {'inspect-state':>22} {'inspect-state --stats':>24}")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for rows in args.rows:
@@ -68,8 +68,8 @@ def main() -> None:
             build(path, rows, args.dim, args.touched)
             row_file = path / "entity.weight.rows"
             apparent, allocated = row_file.stat().st_size, row_file.stat().st_blocks * 512
-            plain = measure([cli, "inspect-state", str(path), "--json"])
-            stats = measure([cli, "inspect-state", str(path), "--json", "--stats"])
+            plain = measure([*cli, "inspect-state", str(path), "--json"])
+            stats = measure([*cli, "inspect-state", str(path), "--json", "--stats"])
             print(
                 f"{rows:>12,} {apparent / 2**30:>8.2f}GB {allocated / 2**20:>7.0f}MB "
                 f"{plain[0]:>8.2f} s {plain[1]:>7.0f} MiB {stats[0]:>10.2f} s {stats[1]:>7.0f} MiB"

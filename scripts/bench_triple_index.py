@@ -103,6 +103,13 @@ def query_batches(chunks, batches: int, seed: int):
     return out
 
 
+def same_answers(new: tuple, old: tuple) -> bool:
+    """Whether both give the same (query, entity) pairs: the old index keeps a triple generated
+    twice as two keys (on a small E x R the generator repeats some), the new one once."""
+    pairs = lambda found: torch.unique(torch.stack(found, 1), dim=0)  # noqa: E731
+    return torch.equal(pairs(new), pairs(old))
+
+
 def timed(index, batch) -> tuple[float, tuple]:
     start = time.perf_counter()
     found = index.known(*batch)
@@ -163,7 +170,7 @@ def main() -> None:
                     new_found = found
                 else:
                     old_found = found
-            assert all(torch.equal(a, b) for a, b in zip(new_found, old_found)), "the two indexes disagree"
+            assert same_answers(new_found, old_found), "the two indexes disagree"
         n_new, n_old = statistics.median(new_times), statistics.median(old_times)
         print(f"compare: {args.compare_triples:,} triples, E = {E:,}, R = {r_old:,} (the old key's limit), same answers: "
               f"new on disk {n_new * 1e3:.3f} ms, old in RAM {n_old * 1e3:.3f} ms per batch of {BATCH}; ratio new/old {n_new / n_old:.2f}")

@@ -273,7 +273,9 @@ def test_the_cli_trains_over_processes_resumes_at_another_count_and_reports_erro
 
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(recipe_text(steps=4))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(temporary)}
     run = lambda *extra: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "dsa_train", "run", str(recipe), "-o", str(tmp_path / "run"), *extra],
         capture_output=True, text=True, env=env, timeout=300,
@@ -292,6 +294,9 @@ def test_the_cli_trains_over_processes_resumes_at_another_count_and_reports_erro
     assert again.returncode == 1
     assert "already exists and is not empty" in again.stderr and "rank 0 could not open the run folder" in again.stderr
     assert "ranks 0, 1 of 2 failed" in again.stderr and "Traceback" not in again.stderr + again.stdout
+    # The launcher's per-rank folders went with the jobs, failed or not (torch's own compile
+    # cache, torchinductor_<user>, is created by importing torch._dynamo and kept for reuse).
+    assert [p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
 NODE2VEC = """

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import tempfile
 import uuid
 from enum import Enum
 from pathlib import Path
@@ -172,17 +173,21 @@ def launch_local(nproc: int) -> int:
         elif not arg.startswith("--nproc="):
             args.append(arg)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # torchrun --standalone, without its own log lines and traceback: each rank prints its error
     logging.getLogger("torch.distributed.elastic").setLevel(logging.INFO if debug() else logging.CRITICAL)
-    config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex,
-        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-    )  # fmt: skip
     try:
-        elastic_launch(config, sys.executable)("-m", "dsa_train", *args)
+        # The launcher's per-rank folders (error files) in a temporary folder removed after the
+        # job, not a torchelastic_* folder left in /tmp by every run.
+        with tempfile.TemporaryDirectory(prefix="dsa-train-ranks-") as logs:
+            config = LaunchConfig(
+                min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex, logs_specs=DefaultLogsSpecs(log_dir=logs),
+                rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+            )  # fmt: skip
+            elastic_launch(config, sys.executable)("-m", "dsa_train", *args)
     except ChildFailedError as e:
         if debug():
             raise
