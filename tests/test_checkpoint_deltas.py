@@ -592,7 +592,8 @@ def test_eval_of_a_delta_checkpoint_reads_it_through_its_chain_and_scores_as_the
     from dsa_train.optim import deltas
     from dsa_train.train import loop
     from dsa_train.train.run_folder import RunFolder
-    from dsa_train.train.tasks import TableSite, make_task
+    from dsa_train.train.tables import TableSite
+    from dsa_train.train.tasks import make_task
 
     recipe, whole = uninterrupted
     final = complete_checkpoints(whole / "checkpoints")[-1]
@@ -638,7 +639,8 @@ def test_node2vec_eval_of_a_delta_checkpoint_reads_only_the_rows_it_scores(tmp_p
     from dsa_train.nn import TableRows
     from dsa_train.train import loop
     from dsa_train.train.run_folder import RunFolder
-    from dsa_train.train.tasks import TableSite, make_task
+    from dsa_train.train.tables import TableSite
+    from dsa_train.train.tasks import make_task
 
     (tmp_path / "n.yaml").write_text(NODE2VEC_RECIPE)
     assert cli("run", tmp_path / "n.yaml", "--output", tmp_path / "run").exit_code == 0

@@ -19,7 +19,8 @@ from ..eval.ranking import RankingScope, ScoreFn
 from ..models import KGEModel, build_kge_model
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
-from .tasks import FLOAT_BYTES, TableSite, Working, check_sizes, disk_table, keys_of
+from .sizes import FLOAT_BYTES, Working, check_sizes, keys_of
+from .tables import TableSite, disk_table
 
 
 def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entities: int) -> list[Working]:

@@ -48,7 +48,8 @@ from .checkpoint import (
 )
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, load_tensors, restore_state_dir
 from .run_folder import MetricsLog, RunFolder, complete_checkpoints
-from .tasks import TableSite, Task, make_task
+from .tables import TableSite
+from .tasks import Task, make_task
 
 MiB = 1 << 20
 DENSE_STATE = "dense_optimizer.pt"

@@ -19,7 +19,8 @@ from ..data.walks import WalkSampler
 from ..eval.node import link_prediction, probe_accuracy
 from ..models.node import GRAM_LIMIT, SkipGram, windows
 from ..recipe import Recipe
-from .tasks import FLOAT_BYTES, TableSite, Working, check_sizes, disk_table, keys_of
+from .sizes import FLOAT_BYTES, Working, check_sizes, keys_of
+from .tables import TableSite, disk_table
 
 
 def node2vec_working(recipe: Recipe, num_nodes: int) -> Working:

@@ -18,7 +18,8 @@ from ..errors import ConfigError
 from ..data.neighbors import NeighbourSampler
 from ..models.node import SageOverEmbeddings
 from ..recipe import Recipe
-from .tasks import FLOAT_BYTES, TableSite, Working, check_sizes, disk_table, keys_of
+from .sizes import FLOAT_BYTES, Working, check_sizes, keys_of
+from .tables import TableSite, disk_table
 from .node2vec import evaluate_node_embeddings, headline
 
 

@@ -42,7 +42,7 @@ from ..models.losses import ranking_loss
 from ..recipe import Recipe
 from .kge import KGETask
 from .shards import ShardedRows, ShardedTask, wait_for_import
-from .tasks import TableSite
+from .tables import TableSite
 
 
 class ShardedKGETask(ShardedTask, KGETask):

@@ -25,7 +25,7 @@ from ..models.node import SkipGram, distinct_nodes
 from ..recipe import Recipe
 from .node2vec import Node2VecTask, evaluate_node_embeddings
 from .shards import ShardedRows, ShardedTask, wait_for_import
-from .tasks import TableSite
+from .tables import TableSite
 
 
 class ShardedNode2VecTask(ShardedTask, Node2VecTask):

@@ -18,7 +18,7 @@ from ..distributed.exchange import RowExchange
 from ..distributed.group import World
 from ..distributed.sharding import RowSharding
 from ..recipe import Recipe
-from .tasks import TableSite, disk_table
+from .tables import TableSite, disk_table
 
 
 class ShardedRows:

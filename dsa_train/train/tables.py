@@ -1,0 +1,55 @@
+"""Where a task's disk tables live, and opening (or creating) one of them for a recipe."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import nn
+
+from ..errors import DsaError
+from ..nn import DiskEmbedding
+from ..recipe import Recipe
+
+
+@dataclass(frozen=True)
+class TableSite:
+    """Where a task's disk tables live (``model.embedding_storage: disk``), and whether it may
+    write them (training) or only read them (evaluating a checkpoint)."""
+
+    directory: Path
+    writable: bool = True
+    progress: Callable[[int, int], None] | None = None  # called while a new table is written
+    # tables read another way, by file name (a checkpoint's version read through its deltas)
+    versions: Mapping[str, Callable[[], nn.Module]] = field(default_factory=dict)
+
+
+def disk_table(
+    recipe: Recipe, site: TableSite | None, name: str, num_rows: int, *, std: float, first_row: int = 0, total_rows: int | None = None
+) -> nn.Module | None:
+    """The task's ``name`` table as a DiskEmbedding (created, seeded, if missing), or ``None``
+    for ``embedding_storage: memory``. With ``total_rows``: a shard, rows ``[first_row, ...)``
+    of a ``total_rows``-row table drawn from the seed."""
+    if recipe.model.embedding_storage != "disk":
+        return None
+    if site is None:
+        raise DsaError(
+            f"recipe '{recipe.name}' keeps its tables on disk, but no folder for them was given",
+            hint="train it with dsa-train run, which keeps them in the run folder's tables/",
+        )
+    if f"{name}.table" in site.versions:
+        table = site.versions[f"{name}.table"]()
+        if (table.num_embeddings, table.embedding_dim) != (num_rows, recipe.model.dim):
+            raise DsaError(
+                f"table '{name}' of '{site.directory}' is {table.num_embeddings:,} x {table.embedding_dim}, the recipe needs {num_rows:,} x {recipe.model.dim}",
+                hint="evaluate a checkpoint with the recipe of the run that wrote it",
+            )
+        return table
+    path = site.directory / f"{name}.table"
+    if not site.writable and not path.exists():
+        raise DsaError(f"table '{path}' is missing", hint="evaluate a checkpoint written by a run with these tables")
+    return DiskEmbedding(
+        num_rows, recipe.model.dim, path=path, std=std, seed=recipe.train.seed, writable=site.writable, progress=site.progress,
+        first_row=first_row, total_rows=total_rows,
+    )  # fmt: skip
