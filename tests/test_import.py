@@ -302,6 +302,37 @@ def test_a_full_disk_mid_import_keeps_the_old_dataset_and_leaves_no_partial(tmp_
     check_against_reference(opened(old.dataset.folder), without_last_fact(folder))  # the old import, intact
 
 
+@pytest.mark.parametrize("errno_name", ["EACCES", "EROFS"])
+def test_a_read_only_data_root_says_so_and_how_to_copy_it(tmp_path, monkeypatch, errno_name):
+    """A data root that cannot be written (a read-only mount, a shared folder of another user)
+    fails on its first write with what it is, not a hint to free disk space."""
+    import errno
+
+    from dsa_train.data import store
+
+    folder = write_random_kg(tmp_path / "kg")
+
+    def refused(self, rows):
+        raise OSError(getattr(errno, errno_name), os.strerror(getattr(errno, errno_name)), str(self.path))
+
+    monkeypatch.setattr(store.Appender, "append", refused)
+    with pytest.raises(DatasetError, match=r"The data root must be writable") as error:
+        load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder)))
+    assert os.strerror(getattr(errno, errno_name)) in error.value.message
+    assert "DSA_DATA_ROOT" in error.value.hint and "free space" not in error.value.hint
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder without write permission")
+def test_a_data_root_without_write_permission_is_refused_on_creating_imported(tmp_path):
+    folder = write_random_kg(tmp_path / "kg")
+    tmp_path.chmod(0o555)  # the data root: kg/ is readable, imported/ cannot be made beside it
+    try:
+        with pytest.raises(DatasetError, match=r"cannot create .*imported.*Permission denied.*must be writable"):
+            load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder), root=str(tmp_path)))
+    finally:
+        tmp_path.chmod(0o755)
+
+
 def opened(path):
     """The knowledge graph of an imported folder, opened afresh from disk."""
     from dsa_train.data.kg import KnowledgeGraph

@@ -24,6 +24,7 @@ which renames a new folder into place, can never mix the files of two versions.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -318,6 +319,22 @@ def imports_root(data_root: Path) -> Path:
     return Path(data_root) / "imported"
 
 
+def _import_failed(e: OSError, what: str) -> DatasetError:
+    """The error of an import that could not write: a read-only data root says so (the
+    import, and PyG's ``processed/`` folder beside ``raw/``, are written there), a full disk
+    says to free space."""
+    where = f" ('{e.filename}')" if e.filename and f"'{e.filename}'" not in what else ""
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return DatasetError(
+            f"{what}: {e.strerror}{where}. The data root must be writable: each dataset is imported "
+            "once into its imported/ folder (and PyG writes processed/ beside raw/)",
+            hint="copy the dataset's folder into a writable folder and set DSA_DATA_ROOT (or dataset.root) to that folder",
+        )
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return DatasetError(f"{what}: {e.strerror}{where}", hint="free space on that disk (or set DSA_DATA_ROOT to a bigger one) and run again")
+    return DatasetError(f"{what}: {e.strerror or e}{where}", hint="check that folder and run again (the import starts afresh)")
+
+
 def import_folder(
     folder: Path,
     *,
@@ -341,10 +358,7 @@ def import_folder(
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise DatasetError(
-            f"cannot create '{parent}' to import '{name}' into: {e.strerror}",
-            hint="set DSA_DATA_ROOT (or dataset.root) to a writable folder",
-        ) from None
+        raise _import_failed(e, f"cannot create '{parent}' to import '{name}' into") from None
     if parent.is_symlink():
         raise DatasetError(
             f"'{parent}' is a symbolic link; dsa-train never writes through a link it did not make",
@@ -358,6 +372,8 @@ def import_folder(
             f"another process is importing into '{parent}': {getattr(e, 'message', e)}",
             hint="wait for it to finish and run again (the import is reused)",
         ) from None
+    except OSError as e:
+        raise _import_failed(e, f"cannot lock '{parent}' to import '{name}' into") from None
     try:
         current = _current(folder, sources)  # the other process may have imported it meanwhile
         if current is not None:
@@ -371,10 +387,7 @@ def import_folder(
             build(writer)
             writer.commit()
     except OSError as e:
-        raise DatasetError(
-            f"importing '{name}' into '{folder}' failed: {e.strerror or e}",
-            hint="free space on that disk (or set DSA_DATA_ROOT to a bigger one) and run again",
-        ) from None
+        raise _import_failed(e, f"importing '{name}' into '{folder}' failed") from None
     finally:
         lock.release()
     dataset = Dataset.open(folder)
