@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from dsa_train.cli.app import app
 from dsa_train.errors import ConfigError
-from dsa_train.recipe import Recipe, _build, load_recipe, parse_recipe
+from dsa_train.recipe import Recipe, load_recipe, parse_recipe
+from dsa_train.recipe.loader import build
 
 BASE = "dataset: {kind: synthetic}\nmodel: {kind: transe}\n"
 NAMES = "abcdefghi"
@@ -208,7 +209,7 @@ def test_data_walk_survives_a_self_referencing_list():
     loop.append(loop)
     data = {"dataset": {"kind": "synthetic"}, "model": {"kind": loop, "sage": {"fanout": loop}}, "train": {"seed": loop}}
     problems: list[str] = []
-    _build(Recipe, data, (), {}, problems)
+    build(Recipe, data, (), {}, problems)
     assert any(p.startswith("model.kind: must be one of") for p in problems), problems
     assert "model.sage.fanout.0: expected a whole number, got a list" in problems
 

@@ -1,0 +1,331 @@
+"""The recipe schema: one dataclass per section, and what each of its values must be.
+
+Each field carries its help text and, where a value has limits, a check (value -> problem or
+None) in its metadata (:func:`_help`); a class's ``problems()`` checks what depends on more
+than one field, once every field is valid. Nothing here reads YAML: :mod:`.loader` builds these
+classes from the data, by their type annotations and these checks.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+MAX_NAME_BYTES = 200  # the run folder <name>-<YYYYmmdd-HHMMSS> stays under NAME_MAX (255 bytes)
+SEED_MAX = 2**63 - 1  # torch and numpy take seeds as 64-bit integers
+
+
+def _help(text: str, check=None, **kwargs):
+    """A dataclass field with help text and an optional check (value -> problem or None)."""
+    return field(metadata={"help": text, "check": check}, **kwargs)
+
+
+def _positive(v):
+    return None if v > 0 else "must be > 0"
+
+
+def _non_negative(v):
+    return None if v >= 0 else "must be >= 0"
+
+
+def _fraction(v):
+    return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
+def _betas(v):
+    return None if all(0 <= b < 1 for b in v) else "each beta must be in [0, 1)"
+
+
+def _seed(v):
+    return None if 0 <= v <= SEED_MAX else "must be a whole number in [0, 2**63 - 1] (torch and numpy take 64-bit seeds)"
+
+
+def _folder_name(v):
+    """A name that becomes one folder: nothing that climbs out of, or hides in, its parent."""
+    if not v or v.startswith(".") or any(c in "/\\" or c < " " for c in v):
+        return "must be a plain folder name (no '/', '\\', NUL or control characters; not '.', '..' or starting with '.')"
+    try:
+        size = len(v.encode())
+    except UnicodeEncodeError:
+        return "must be valid Unicode text (it holds an unpaired surrogate escape)"
+    if size > MAX_NAME_BYTES:
+        return (
+            f"is {size} bytes long; at most {MAX_NAME_BYTES} (the run folder adds -YYYYmmdd-HHMMSS, "
+            "and a folder name has at most 255 bytes)"
+        )
+    return None
+
+
+def _inside_data_root(v):
+    if "\0" in v:
+        return "must not contain a NUL character"
+    if os.path.isabs(v) or Path(os.path.normpath(v)).parts[:1] != ("..",):
+        return None
+    return (
+        "climbs out of the data root (a relative path is read under dataset.root, $DSA_DATA_ROOT or ./datasets); "
+        "write an absolute path if a folder outside it is really meant"
+    )
+
+
+@dataclass
+class SyntheticConfig:
+    """A generated knowledge graph: power-law entity degrees and a latent cluster structure
+    that relations map between (so models have something to learn)."""
+
+    entities: int = _help("number of entities", _positive, default=10_000)
+    relations: int = _help("number of relations", _positive, default=20)
+    triples: int = _help("number of triples, before the valid and test ones are held out", _positive, default=100_000)
+    valid: int = _help("triples held out for validation", _non_negative, default=1_000)
+    test: int = _help("triples held out for testing", _non_negative, default=1_000)
+    clusters: int = _help("latent entity clusters that relations map between", _positive, default=64)
+    noise: float = _help("fraction of triples whose tail is uniformly random", _fraction, default=0.1)
+    zipf: float = _help("power-law exponent of entity popularity (0: uniform)", _non_negative, default=1.0)
+    seed: int = _help("random seed of the generator", _seed, default=0)
+
+    def problems(self) -> list[tuple[str, str]]:
+        found = []
+        if self.valid + self.test >= self.triples:
+            found.append(("triples", f"must exceed valid + test ({self.valid + self.test})"))
+        if self.relations * self.entities >= 2**63:  # the filter index's query column is entity * R + relation
+            found.append(("relations", f"times entities must stay below 2^63 (at most {(2**63 - 1) // self.entities:,})"))
+        return found
+
+
+@dataclass
+class GraphSyntheticConfig:
+    """A generated graph: a degree-corrected stochastic block model with power-law degrees."""
+
+    nodes: int = _help("number of nodes", _positive, default=100_000)
+    communities: int = _help("number of communities (the node labels)", _positive, default=10)
+    average_degree: int = _help("edges per node, on average (each edge counts for both ends)", _positive, default=10)
+    homophily: float = _help("probability that an edge stays inside its community", _fraction, default=0.8)
+    zipf: float = _help("power-law exponent of node popularity (0: uniform)", _non_negative, default=1.0)
+    seed: int = _help("random seed of the generator and of the edge split", _seed, default=0)
+
+
+KG_DATASETS = ("tsv", "fb15k237", "wn18rr", "synthetic")
+GRAPH_DATASETS = ("planetoid", "karate", "synthetic_graph")
+
+
+def _split(v):
+    return None if all(0 <= f < 1 for f in v) and sum(v) < 1 else "fractions must be in [0, 1) and sum below 1"
+
+
+@dataclass
+class DatasetConfig:
+    """Where the triples (knowledge graphs) or the graph (node embeddings) come from."""
+
+    kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic", "planetoid", "karate", "synthetic_graph"] = _help(
+        "knowledge graphs: tsv (a folder of train/valid/test.txt), fb15k237, wn18rr (PyG), synthetic; "
+        "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph"
+    )
+    path: str | None = _help("tsv: the folder, relative to the data root or absolute", _inside_data_root, default=None)
+    name: str | None = _help("planetoid: Cora, CiteSeer or PubMed", default=None)
+    root: str | None = _help("data root (default: $DSA_DATA_ROOT, else ./datasets)", default=None)
+    synthetic: SyntheticConfig = _help("synthetic: the knowledge-graph generator's settings", default_factory=SyntheticConfig)
+    graph: GraphSyntheticConfig = _help("synthetic_graph: the graph generator's settings", default_factory=GraphSyntheticConfig)
+    link_split: tuple[float, float] = _help(
+        "graphs: fractions of the edges held out for link prediction (valid, test)", _split, default=(0.0, 0.0)
+    )
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.kind == "tsv" and not self.path:
+            return [("path", "is required for kind 'tsv' (the folder holding train.txt, valid.txt, test.txt)")]
+        if self.kind == "planetoid" and self.name not in ("Cora", "CiteSeer", "PubMed"):
+            return [("name", f"must be Cora, CiteSeer or PubMed for kind 'planetoid', got {self.name!r}")]
+        return []
+
+
+@dataclass
+class Node2VecConfig:
+    """node2vec: second-order random walks and skip-gram with negative sampling."""
+
+    walk_length: int = _help("steps per walk", _positive, default=20)
+    context_size: int = _help("window of the skip-gram (nodes per positive window)", _positive, default=10)
+    walks_per_node: int = _help("walks started from each node per epoch", _positive, default=10)
+    p: float = _help("return parameter: 1/p weighs going back to the previous node", _positive, default=1.0)
+    q: float = _help("in-out parameter: 1/q weighs moving away from the previous node", _positive, default=1.0)
+    negatives: int = _help("negative windows per positive window", _positive, default=1)
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.context_size > self.walk_length + 1:
+            return [("context_size", f"must be at most walk_length + 1 ({self.walk_length + 1})")]
+        return []
+
+
+@dataclass
+class SageConfig:
+    """GraphSAGE over the learnable node embeddings, trained on sampled neighbourhoods."""
+
+    task: Literal["link", "node"] = _help("link: predict held-out edges; node: classify the labelled nodes", default="link")
+    layers: int = _help("SAGE layers", _positive, default=2)
+    hidden: int = _help("width of the SAGE layers and of the output", _positive, default=128)
+    fanout: list[int] = _help("neighbours sampled per node at each layer, outermost last", default_factory=lambda: [10, 10])
+    dropout: float = _help("dropout between layers", _fraction, default=0.0)
+
+    def problems(self) -> list[tuple[str, str]]:
+        if len(self.fanout) != self.layers or any(f <= 0 for f in self.fanout):
+            return [("fanout", f"must list {self.layers} positive numbers (one per layer), got {self.fanout}")]
+        return []
+
+
+KG_MODELS = ("transe", "distmult")
+
+
+@dataclass
+class ModelConfig:
+    """The embedding model."""
+
+    kind: Literal["transe", "distmult", "node2vec", "sage"] = _help(
+        "knowledge graphs: transe (-||h + r - t||_p), distmult (<h, r, t>); graphs: node2vec, sage"
+    )
+    dim: int = _help("embedding dimension", _positive, default=128)
+    p_norm: Literal[1, 2] = _help("transe: the norm of the distance", default=2)
+    reciprocal: bool = _help("learn an inverse relation per relation and predict heads as tails", default=True)
+    init_std: float = _help("standard deviation of the normal initialisation", _positive, default=1e-3)
+    dropout: float = _help("dropout on the embeddings during training", _fraction, default=0.0)
+    embedding_storage: Literal["memory", "disk"] = _help(
+        "memory: the entity/node table is an nn.Embedding in RAM (or VRAM); disk: a DiskEmbedding, "
+        "a memory-mapped table file in the run folder holding weights and moments (tables larger than RAM)",
+        default="memory",
+    )
+    node2vec: Node2VecConfig = _help("node2vec: walks and skip-gram", default_factory=Node2VecConfig)
+    sage: SageConfig = _help("sage: the encoder and its task", default_factory=SageConfig)
+
+
+@dataclass
+class TrainConfig:
+    """The training loop."""
+
+    epochs: int = _help("passes over the training triples", _non_negative, default=10)
+    max_steps: int | None = _help("stop after this many steps (default: run all epochs)", _positive, default=None)
+    batch_size: int = _help("positive triples per step (each gives a head and a tail query)", _positive, default=1024)
+    negatives: int = _help("uniformly sampled negative entities per step, shared by all its queries", _positive, default=1024)
+    batch_negatives: bool = _help("also use the step's other answers as negatives (popular entities, harder)", default=True)
+    loss: Literal["cross_entropy", "softplus", "margin"] = _help(
+        "cross_entropy: softmax over the positive and the negatives; softplus: logistic; "
+        "margin: max(0, margin - f(pos) + f(neg))",
+        default="cross_entropy",
+    )
+    margin: float = _help("margin of the margin loss", _positive, default=1.0)
+    regularization: float = _help("weight of the N3 penalty on the step's embeddings", _non_negative, default=0.0)
+    seed: int = _help("seed of initialisation, data order, negatives and dropout", _seed, default=0)
+    device: Literal["auto", "cpu", "cuda"] = _help("where the model computes (the optimizer state stays on disk)", default="auto")
+    log_every: int = _help("log the loss to metrics.jsonl every this many steps", _positive, default=50)
+    checkpoint_every: int = _help("checkpoint every this many steps (0: at the end only)", _non_negative, default=0)
+    keep_checkpoints: int = _help("complete checkpoints to keep (the newest)", _positive, default=2)
+    final_checkpoint: bool = _help(
+        "checkpoint at the end (false: skip it, for disk tables too large to copy; `eval` then has no checkpoint)",
+        default=True,
+    )
+
+
+@dataclass
+class OptimizerConfig:
+    """The optimizer of the embedding tables."""
+
+    kind: Literal["dsa", "sparse_adam"] = _help(
+        "dsa: DiskSparseAdam (moments on disk); sparse_adam: torch.optim.SparseAdam, for comparison", default="dsa"
+    )
+    lr: float = _help("learning rate", _positive, default=1e-3)
+    betas: tuple[float, float] = _help("Adam's betas", _betas, default=(0.9, 0.999))
+    eps: float = _help("Adam's epsilon", _positive, default=1e-8)
+    state_dir: str | None = _help("dsa: state directory (default: <run>/optimizer_state); put it on a local SSD", default=None)
+    dense_lr: float = _help("sage: learning rate of the (dense) SAGE layers, trained with torch's Adam", _positive, default=0.01)
+    nonfinite: Literal["error", "skip"] = _help(
+        "dsa: a NaN or Inf gradient stops the run (error) or skips its step (skip); found before anything is written",
+        default="error",
+    )
+    first_moment: Literal["full", "bfloat16"] = _help(
+        "dsa: store m in the parameter's dtype (full, exact SparseAdam) or in bfloat16 (half the bytes)", default="full"
+    )
+    second_moment: Literal["full", "row"] = _help(
+        "dsa: one v per element (full, exact SparseAdam) or one per row, the mean of the squared gradient", default="full"
+    )
+
+    def problems(self) -> list[tuple[str, str]]:
+        found = []
+        if self.nonfinite == "skip" and self.kind != "dsa":
+            found.append(("nonfinite", "'skip' needs kind 'dsa' (torch's SparseAdam has no such check)"))
+        for key in ("first_moment", "second_moment"):
+            if getattr(self, key) != "full" and self.kind != "dsa":
+                found.append((key, f"{getattr(self, key)!r} needs kind 'dsa' (torch's SparseAdam keeps full moments)"))
+        return found
+
+
+@dataclass
+class EvalConfig:
+    """Filtered link-prediction evaluation (MR, MRR, Hits@1/3/10 for heads and tails)."""
+
+    every_epochs: int = _help("evaluate on `split` every this many epochs (0: never during training)", _non_negative, default=0)
+    split: Literal["valid", "test"] = _help("the split evaluated during training", default="valid")
+    final_splits: list[Literal["valid", "test"]] = _help("splits evaluated when training ends", default_factory=lambda: ["valid", "test"])
+    batch_size: int = _help("queries scored at once", _positive, default=256)
+    entity_chunk: int = _help("entities scored at once (bounds memory for huge tables)", _positive, default=65_536)
+    sampled_negatives: int | None = _help(
+        "rank against this many sampled entities instead of all (OGB-style), for huge tables", _positive, default=None
+    )
+    link_negatives: int = _help("graphs: sampled non-edges each held-out edge is ranked against (MRR)", _positive, default=100)
+    max_queries: int | None = _help(
+        "during training, rank at most this many triples (a seeded sample); final evaluations rank all", _positive, default=None
+    )
+
+
+@dataclass
+class DistributedConfig:
+    """Scale-out under ``torchrun``: read only by a process torchrun started (see docs/distributed.md)."""
+
+    backend: Literal["auto", "gloo", "nccl"] = _help(
+        "torch.distributed backend: rows travel as host tensors, so auto is gloo; nccl adds NCCL for CUDA tensors beside it", default="auto"
+    )
+    timeout: float = _help(
+        "seconds a rank waits for the others at any exchange before it stops with an error naming the step", _positive, default=300.0
+    )
+    slices: int = _help(
+        "a step's batch is cut into this many slices, each computed whole by one rank; the result depends on slices, "
+        "never on the number of ranks (at most `slices` ranks compute, the others only hold rows)",
+        _positive,
+        default=8,
+    )
+    exact: bool = _help(
+        "true: results bit-equal for every number of ranks (each lookup's gradient row sent and summed in batch order); "
+        "false: each rank sums its rows per id first and sends one (fewer bytes; equal up to float rounding)",
+        default=True,
+    )
+
+
+@dataclass
+class OutputConfig:
+    """Where runs go."""
+
+    dir: str = _help("parent folder of run folders", default="runs")
+    run_name: str | None = _help("run folder name (default: <recipe name>-<timestamp>)", _folder_name, default=None)
+
+
+@dataclass
+class Recipe:
+    """One experiment: dataset, model, training, optimizer, evaluation, output."""
+
+    dataset: DatasetConfig = _help("the knowledge graph")
+    model: ModelConfig = _help("the embedding model")
+    name: str = _help("the recipe's name (default: its file name), the run folders' prefix", _folder_name, default="recipe")
+    description: str = _help("one line saying what the recipe is for", default="")
+    train: TrainConfig = _help("the training loop", default_factory=TrainConfig)
+    optimizer: OptimizerConfig = _help("the optimizer", default_factory=OptimizerConfig)
+    eval: EvalConfig = _help("evaluation", default_factory=EvalConfig)
+    output: OutputConfig = _help("outputs", default_factory=OutputConfig)
+    distributed: DistributedConfig = _help("scale-out under torchrun", default_factory=DistributedConfig)
+
+    @property
+    def is_kge(self) -> bool:
+        return self.model.kind in KG_MODELS
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.is_kge != (self.dataset.kind in KG_DATASETS):
+            family = "a knowledge graph (" + ", ".join(KG_DATASETS) if self.is_kge else "a graph (" + ", ".join(GRAPH_DATASETS)
+            return [("model.kind", f"{self.model.kind!r} trains on {family}), not dataset kind {self.dataset.kind!r}")]
+        if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:
+            return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
+        return []
