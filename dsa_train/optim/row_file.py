@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import StateError
+from ..fsutil import write_back
 from .format import HEADER_BYTES, LAYOUT, TABLE_LAYOUT, RowSpec, read_row_header
 
 DTYPES = {
@@ -43,6 +44,7 @@ class RowFile:
         self.path = Path(path)
         self.spec = spec
         self._check(read_row_header(self.path))
+        self.writable = writable
         self._fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         self._map: mmap.mmap | None = None
         if spec.num_rows * spec.row_width == 0:
@@ -131,6 +133,44 @@ class RowFile:
         if self._map is not None:
             self._map.madvise(mmap.MADV_DONTNEED)  # unmap our pages, or the cache keeps them
         os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def _byte_range(self, first: int, stop: int, *, inside: bool) -> tuple[int, int]:
+        """Rows ``[first, stop)`` as a page-aligned byte range of the file: every page they
+        touch, or (``inside``) only the pages that hold nothing but these rows."""
+        page, row = mmap.PAGESIZE, self.spec.row_bytes
+        start, end = HEADER_BYTES + first * row, HEADER_BYTES + stop * row
+        if inside:
+            return -(-start // page) * page, max(-(-start // page) * page, end // page * page)
+        return start // page * page, min(-(-end // page) * page, self.spec.file_bytes)
+
+    def read_rows(self, first: int, stop: int, *, chunk_bytes: int = 8 << 20) -> int:
+        """Read rows ``[first, stop)`` into the page cache with large sequential reads (the
+        file's own readahead: the mapping's ``MADV_RANDOM`` applies to its faults only), so
+        the steps that follow find their records there. Returns the bytes read."""
+        start, end = self._byte_range(first, stop, inside=False)
+        buffer = memoryview(bytearray(min(chunk_bytes, max(end - start, 1))))
+        done = start
+        while done < end:
+            got = os.preadv(self._fd, [buffer[: min(len(buffer), end - done)]], done)
+            if got <= 0:
+                break
+            done += got
+        return done - start
+
+    def drop_rows(self, first: int, stop: int) -> int:
+        """Write rows ``[first, stop)`` back in one sequential write-out and drop their pages
+        from this mapping and the page cache (pages shared with rows outside the range stay).
+        Nothing is lost or stale: a dropped page is read from the file again by its next
+        access. Returns the bytes dropped."""
+        start, end = self._byte_range(first, stop, inside=True)
+        if end <= start:
+            return 0
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)  # our page tables go; their dirty bits pass to the cache
+        if self.writable:
+            write_back(self._fd, start, end - start)
+        os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        return end - start
 
     def close(self) -> None:
         if self._fd < 0:

@@ -212,6 +212,17 @@ class TrainConfig:
     margin: float = _help("margin of the margin loss", _positive, default=1.0)
     regularization: float = _help("weight of the N3 penalty on the step's embeddings", _non_negative, default=0.0)
     seed: int = _help("seed of initialisation, data order, negatives and dropout", _seed, default=0)
+    order: Literal["random", "partitioned"] = _help(
+        "random: each batch drawn from the whole training split; partitioned: entities in `partitions` partitions, triples "
+        "in partitions x partitions buckets, trained while `buffer` partitions are in memory, so a disk table far beyond "
+        "RAM is read and written whole partitions at a time (docs/partitioned.md)",
+        default="random",
+    )
+    partitions: int = _help("partitioned order: entity partitions (1: one partition, the random order itself)", _positive, default=16)
+    buffer: int = _help("partitioned order: partitions in memory at once (at least 2, at most partitions)", _positive, default=4)
+    negatives_from: Literal["buffer", "table"] = _help(
+        "partitioned order: uniform negatives from the buffer's partitions (no disk reads) or from the whole table", default="buffer"
+    )
     device: Literal["auto", "cpu", "cuda"] = _help("where the model computes (the optimizer state stays on disk)", default="auto")
     log_every: int = _help("log the loss to metrics.jsonl every this many steps", _positive, default=50)
     checkpoint_every: int = _help("checkpoint every this many steps (0: at the end only)", _non_negative, default=0)
@@ -328,4 +339,12 @@ class Recipe:
             return [("model.kind", f"{self.model.kind!r} trains on {family}), not dataset kind {self.dataset.kind!r}")]
         if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:
             return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
+        t = self.train
+        if t.order == "partitioned":
+            if not self.is_kge:
+                return [("train.order", f"'partitioned' trains knowledge-graph models so far, not {self.model.kind!r}; use 'random'")]
+            if self.model.embedding_storage != "disk":
+                return [("train.order", "'partitioned' moves a disk table's partitions: set model.embedding_storage: disk")]
+            if t.partitions > 1 and not 2 <= t.buffer <= t.partitions:
+                return [("train.buffer", f"must be between 2 and train.partitions ({t.partitions}), got {t.buffer}")]
         return []

@@ -111,8 +111,16 @@ class KGETask:
         """The entity table if it is not the model's own ``nn.Embedding`` (a disk table)."""
         return disk_table(self.recipe, tables, "entities", self.kg.num_entities, std=self.recipe.model.init_std)
 
+    def train_rows(self, picked: Tensor) -> Tensor:
+        """The training triples of epoch items ``picked`` (int64)."""
+        return self.kg.rows("train", picked)
+
+    def draw_negatives(self, count: int) -> Tensor:
+        """``count`` entities drawn uniformly from the whole table."""
+        return torch.randint(0, self.kg.num_entities, (count,), device=self.device)
+
     def prefetch(self, picked: Tensor) -> None:
-        self.model.node_emb.prefetch(self.kg.rows("train", picked)[:, [0, 2]].flatten())
+        self.model.node_emb.prefetch(self.train_rows(picked)[:, [0, 2]].flatten())
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return list(self.model.named_parameters())
@@ -125,9 +133,9 @@ class KGETask:
 
     def loss(self, picked: Tensor) -> Tensor:
         cfg, model = self.recipe.train, self.model
-        triples = self.kg.rows("train", picked).to(self.device)
+        triples = self.train_rows(picked).to(self.device)
         heads, relations, tails = triples[:, 0], triples[:, 1], triples[:, 2]
-        negatives = torch.randint(0, self.kg.num_entities, (cfg.negatives,), device=self.device)
+        negatives = self.draw_negatives(cfg.negatives)
         # Every triple asks its tail query (h, r, ?) and its head query (?, r, t).
         anchors, answers = torch.cat([heads, tails]), torch.cat([tails, heads])
         relations = torch.cat([relations, relations])

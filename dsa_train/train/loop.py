@@ -242,7 +242,9 @@ class Training:
         prefetch = self.recipe.model.embedding_storage == "disk"
         started = time.perf_counter()
         while self.epoch < cfg.epochs and not self._step_limit_reached():
-            order = Shuffle(items, step_seed(cfg.seed, -1 - self.epoch))  # computed per batch: no O(items) permutation
+            seed = step_seed(cfg.seed, -1 - self.epoch)
+            # computed per batch: no O(items) permutation; a partitioned task orders its buckets
+            order = self.task.epoch_order(seed) if hasattr(self.task, "epoch_order") else Shuffle(items, seed)
             self.reporter.epoch_start(self.epoch + 1, cfg.epochs, steps_per_epoch, self.batch)
             epoch_started, epoch_items, upcoming = time.perf_counter(), 0, None
             while self.batch < steps_per_epoch and not self._step_limit_reached():
@@ -294,6 +296,8 @@ class Training:
             "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
             "final": final,
         }
+        if hasattr(self.task, "buffer_summary"):
+            summary["buffer"] = self.task.buffer_summary()
         return summary
 
     @contextlib.contextmanager
@@ -407,6 +411,8 @@ class Training:
         try:
             if hasattr(self, "metrics"):
                 self.metrics.close()
+            if hasattr(getattr(self, "task", None), "close"):
+                self.task.close()  # its background reads and write-backs end before the optimizer's flush
             if hasattr(self, "optimizer"):
                 close_optimizer(self.optimizer)
         except Exception as e:

@@ -12,6 +12,7 @@ from ..errors import DsaError
 from ..recipe import Recipe
 from .kge import KGETask
 from .node2vec import Node2VecTask
+from .partitioned_kge import PartitionedKGETask
 from .sage import SageTask
 from .sharded_kge import ShardedKGETask
 from .sharded_node2vec import ShardedNode2VecTask
@@ -27,7 +28,9 @@ class Task(Protocol):
     ``prefetch(picked)`` is told the next batch before this one's step, to start reading the
     rows of its disk table that it will touch (called only with ``embedding_storage: disk``).
     A task that computes its gradients itself (a sharded one, whose backward involves other
-    processes) has ``gradients(picked) -> float`` instead of ``loss``.
+    processes) has ``gradients(picked) -> float`` instead of ``loss``. A task with its own
+    epoch order (partition order) has ``epoch_order(seed)``, giving what ``slice(start, stop)``
+    of the epoch's batches are, and ``buffer_summary()`` and ``close()``.
     """
 
     unit: str
@@ -53,6 +56,11 @@ def make_task(
     ``progress(what, done, total)`` and ``note(text)`` hear how a dataset import goes;
     ``world``: this rank's place in a ``torchrun`` job (``None``: one process)."""
     if world is not None:
+        if recipe.train.order == "partitioned":
+            raise DsaError(
+                "train.order 'partitioned' runs in one process; over several processes each rank holds its shard of the table",
+                hint="set train.order: random for a torchrun job, or run without torchrun",
+            )
         if recipe.is_kge:
             return ShardedKGETask(recipe, device, world, tables, progress=progress, note=note)
         if recipe.model.kind == "node2vec":
@@ -61,6 +69,8 @@ def make_task(
             f"model.kind {recipe.model.kind!r} does not train over several processes yet; knowledge-graph models and node2vec do",
             hint="run it in one process (without torchrun)",
         )
+    if recipe.is_kge and recipe.train.order == "partitioned":
+        return PartitionedKGETask(recipe, device, tables, progress=progress, note=note)
     if recipe.is_kge:
         return KGETask(recipe, device, tables, progress=progress, note=note)
     if recipe.model.kind == "node2vec":
