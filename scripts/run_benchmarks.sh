@@ -15,6 +15,8 @@ Runs, one at a time (they must not share the CPU):
   4. scripts/bench_walks.py            walk-sampling throughput on a generated graph
   5. scripts/bench_out_of_core.py      a DiskEmbedding table larger than RAM: rows/s, prefetch,
                                        the disk's random-read rate (needs ~46 GB free in --dir)
+     scripts/bench_partitioned.py      the same table in partition order against random order and
+                                       the page cache, and the disk's sequential rates
 
 Options:
   --quick     small sizes, a few minutes in all (the full run takes about an hour,
@@ -75,6 +77,8 @@ echo "== 5. tables larger than RAM"
 ooc_dir="${dir_args[1]:-${TMPDIR:-/tmp}}/dsa-out-of-core"
 if [ "$quick" = 1 ]; then
     "$python" "$here/scripts/bench_out_of_core.py" --dir "$ooc_dir" --quick
+    "$python" "$here/scripts/bench_partitioned.py" --dir "$ooc_dir" --quick
 else
     "$python" "$here/scripts/bench_out_of_core.py" --dir "$ooc_dir"
+    "$python" "$here/scripts/bench_partitioned.py" --dir "$ooc_dir"
 fi

@@ -60,6 +60,21 @@ def test_out_of_core_benchmark_runs_quick(tmp_path):
     assert not list(tmp_path.iterdir()), "the benchmark left its table behind"
 
 
+def test_partitioned_benchmark_runs_quick(tmp_path):
+    """The partition-order benchmark's small version measures every regime it names, its
+    partitioned steps stay in the buffer (every state waited for), and it leaves nothing."""
+    script = SCRIPTS / "bench_partitioned.py"
+    result = subprocess.run([sys.executable, script, "--dir", tmp_path, "--quick"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(summary["results"]) == {"random, no prefetch", "random, prefetch", "in the page cache", "partitioned"}
+    part = summary["results"]["partitioned"]
+    assert part["states"] == 3 and part["read_gb"] >= 3 * part["partition_gb"] * 0.99  # 2 to start, 1 swapped in (at least)
+    assert summary["sequential_read_mb_s"] > 0 and summary["sequential_write_mb_s"] > 0
+    assert "partitioned / random with prefetch" in result.stdout
+    assert not list(tmp_path.iterdir()), "the benchmark left its table behind"
+
+
 def test_import_benchmark_runs_quick(tmp_path):
     """The import benchmark's small version runs both parsers and checks they agree on the counts."""
     result = subprocess.run(

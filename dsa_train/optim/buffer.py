@@ -74,7 +74,7 @@ class PartitionBuffer:
         if after is not None:
             after.result()
         started = time.perf_counter()
-        self.stats["read_bytes"] += self.rows.read_rows(*self.spans[partition])
+        self.stats["read_bytes"] += self.rows.hold_rows(*self.spans[partition])
         self.stats["read_seconds"] += time.perf_counter() - started
         self.stats["loads"] += 1
 

@@ -7,11 +7,14 @@ is not in the page cache costs one page read, not the kernel's readahead window.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
+import threading
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..errors import StateError
@@ -47,6 +50,9 @@ class RowFile:
         self.writable = writable
         self._fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         self._map: mmap.mmap | None = None
+        self._base = 0  # the mapping's address
+        self._private: set[tuple[int, int]] = set()  # byte ranges mapped copy-on-write (held partitions)
+        self._private_lock = threading.Lock()
         if spec.num_rows * spec.row_width == 0:
             raw = torch.zeros((spec.num_rows, spec.row_bytes), dtype=torch.uint8)
         else:
@@ -57,6 +63,7 @@ class RowFile:
                 warnings.simplefilter("ignore", UserWarning)
                 flat = torch.frombuffer(self._map, dtype=torch.uint8, count=spec.num_rows * spec.row_bytes, offset=HEADER_BYTES)
             raw = flat.view(spec.num_rows, spec.row_bytes)
+            self._base = flat.data_ptr() - HEADER_BYTES
         fields = {slot.name: raw[:, slot.offset : slot.offset + slot.nbytes].view(DTYPES[slot.dtype]) for slot in spec.fields}
         self.m, self.v = fields["m"], fields["v"]
         self.records = self.moments = None
@@ -121,7 +128,9 @@ class RowFile:
             ) from e
 
     def flush(self) -> None:
-        """Write the dirty pages back to disk and wait for them (``msync(MS_SYNC)``)."""
+        """Write the dirty pages back to disk and wait for them (``msync(MS_SYNC)``), held
+        partitions' rows first (see :meth:`hold_rows`)."""
+        self._write_private()
         if self._map is not None:
             self._map.flush()
         os.fsync(self._fd)
@@ -157,6 +166,23 @@ class RowFile:
             done += got
         return done - start
 
+    def hold_rows(self, first: int, stop: int) -> int:
+        """Read rows ``[first, stop)`` in (:meth:`read_rows`) and hold them: their pages are
+        mapped copy-on-write, so the rows a step updates become this process's own memory
+        instead of dirty pages of the file. Dirty file pages past the kernel's limits
+        (``vm.dirty_ratio``) are written back while training, a page at a time, and throttle
+        the steps that dirty them; a held range is written back only when it is dropped or
+        the file flushed, in one sequential write. Pages shared with rows outside the range
+        stay mapped as before. Returns the bytes read."""
+        done = self.read_rows(first, stop)
+        start, end = self._byte_range(first, stop, inside=True)
+        if self.writable and self._map is not None and end > start:
+            with self._private_lock:
+                if (start, end) not in self._private:
+                    _remap(self._base, start, end, self._fd, private=True)
+                    self._private.add((start, end))
+        return done
+
     def drop_rows(self, first: int, stop: int) -> int:
         """Write rows ``[first, stop)`` back in one sequential write-out and drop their pages
         from this mapping and the page cache (pages shared with rows outside the range stay).
@@ -165,16 +191,28 @@ class RowFile:
         start, end = self._byte_range(first, stop, inside=True)
         if end <= start:
             return 0
-        if self._map is not None:
-            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)  # our page tables go; their dirty bits pass to the cache
+        with self._private_lock:
+            if (start, end) in self._private:
+                _write_range(self._base, start, end, self._fd)
+                _remap(self._base, start, end, self._fd, private=False)  # the copies go, the file's pages come back
+                self._private.discard((start, end))
+            elif self._map is not None:
+                self._map.madvise(mmap.MADV_DONTNEED, start, end - start)  # our page tables go; their dirty bits pass to the cache
         if self.writable:
             write_back(self._fd, start, end - start)
         os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
         return end - start
 
+    def _write_private(self) -> None:
+        """Write every held range's rows to the file (they stay held)."""
+        with self._private_lock:
+            for start, end in sorted(self._private):
+                _write_range(self._base, start, end, self._fd)
+
     def close(self) -> None:
         if self._fd < 0:
             return
+        self._write_private()  # held rows reach the file as a shared mapping's would
         # Drop our views and the map, but never unmap by hand: tensors made from the mapping
         # (a DiskEmbedding's weight, a prefetch in flight) hold the map object, and unmapping
         # under them would crash the process. The kernel unmaps when the last one is gone.
@@ -182,6 +220,53 @@ class RowFile:
         self._map = None
         os.close(self._fd)
         self._fd = -1
+
+
+MAP_SHARED, MAP_PRIVATE, MAP_FIXED = 0x01, 0x02, 0x10
+PROT_READ, PROT_WRITE = 0x1, 0x2
+WRITE_CHUNK = 8 << 20
+_LIBC: list = []
+
+
+def _libc():
+    if not _LIBC:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        _LIBC.append(libc)
+    return _LIBC[0]
+
+
+def _remap(base: int, start: int, end: int, fd: int, *, private: bool) -> None:
+    """Map bytes ``[start, end)`` of the file again at the same addresses of the mapping at
+    ``base`` (``MAP_FIXED``: every tensor viewing them stays valid), copy-on-write or shared.
+    Replacing a mapping passes its dirty pages' state to the page cache, as unmapping does."""
+    libc, address = _libc(), base + start
+    flags = (MAP_PRIVATE if private else MAP_SHARED) | MAP_FIXED
+    got = libc.mmap(address, end - start, PROT_READ | PROT_WRITE, flags, fd, start)
+    if got != address:
+        error = ctypes.get_errno()
+        raise OSError(error, f"remapping bytes {start}-{end} of a row file failed: {os.strerror(error)}")
+    libc.madvise(address, end - start, mmap.MADV_RANDOM)  # a new mapping forgets the advice
+
+
+def _write_range(base: int, start: int, end: int, fd: int) -> None:
+    """``pwrite`` the pages of the copy-on-write mapping's bytes ``[start, end)`` that this
+    process has written (its own copies, by ``/proc/self/pagemap``) to the same bytes of the
+    file, run by run; a page never written still is the file's and is skipped."""
+    page = mmap.PAGESIZE
+    first = (base + start) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        entries = np.frombuffer(f.read((end - start) // page * 8), dtype=np.uint64)
+    own = ((entries >> np.uint64(63)) & np.uint64(1)).astype(bool) & ~((entries >> np.uint64(61)) & np.uint64(1)).astype(bool)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], own.view(np.int8), [0]])))  # runs of own pages: [edges[0], edges[1]), ...
+    memory = memoryview((ctypes.c_char * (end - start)).from_address(base + start)).cast("B")
+    for a, b in zip(edges[0::2] * page, edges[1::2] * page):
+        done = a
+        while done < b:
+            done += os.pwrite(fd, memory[done : min(b, done + WRITE_CHUNK)], start + done)
 
 
 SPARE_BYTES = 64 << 20  # room kept free for manifests, metadata and the file system's own needs
