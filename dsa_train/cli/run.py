@@ -139,10 +139,22 @@ def run(
         f"{summary['peak_rss_mib']:,.0f} MiB (anonymous {summary['peak_rss_anon_mib']:,.0f} MiB), optimizer RAM {summary['optimizer_ram_mib']:,.1f} MiB, "
         f"optimizer state on disk {summary['optimizer_state_on_disk_mib']:,.1f} MiB"
         + (f", disk tables {summary['tables_on_disk_mib']:,.1f} MiB" if summary["tables_on_disk_mib"] else "")
+        + _buffer_line(summary.get("buffer"))
         + f"\nrun folder: {folder.path}",
         highlight=False,
         soft_wrap=True,  # one line each, never broken inside a value: a terminal wraps it, a log keeps it whole
     )
+
+
+def _buffer_line(buffer: dict | None) -> str:
+    """Partition order's memory and traffic, for the summary."""
+    if not buffer:
+        return ""
+    line = (f"\npartition buffer: {buffer['buffer']} of {buffer['partitions']} partitions of {buffer['partition_mib']:,.0f} MiB "
+            f"in memory (+1 while the next is read)")  # fmt: skip
+    if "loads" in buffer:
+        line += f"; {buffer['loads']:,} partitions read ({buffer['read_bytes'] / 2**30:,.1f} GiB), {buffer['wait_seconds']:,.1f} s waited for them"
+    return line
 
 
 def _count(number: int, noun: str) -> str:

@@ -219,7 +219,7 @@ class TrainConfig:
         default="random",
     )
     partitions: int = _help("partitioned order: entity partitions (1: one partition, the random order itself)", _positive, default=16)
-    buffer: int = _help("partitioned order: partitions in memory at once (at least 2, at most partitions)", _positive, default=4)
+    buffer: int = _help("partitioned order: partitions in memory at once (at least 2; partitions or more: all of them)", _positive, default=4)
     negatives_from: Literal["buffer", "table"] = _help(
         "partitioned order: uniform negatives from the buffer's partitions (no disk reads) or from the whole table", default="buffer"
     )
@@ -345,6 +345,6 @@ class Recipe:
                 return [("train.order", f"'partitioned' trains knowledge-graph models so far, not {self.model.kind!r}; use 'random'")]
             if self.model.embedding_storage != "disk":
                 return [("train.order", "'partitioned' moves a disk table's partitions: set model.embedding_storage: disk")]
-            if t.partitions > 1 and not 2 <= t.buffer <= t.partitions:
-                return [("train.buffer", f"must be between 2 and train.partitions ({t.partitions}), got {t.buffer}")]
+            if t.partitions > 1 and t.buffer < 2:
+                return [("train.buffer", f"must be at least 2 with train.partitions {t.partitions} (a bucket joins two partitions), got {t.buffer}")]
         return []
