@@ -67,7 +67,7 @@ def test_partitioned_benchmark_runs_quick(tmp_path):
     result = subprocess.run([sys.executable, script, "--dir", tmp_path, "--quick"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(summary["results"]) == {"random, no prefetch", "random, prefetch", "in the page cache", "partitioned"}
+    assert set(summary["results"]) == {"random, no prefetch", "random, prefetch", "in the page cache", "held in memory", "partitioned"}
     part = summary["results"]["partitioned"]
     assert part["states"] == 3 and part["read_gb"] >= 3 * part["partition_gb"] * 0.99  # 2 to start, 1 swapped in (at least)
     assert summary["sequential_read_mb_s"] > 0 and summary["sequential_write_mb_s"] > 0
