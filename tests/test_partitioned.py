@@ -285,3 +285,16 @@ def test_eval_of_a_partitioned_run_reads_its_table_by_slot(tiny, tmp_path):
     scored = invoke("eval", run, "--json")
     assert scored.exit_code == 0, scored.stderr
     assert json.loads(scored.stdout)["metrics"] == final["test"]
+
+
+def test_import_of_a_partitioned_recipe_writes_its_buckets_for_the_run(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("DSA_DATA_ROOT", str(tmp_path / "data"))
+    settings = ["--set", "train.order=partitioned", "--set", "train.partitions=3"]
+    imported = invoke("import", tiny, *settings)
+    assert imported.exit_code == 0, imported.stderr
+    assert "training triples in buckets for train.order: partitioned" in imported.stdout
+    folders = sorted(p.name for p in (tmp_path / "data" / "imported").iterdir() if ".buckets-3-" in p.name)
+    assert len(folders) == 1
+    stamp = (tmp_path / "data" / "imported" / folders[0] / "triples.npy").stat().st_mtime_ns
+    assert invoke("run", tiny, "-o", tmp_path / "run", *settings, "--set", "train.epochs=1").exit_code == 0
+    assert (tmp_path / "data" / "imported" / folders[0] / "triples.npy").stat().st_mtime_ns == stamp  # mapped, not written again

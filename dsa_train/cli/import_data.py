@@ -37,10 +37,12 @@ def import_(
     """
     from ..train.loop import WorkProgress  # torch and PyG: imported only when importing
 
+    recipe = None
     if source.is_dir():
         config = DatasetConfig(kind="tsv", path=str(source.resolve()))
     elif source.is_file():
-        config = load_recipe(source, list(set_)).dataset
+        recipe = load_recipe(source, list(set_))
+        config = recipe.dataset
     else:
         raise DsaError(f"'{source}' is neither a recipe file nor a dataset folder", hint="pass a recipe YAML or a folder holding train.txt, valid.txt, test.txt")
     if root is not None:
@@ -48,6 +50,8 @@ def import_(
     reporter = ProgressReporter()
     started = time.perf_counter()
     summary = imported_summary(config, progress=WorkProgress(reporter), note=reporter.note)
+    if recipe is not None and recipe.is_kge and recipe.train.order == "partitioned":
+        summary["buckets"] = _buckets(recipe, progress=WorkProgress(reporter), note=reporter.note)
     reporter.work_done()
     summary["seconds"] = round(time.perf_counter() - started, 1)
     if as_json:
@@ -55,6 +59,18 @@ def import_(
         return
     verb = "imported" if summary["imported"] else "already imported (sources unchanged)"
     stdout.print(f"{summary['description']}\n{verb}: {summary['folder']} ({summary['bytes'] / 2**20:,.1f} MiB on disk, {summary['seconds']} s)", highlight=False)
+    if "buckets" in summary:
+        stdout.print(f"training triples in buckets for train.order: partitioned: {summary['buckets']}", highlight=False)
+
+
+def _buckets(recipe, *, progress, note) -> str:
+    """The training split in the recipe's partition buckets (written unless current): where."""
+    from ..data import load_knowledge_graph
+    from ..data.buckets import EntityPartitions, load_buckets
+
+    kg = load_knowledge_graph(recipe.dataset, progress=progress, note=note)
+    buckets = load_buckets(kg, EntityPartitions(kg.num_entities, recipe.train.partitions, recipe.train.seed), progress=progress, note=note)
+    return str(buckets.folder)
 
 
 def imported_summary(config: DatasetConfig, *, progress, note) -> dict:

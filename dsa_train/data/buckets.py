@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -77,6 +78,7 @@ class Buckets:
     partitions: EntityPartitions
     triples: Tensor
     offsets: Tensor
+    folder: Path | None = None  # where they are on disk (None: built in memory)
 
     def size(self, bucket: int) -> int:
         return int(self.offsets[bucket + 1] - self.offsets[bucket])
@@ -109,7 +111,7 @@ def load_buckets(kg: KnowledgeGraph, partitions: EntityPartitions, *, progress: 
         _write_buckets(writer, kg, partitions, progress)
 
     dataset = import_folder(folder, kind="buckets", name=f"{kg.name} in {partitions.partitions}x{partitions.partitions} buckets", sources=sources, build=build, note=note)
-    return Buckets(partitions, dataset.tensor("triples"), torch.from_numpy(np.asarray(dataset.array("offsets"))))
+    return Buckets(partitions, dataset.tensor("triples"), torch.from_numpy(np.asarray(dataset.array("offsets"))), dataset.folder)
 
 
 def _offsets(counts: np.ndarray) -> Tensor:
