@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -437,21 +438,28 @@ def write_digested(fd: int, size: int, chunks, *, depth: int) -> str:
 
 
 SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
-_LIBC: list = []
+@functools.cache
+def libc() -> ctypes.CDLL:
+    """The C library of this process, with ``errno`` kept for ``ctypes.get_errno``."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
+@functools.cache
+def _sync_file_range_function():
+    try:
+        function = libc().sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return function
 
 
 def _sync_file_range(fd: int, offset: int, length: int, flags: int) -> bool:
     """Linux ``sync_file_range``; ``False`` where libc has none."""
-    if not _LIBC:
-        try:
-            function = ctypes.CDLL(None, use_errno=True).sync_file_range
-            function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-            _LIBC.append(function)
-        except (OSError, AttributeError):
-            _LIBC.append(None)
-    if _LIBC[0] is None:
+    function = _sync_file_range_function()
+    if function is None:
         return False
-    if length and _LIBC[0](fd, offset, length, flags) != 0:
+    if length and function(fd, offset, length, flags) != 0:
         error = ctypes.get_errno()
         raise OSError(error, os.strerror(error))
     return True

@@ -47,6 +47,7 @@ import torch
 
 from bench_out_of_core import GB, RELATIONS, choose_rows, make_batches, mem_total_bytes, train
 from dsa_train import DiskEmbedding, DiskSparseAdam
+from dsa_train.data.buckets import EntityPartitions
 from dsa_train.data.partition_order import buffer_schedule
 from dsa_train.memory import PeakRssAnon
 from dsa_train.optim.buffer import PartitionBuffer
@@ -71,26 +72,23 @@ def sequential_write_rate(directory: Path, size: int) -> float:
     return size / (time.perf_counter() - started)
 
 
-def buffer_batches(spans: list[tuple[int, int]], steps: int, batch: int, negatives: int, seed: int) -> list:
-    """``steps`` batches whose heads, tails and negatives are uniform over the rows of ``spans``."""
+def buffer_batches(layout: EntityPartitions, held, steps: int, batch: int, negatives: int, seed: int) -> list:
+    """``steps`` batches whose heads, tails and negatives are uniform over the rows of the
+    partitions ``held`` (the table's rows are its slots: the layout's permutation is not needed)."""
     g = torch.Generator().manual_seed(seed)
-    firsts = torch.tensor([first for first, _ in spans])
-    sizes = torch.tensor([stop - first for first, stop in spans])
-    ends = torch.cumsum(sizes, 0)
+    held = torch.tensor(list(held))
+    total = layout.count(held)
 
     def draw(n: int) -> torch.Tensor:
-        r = torch.randint(0, int(ends[-1]), (n,), generator=g)
-        which = torch.searchsorted(ends, r, right=True)
-        return firsts[which] + r - (ends[which] - sizes[which])
+        return layout.spread(held, torch.randint(0, total, (n,), generator=g))
 
     return [(draw(batch), torch.randint(0, RELATIONS, (batch,), generator=g), draw(batch), draw(negatives)) for _ in range(steps)]
 
 
 def partitioned(emb, relations, optimizer, args, rows: int) -> dict:
     """The first ``args.states`` buffer states of an epoch, each with its share of the triples."""
-    block = -(-rows // args.partitions)
-    spans = [(min(p * block, rows), min((p + 1) * block, rows)) for p in range(args.partitions)]
-    buffer = PartitionBuffer(emb.table.rows, spans)
+    layout = EntityPartitions(rows, args.partitions, seed=0)
+    buffer = PartitionBuffer(emb.table.rows, [layout.span(p) for p in range(args.partitions)])
     schedule = buffer_schedule(args.partitions, args.buffer)[: args.states]
     per_bucket = args.triples_per_entity * rows / args.partitions**2
     steps_seconds = waits = touched = steps = 0.0
@@ -103,7 +101,7 @@ def partitioned(emb, relations, optimizer, args, rows: int) -> dict:
         wait = time.perf_counter() - started
         waits += wait
         count = max(1, round(len(buckets) * per_bucket / args.batch))
-        result = train(emb, relations, optimizer, buffer_batches([spans[p] for p in held], count, args.batch, args.negatives, seed=k), None)
+        result = train(emb, relations, optimizer, buffer_batches(layout, held, count, args.batch, args.negatives, seed=k), None)
         steps_seconds += result["steps"] * result["mean_step_s"]
         touched += result["rows_per_step"] * result["steps"]
         steps += result["steps"]
@@ -115,7 +113,7 @@ def partitioned(emb, relations, optimizer, args, rows: int) -> dict:
     stats = buffer.stats
     return {
         "states": len(schedule), "steps": int(steps), "rows_per_step": touched / steps, "step_seconds": steps_seconds,
-        "wait_seconds": waits, "rows_per_s": touched / (steps_seconds + waits), "partition_gb": block * emb.table.spec.row_bytes / GB,
+        "wait_seconds": waits, "rows_per_s": touched / (steps_seconds + waits), "partition_gb": layout.block * emb.table.spec.row_bytes / GB,
         "read_gb": stats["read_bytes"] / GB, "read_seconds": stats["read_seconds"], "released_gb": stats["written_bytes"] / GB,
         "write_back_seconds": stats["write_seconds"],
     }  # fmt: skip
@@ -153,11 +151,11 @@ def main() -> None:
     started = time.perf_counter()
     emb = DiskEmbedding(rows, args.dim, path=path, std=0.01)
     print(f"table ready in {time.perf_counter() - started:.0f} s")
-    block = -(-rows // args.partitions)
+    layout = EntityPartitions(rows, args.partitions, seed=0)
 
     emb.table.rows.evict()
     started = time.perf_counter()
-    read = emb.table.rows.read_rows(0, block)
+    read = emb.table.rows.read_rows(*layout.span(0))
     read_rate = read / (time.perf_counter() - started)
     write_rate = sequential_write_rate(args.dir, min(int(2 * GB), read))
     print(f"disk, sequential: read {read_rate / 1e6:,.0f} MB/s (a partition, cold), write {write_rate / 1e6:,.0f} MB/s (fsync included)")
@@ -174,13 +172,14 @@ def main() -> None:
             results[f"random, {mode}"] = train(emb, relations, optimizer, batches, prefetcher)
             if prefetcher is not None:
                 prefetcher.close()
-        warm = [(min(p * block, rows), min((p + 1) * block, rows)) for p in range(min(args.buffer, args.partitions))]
+        held = range(min(args.buffer, args.partitions))
+        warm = [layout.span(p) for p in held]
         for name, hold in (("in the page cache", False), ("held in memory", True)):
             emb.table.rows.evict()
             for first, stop in warm:
                 emb.table.rows.hold_rows(first, stop) if hold else emb.table.rows.read_rows(first, stop)
-            train(emb, relations, optimizer, buffer_batches(warm, 5, args.batch, args.negatives, seed=99), None)  # first writes fault the pages in
-            results[name] = train(emb, relations, optimizer, buffer_batches(warm, args.steps, args.batch, args.negatives, seed=98), None)
+            train(emb, relations, optimizer, buffer_batches(layout, held, 5, args.batch, args.negatives, seed=99), None)  # first writes fault the pages in
+            results[name] = train(emb, relations, optimizer, buffer_batches(layout, held, args.steps, args.batch, args.negatives, seed=98), None)
             if hold:
                 for first, stop in warm:
                     emb.table.rows.drop_rows(first, stop)

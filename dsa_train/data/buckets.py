@@ -30,6 +30,7 @@ from torch import Tensor
 
 from .kg import KnowledgeGraph
 from .order import Shuffle
+from .paths import key_digest
 from .store import DatasetWriter, Progress, import_folder
 
 BUCKETS_VERSION = 1  # what a buckets folder holds: bump it when that changes
@@ -39,12 +40,14 @@ BLOCK_ROWS = 1 << 20  # training triples sorted at once
 class EntityPartitions:
     """The layout of ``num_entities`` entities in ``partitions`` partitions for ``seed``."""
 
-    def __init__(self, num_entities: int, partitions: int, seed: int) -> None:
+    def __init__(self, num_entities: int, partitions: int, seed: int, *, permute_one: bool = False) -> None:
+        """``permute_one``: permute the ids with one partition too (a torchrun job's row
+        sharding does, so its layout is the same whatever the number of ranks)."""
         if num_entities <= 0 or partitions <= 0:
             raise ValueError(f"partitions need entities, got {num_entities} entities in {partitions} partitions")
         self.num_entities, self.partitions, self.seed = num_entities, partitions, seed
         self.block = -(-num_entities // partitions)
-        self._order = Shuffle(num_entities, seed) if partitions > 1 else None  # slot -> id
+        self._order = Shuffle(num_entities, seed) if partitions > 1 or permute_one else None  # slot -> id
 
     def slots(self, ids: Tensor) -> Tensor:
         """The slot (table row) of each entity id, shaped like ``ids``."""
@@ -66,6 +69,23 @@ class EntityPartitions:
         first = min(partition * self.block, self.num_entities)
         return first, min(first + self.block, self.num_entities)
 
+    def _extents(self, partitions: Tensor) -> tuple[Tensor, Tensor]:
+        """The first slot and the slot count of each of ``partitions`` (see :meth:`span`)."""
+        firsts = torch.clamp(partitions * self.block, max=self.num_entities)
+        return firsts, torch.clamp(firsts + self.block, max=self.num_entities) - firsts
+
+    def count(self, partitions: Tensor) -> int:
+        """How many slots ``partitions`` hold together."""
+        return int(self._extents(partitions)[1].sum())
+
+    def spread(self, partitions: Tensor, offsets: Tensor) -> Tensor:
+        """The slots at ``offsets`` (each in ``[0, count(partitions))``) of the slots of
+        ``partitions`` laid end to end: uniform offsets are uniform rows of the partitions."""
+        firsts, sizes = self._extents(partitions)
+        ends = torch.cumsum(sizes, 0)
+        which = torch.searchsorted(ends, offsets, right=True)
+        return firsts[which] + offsets - (ends[which] - sizes[which])
+
     def key(self) -> dict:
         return {"entities": self.num_entities, "partitions": self.partitions, "seed": self.seed}
 
@@ -79,9 +99,6 @@ class Buckets:
     triples: Tensor
     offsets: Tensor
     folder: Path | None = None  # where they are on disk (None: built in memory)
-
-    def size(self, bucket: int) -> int:
-        return int(self.offsets[bucket + 1] - self.offsets[bucket])
 
 
 def bucket_of(partitions: EntityPartitions, triples: Tensor) -> Tensor:
@@ -104,8 +121,7 @@ def load_buckets(kg: KnowledgeGraph, partitions: EntityPartitions, *, progress: 
         "layout": partitions.key(),
         "version": BUCKETS_VERSION,
     }
-    digest = hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:12]
-    folder = parent.with_name(f"{parent.name}.buckets-{partitions.partitions}-{digest}")
+    folder = parent.with_name(f"{parent.name}.buckets-{partitions.partitions}-{key_digest(sources)}")
 
     def build(writer: DatasetWriter) -> None:
         _write_buckets(writer, kg, partitions, progress)

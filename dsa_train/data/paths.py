@@ -21,7 +21,11 @@ def data_root(config: DatasetConfig) -> Path:
     return Path(config.root or os.environ.get("DSA_DATA_ROOT") or "datasets")
 
 
+def key_digest(key: object) -> str:
+    """12 hex digits naming ``key`` (JSON, keys sorted): what tells import folders apart."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
 def import_target(config: DatasetConfig, slug: str, key: object) -> Path:
     """The folder a dataset is imported into: ``<data root>/imported/<slug>-<digest of key>``."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return imports_root(data_root(config)) / f"{slug}-{digest}"
+    return imports_root(data_root(config)) / f"{slug}-{key_digest(key)}"

@@ -19,32 +19,34 @@ from __future__ import annotations
 
 import torch
 
-from ..data.order import Shuffle
+from ..data.buckets import EntityPartitions
 from ..optim.table import INIT_CHUNK_ROWS, initial_weights
 
 
-class RowSharding:
-    """The layout of an ``num_rows``-row table over ``world_size`` ranks for ``seed``."""
+class RowSharding(EntityPartitions):
+    """The layout of an ``num_rows``-row table over ``world_size`` ranks for ``seed``: the
+    partitions of :class:`~dsa_train.data.buckets.EntityPartitions`, one per rank, with the
+    ids permuted for one rank too."""
 
     def __init__(self, num_rows: int, world_size: int, seed: int) -> None:
         if num_rows <= 0 or world_size <= 0:
             raise ValueError(f"a sharded table needs rows and ranks, got {num_rows} rows over {world_size} ranks")
-        self.num_rows, self.world_size, self.seed = num_rows, world_size, seed
-        self.block = -(-num_rows // world_size)
-        self._order = Shuffle(num_rows, seed)  # slot -> id
+        super().__init__(num_rows, world_size, seed, permute_one=True)
+        self.num_rows, self.world_size = num_rows, world_size
 
     def rows_of(self, rank: int) -> int:
         """How many rows rank ``rank`` holds (the last ranks may hold fewer, or none)."""
-        return max(0, min(self.block, self.num_rows - rank * self.block))
+        first, stop = self.span(rank)
+        return stop - first
 
     def locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The owner rank and the local row of each id (int64 tensors shaped like ``ids``)."""
-        slots = self._order.position_of(ids.reshape(-1).cpu()).view(ids.shape)
+        """The owner rank and the local row of each id (int64 tensors shaped like ``ids``, on the host)."""
+        slots = self.slots(ids.cpu())
         return torch.div(slots, self.block, rounding_mode="floor"), slots % self.block
 
     def ids_of(self, rank: int, local_rows: torch.Tensor) -> torch.Tensor:
         """The global ids of rank ``rank``'s ``local_rows``."""
-        return self._order(local_rows.reshape(-1).cpu() + rank * self.block).view(local_rows.shape)
+        return self.ids(local_rows.cpu() + rank * self.block)
 
     def initial_rows(self, rank: int, dim: int, *, std: float, seed: int) -> torch.Tensor:
         """Rank ``rank``'s rows (``rows_of(rank) x dim``) before training: slots

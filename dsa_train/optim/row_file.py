@@ -8,6 +8,7 @@ is not in the page cache costs one page read, not the kernel's readahead window.
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import threading
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from ..errors import StateError
-from ..fsutil import write_back
+from ..fsutil import libc, write_back
 from .format import HEADER_BYTES, LAYOUT, TABLE_LAYOUT, RowSpec, read_row_header
 
 DTYPES = {
@@ -225,30 +226,29 @@ class RowFile:
 MAP_SHARED, MAP_PRIVATE, MAP_FIXED = 0x01, 0x02, 0x10
 PROT_READ, PROT_WRITE = 0x1, 0x2
 WRITE_CHUNK = 8 << 20
-_LIBC: list = []
 
 
-def _libc():
-    if not _LIBC:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        _LIBC.append(libc)
-    return _LIBC[0]
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """libc with ``mmap`` and ``madvise`` typed for addresses."""
+    found = libc()
+    found.mmap.restype = ctypes.c_void_p
+    found.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    found.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return found
 
 
 def _remap(base: int, start: int, end: int, fd: int, *, private: bool) -> None:
     """Map bytes ``[start, end)`` of the file again at the same addresses of the mapping at
     ``base`` (``MAP_FIXED``: every tensor viewing them stays valid), copy-on-write or shared.
     Replacing a mapping passes its dirty pages' state to the page cache, as unmapping does."""
-    libc, address = _libc(), base + start
+    typed, address = _libc(), base + start
     flags = (MAP_PRIVATE if private else MAP_SHARED) | MAP_FIXED
-    got = libc.mmap(address, end - start, PROT_READ | PROT_WRITE, flags, fd, start)
+    got = typed.mmap(address, end - start, PROT_READ | PROT_WRITE, flags, fd, start)
     if got != address:
         error = ctypes.get_errno()
         raise OSError(error, f"remapping bytes {start}-{end} of a row file failed: {os.strerror(error)}")
-    libc.madvise(address, end - start, mmap.MADV_RANDOM)  # a new mapping forgets the advice
+    typed.madvise(address, end - start, mmap.MADV_RANDOM)  # a new mapping forgets the advice
 
 
 def _write_range(base: int, start: int, end: int, fd: int) -> None:

@@ -46,7 +46,6 @@ class SlotTable(nn.Module):
 
 class PartitionedKGETask(KGETask):
     def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None) -> None:
-        self._layout_seed = recipe.train.seed
         super().__init__(recipe, device, tables, progress=progress, note=note)
         cfg = recipe.train
         self.buckets: Buckets = load_buckets(self.kg, self.partitions, progress=progress, note=note)
@@ -54,8 +53,6 @@ class PartitionedKGETask(KGETask):
         spans = [self.partitions.span(p) for p in range(cfg.partitions)]
         table = self.model.node_emb.table
         self.buffer = PartitionBuffer(table.table.rows, spans) if hasattr(table, "table") and table.weight.requires_grad else None
-        self._firsts = torch.tensor([first for first, _ in spans])
-        self._sizes = torch.tensor([stop - first for first, stop in spans])
         self.order: PartitionedOrder | None = None
         self._bucket_state: np.ndarray | None = None
         self._current: tuple[int, ...] = ()  # the partitions of this step's batch
@@ -64,7 +61,7 @@ class PartitionedKGETask(KGETask):
     @property
     def partitions(self) -> EntityPartitions:
         if not hasattr(self, "_partitions"):
-            self._partitions = EntityPartitions(self.kg.num_entities, self.recipe.train.partitions, self._layout_seed)
+            self._partitions = EntityPartitions(self.kg.num_entities, self.recipe.train.partitions, self.recipe.train.seed)
         return self._partitions
 
     def entity_table(self, tables: TableSite | None) -> nn.Module:
@@ -93,12 +90,8 @@ class PartitionedKGETask(KGETask):
         if self.recipe.train.negatives_from == "table" or self.partitions.partitions == 1:
             return super().draw_negatives(count)  # P = 1: the buffer is the table, drawn as random order draws
         held = torch.tensor(self._current)
-        sizes = self._sizes[held]
-        ends = torch.cumsum(sizes, 0)
-        drawn = torch.randint(0, int(ends[-1]), (count,), device=self.device).cpu()
-        which = torch.searchsorted(ends, drawn, right=True)
-        slots = self._firsts[held][which] + drawn - (ends[which] - sizes[which])
-        return self.partitions.ids(slots).to(self.device)
+        drawn = torch.randint(0, self.partitions.count(held), (count,), device=self.device).cpu()
+        return self.partitions.ids(self.partitions.spread(held, drawn)).to(self.device)
 
     def prefetch(self, picked: Tensor) -> None:
         """The next batch's partitions start loading (called before this batch's step)."""
