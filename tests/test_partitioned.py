@@ -118,6 +118,42 @@ def test_buckets_on_disk_are_written_once_and_equal_the_ones_in_memory(tmp_path,
     assert not torch.equal(other.offsets, on_disk.offsets)
 
 
+def test_a_bucket_folder_that_is_a_link_or_foreign_is_never_followed_nor_removed(tmp_path, monkeypatch):
+    """The bucket folder is an import folder like the dataset's: a symbolic link at its name
+    is moved aside, not followed; a folder we did not write is refused and left as it is; a
+    damaged bucket file is written anew."""
+    import os
+
+    from dsa_train.errors import DatasetError
+
+    monkeypatch.setenv("DSA_DATA_ROOT", str(tmp_path / "root"))
+    config = DatasetConfig(kind="synthetic", synthetic=SyntheticConfig(entities=400, relations=4, triples=5000, valid=50, test=50, seed=3))
+    kg = load_knowledge_graph(config)
+    layout = EntityPartitions(kg.num_entities, 4, seed=0)
+    folder = load_buckets(kg, layout).folder
+    reference = load_buckets(KnowledgeGraph(kg.name, kg.num_entities, kg.num_relations, kg.train.clone(), kg.valid, kg.test), layout)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep me")
+    os.rename(folder, tmp_path / "moved")
+    folder.symlink_to(victim)
+    again = load_buckets(kg, layout)
+    assert not folder.is_symlink() and torch.equal(again.triples.long(), reference.triples.long())
+    assert sorted(p.name for p in victim.iterdir()) == ["precious"] and (victim / "precious").read_text() == "keep me"
+
+    triples = folder / "triples.npy"
+    with open(triples, "r+b") as f:
+        f.truncate(triples.stat().st_size - 12)
+    assert torch.equal(load_buckets(kg, layout).triples.long(), reference.triples.long())
+
+    os.rename(folder, tmp_path / "moved-again")
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(DatasetError, match="not a dataset dsa-train imported; nothing was changed"):
+        load_buckets(kg, layout)
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+
+
 # --- the schedule and the order ----------------------------------------------------------
 
 
@@ -168,7 +204,8 @@ def test_one_partition_orders_the_split_as_random_order_does():
 
 def test_partitions_moved_through_the_disk_lose_no_update(tmp_path):
     """Rows written while their partition is held, dropped (written back, unmapped, out of the
-    cache) and read back in, in every order, against the same updates on a plain tensor."""
+    cache) and read back in, in every order, against the same updates on a plain tensor. Each
+    write is announced with ``reserve`` first, as the optimizer's are."""
     rows, dim, parts = 4000, 24, 5
     table = Table.create(tmp_path / "t.table", (rows, dim), torch.float32, name="t", init="normal", std=0.1, bound=0.0, seed=0)
     expected = table.weight.clone()
@@ -183,8 +220,10 @@ def test_partitions_moved_through_the_disk_lose_no_update(tmp_path):
             first, stop = layout.span(p)
             picked = torch.randint(first, stop, (50,), generator=g)
             delta = torch.randn(50, dim, generator=g)
+            table.rows.reserve(picked)
             table.weight.index_add_(0, picked, delta)
             expected.index_add_(0, picked, delta)
+        table.rows.reserve(picked)
         table.rows.m[picked] += 1.0  # the moments travel with the weights
     buffer.release(buffer.held)
     buffer.close()
@@ -254,7 +293,7 @@ def test_negatives_come_from_the_buffer_and_the_quality_holds(tiny, tmp_path):
         task.prefetch(picked)
         task.loss(picked)
         drawn = task.draw_negatives(500)
-        assert set(task.partitions.partition_of(drawn).tolist()) <= set(task._current)
+        assert set(task.partitions.partition_of(drawn).tolist()) <= set(task.held.current)
     task.close()
     runs = {}
     for name, extra in (("random", []), ("partitioned", ["--set", "train.order=partitioned", "--set", "train.partitions=4"])):
@@ -298,3 +337,21 @@ def test_import_of_a_partitioned_recipe_writes_its_buckets_for_the_run(tiny, tmp
     stamp = (tmp_path / "data" / "imported" / folders[0] / "triples.npy").stat().st_mtime_ns
     assert invoke("run", tiny, "-o", tmp_path / "run", *settings, "--set", "train.epochs=1").exit_code == 0
     assert (tmp_path / "data" / "imported" / folders[0] / "triples.npy").stat().st_mtime_ns == stamp  # mapped, not written again
+
+
+def test_a_buffer_beyond_the_memory_available_is_refused_with_the_keys_to_change(tmp_path, monkeypatch):
+    """C + 1 partitions are in memory at once (the buffer, and the next one being read)."""
+    from dsa_train import DiskEmbedding, memory
+    from dsa_train.errors import DsaError
+    from dsa_train.train.partitioned import HeldPartitions, SlotTable
+
+    table = SlotTable(DiskEmbedding(10_000, 8, path=tmp_path / "t.table"), EntityPartitions(10_000, 4, seed=0))
+    monkeypatch.delenv("DSA_MEMORY_CHECK", raising=False)
+    needed = 3 * 2_500 * table.table.table.rows.spec.row_bytes
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: needed - 1)
+    with pytest.raises(DsaError) as refused:
+        HeldPartitions(table, 2)
+    assert refused.value.message.startswith("train.buffer=2, train.partitions=4: the partition buffer (2 + 1 partitions of")
+    assert "lower train.buffer" in refused.value.hint
+    monkeypatch.setattr(memory, "host_available_bytes", lambda: needed)
+    HeldPartitions(table, 2).close()

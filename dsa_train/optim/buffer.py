@@ -8,10 +8,13 @@ waits for the ones needed now, and :meth:`release` writes a partition no longer 
 in one sequential write-out and drops its pages. So a table far beyond RAM is read and
 written at the disk's sequential rate, where rows in random order cost one random read each.
 
-The memory is the page cache's and this process's mapping of the file, the very memory the
-optimizer updates rows in: nothing is copied aside, so no update can be lost or read stale,
-whatever the buffer holds. Residency is only speed: a row outside the buffer is still read
-correctly, one page at a time.
+A held partition stays at its addresses in the file's mapping, the very memory the optimizer
+updates rows in (no tensor is swapped), but mapped copy-on-write and copied in whole when it
+is read (:meth:`RowFile.hold_rows`): steps then write to this process's memory, with neither
+a page fault nor the kernel's dirty-page throttling, and a release writes back the pages that
+:meth:`RowFile.reserve` saw written, which every write to the records announces first
+(DiskSparseAdam's steps and ``load_rows`` do). Residency is only speed: a row outside the
+buffer is still read and written correctly, one page at a time.
 """
 
 from __future__ import annotations
