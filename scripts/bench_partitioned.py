@@ -178,7 +178,7 @@ def main() -> None:
             emb.table.rows.evict()
             for first, stop in warm:
                 emb.table.rows.hold_rows(first, stop) if hold else emb.table.rows.read_rows(first, stop)
-            train(emb, relations, optimizer, buffer_batches(layout, held, 5, args.batch, args.negatives, seed=99), None)  # first writes fault the pages in
+            train(emb, relations, optimizer, buffer_batches(layout, held, 5, args.batch, args.negatives, seed=99), None)  # warm-up: torch's first calls
             results[name] = train(emb, relations, optimizer, buffer_batches(layout, held, args.steps, args.batch, args.negatives, seed=98), None)
             if hold:
                 for first, stop in warm:
@@ -198,7 +198,7 @@ def main() -> None:
     print(f"partitioned: {part['states']} states, {part['step_seconds']:.0f} s of steps, {part['wait_seconds']:.1f} s waiting for partitions; "
           f"read {part['read_gb']:.1f} GB in {part['read_seconds']:.0f} s, wrote back {part['released_gb']:.1f} GB in {part['write_back_seconds']:.0f} s "
           f"(on the buffer's thread, beside the steps)")  # fmt: skip
-    print(f"peak resident anonymous memory (RssAnon): {peak.peak / 2**20:,.0f} MiB, the written pages of the buffer's {args.buffer} (+1) partitions of {part['partition_gb']:.2f} GB")
+    print(f"peak resident anonymous memory (RssAnon): {peak.peak / 2**20:,.0f} MiB: the buffer's {args.buffer} (+1 being read) partitions of {part['partition_gb']:.2f} GB, held in memory")
     summary = {
         "rows": rows, "dim": args.dim, "table_gb": table_bytes / GB, "ram_gb": ram / GB, "partitions": args.partitions,
         "buffer": args.buffer, "triples_per_entity": args.triples_per_entity, "sequential_read_mb_s": read_rate / 1e6,

@@ -61,9 +61,11 @@ def buffer_schedule(partitions: int, capacity: int) -> list[tuple[tuple[int, ...
 class PartitionedOrder:
     """Epoch ``epoch``'s order of ``buckets.triples``: ``slice(start, stop)`` gives the
     positions (rows of the bucketed triples) of batches ``start .. stop - 1``;
-    :meth:`state_of` says which buffer state a position of the epoch belongs to."""
+    :meth:`state_of` says which buffer state a position of the epoch belongs to.
+    ``reverse``: the schedule's states from the last to the first, so that an order that
+    follows a forward one starts with the buffer that one ended with."""
 
-    def __init__(self, buckets: Buckets, capacity: int, seed: int, epoch_seed: int) -> None:
+    def __init__(self, buckets: Buckets, capacity: int, seed: int, epoch_seed: int, *, reverse: bool = False) -> None:
         parts = buckets.partitions.partitions
         relabel = np.arange(parts) if parts == 1 else np.random.default_rng([seed % 2**63, epoch_seed % 2**63]).permutation(parts)
         offsets = buckets.offsets.numpy()
@@ -72,7 +74,8 @@ class PartitionedOrder:
         self._ranges: list[tuple[np.ndarray, np.ndarray]] = []  # per state: its buckets' first rows and cumulative sizes
         self._shuffles: list[Shuffle] = []
         position = 0
-        for k, (buffer, labelled) in enumerate(buffer_schedule(parts, capacity)):
+        schedule = buffer_schedule(parts, capacity)
+        for k, (buffer, labelled) in enumerate(schedule[::-1] if reverse else schedule):
             ids = [int(relabel[b // parts]) * parts + int(relabel[b % parts]) for b in labelled]
             firsts = offsets[ids]
             sizes = offsets[np.array(ids) + 1] - firsts
@@ -86,6 +89,18 @@ class PartitionedOrder:
             position += int(sizes.sum())
         self.n = position
         self._bounds = np.array(self._starts[1:] + [position], np.int64)
+
+    def bucket_states(self, offsets: Tensor) -> np.ndarray:
+        """The state each bucket (of the buckets with these ``offsets``) is trained in; -1
+        for an empty bucket."""
+        owner = np.full(len(offsets) - 1, -1, np.int64)
+        for k, (firsts, _) in enumerate(self._ranges):
+            owner[np.searchsorted(offsets.numpy(), firsts, side="right") - 1] = k
+        return owner
+
+    def buffers_of(self, states) -> tuple[int, ...]:
+        """The partitions of the buffers of these states, sorted."""
+        return tuple(sorted({p for k in states for p in self.states[int(k)]}))
 
     def state_of(self, positions: Tensor) -> Tensor:
         """The state (index into :attr:`states`) of each epoch position."""

@@ -223,6 +223,12 @@ class TrainConfig:
     negatives_from: Literal["buffer", "table"] = _help(
         "partitioned order: uniform negatives from the buffer's partitions (no disk reads) or from the whole table", default="buffer"
     )
+    pool_pairs: int = _help(
+        "partitioned node2vec: positive walk pairs drawn, bucketed and trained per pool (8 bytes each in memory, 40 while the next pool is drawn); "
+        "each pool reads the table about (buffer + swaps) / partitions times, so larger pools read less per pair",
+        _positive,
+        default=1 << 25,
+    )
     device: Literal["auto", "cpu", "cuda"] = _help("where the model computes (the optimizer state stays on disk)", default="auto")
     log_every: int = _help("log the loss to metrics.jsonl every this many steps", _positive, default=50)
     checkpoint_every: int = _help("checkpoint every this many steps (0: at the end only)", _non_negative, default=0)
@@ -341,8 +347,8 @@ class Recipe:
             return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
         t = self.train
         if t.order == "partitioned":
-            if not self.is_kge:
-                return [("train.order", f"'partitioned' trains knowledge-graph models so far, not {self.model.kind!r}; use 'random'")]
+            if not self.is_kge and self.model.kind != "node2vec":
+                return [("train.order", f"'partitioned' trains knowledge-graph models and node2vec, not {self.model.kind!r}; use 'random'")]
             if self.model.embedding_storage != "disk":
                 return [("train.order", "'partitioned' moves a disk table's partitions: set model.embedding_storage: disk")]
             if t.partitions > 1 and t.buffer < 2:

@@ -13,6 +13,7 @@ from ..recipe import Recipe
 from .kge import KGETask
 from .node2vec import Node2VecTask
 from .partitioned_kge import PartitionedKGETask
+from .partitioned_node2vec import PartitionedNode2VecTask
 from .sage import SageTask
 from .sharded_kge import ShardedKGETask
 from .sharded_node2vec import ShardedNode2VecTask
@@ -73,6 +74,8 @@ def make_task(
         return PartitionedKGETask(recipe, device, tables, progress=progress, note=note)
     if recipe.is_kge:
         return KGETask(recipe, device, tables, progress=progress, note=note)
-    if recipe.model.kind == "node2vec":
+    if recipe.model.kind == "node2vec" and recipe.train.order == "partitioned" and recipe.train.partitions > 1:
+        return PartitionedNode2VecTask(recipe, device, tables, progress=progress, note=note)
+    if recipe.model.kind == "node2vec":  # (one partition: the random order itself)
         return Node2VecTask(recipe, device, tables, progress=progress, note=note)
     return SageTask(recipe, device, tables, progress=progress, note=note)
