@@ -54,7 +54,8 @@ def train(recipe, folder: Path, steps: int | None, label: str) -> dict:
     """``steps`` steps (None: the partition order's first ``pools`` pools) from a cold cache."""
     torch.manual_seed(recipe.train.seed)
     task = make_task(recipe, torch.device("cpu"), TableSite(folder / "tables"))
-    optimizer = build_optimizer(recipe.optimizer, task.sparse_parameters(), folder / "state")
+    (_, weight), = task.sparse_parameters()  # one state for both orders' view of the one table
+    optimizer = build_optimizer(recipe.optimizer, [("nodes", weight)], folder / "state")
     batch = recipe.train.batch_size
     c = recipe.model.node2vec
     pairs_per_step = batch * c.walks_per_node * (c.walk_length - c.context_size + 2) * (c.context_size - 1)

@@ -60,6 +60,21 @@ def test_out_of_core_benchmark_runs_quick(tmp_path):
     assert not list(tmp_path.iterdir()), "the benchmark left its table behind"
 
 
+def test_partitioned_node2vec_benchmark_runs_quick(tmp_path):
+    """Both orders train on the one table; partition order's pool reads every partition and
+    writes back what it trained; the table and state are removed afterwards."""
+    env = {**os.environ, "DSA_DATA_ROOT": str(tmp_path / "data")}
+    script = SCRIPTS / "bench_partitioned_node2vec.py"
+    result = subprocess.run([sys.executable, script, "--dir", tmp_path / "b", "--quick"], capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    random_order, partitioned = summary["results"]["random"], summary["results"]["partitioned"]
+    assert random_order["steps"] == 5 and partitioned["steps"] == 8 and summary["ratio"] > 0
+    buffer = partitioned["buffer"]
+    assert buffer["loads"] >= 4 and buffer["read_bytes"] >= 4 * buffer["partition_mib"] * 2**20 * 0.99 and buffer["written_bytes"] > 0
+    assert not list((tmp_path / "b").iterdir()), "the benchmark left its table behind"
+
+
 def test_partitioned_benchmark_runs_quick(tmp_path):
     """The partition-order benchmark's small version measures every regime it names, its
     partitioned steps stay in the buffer (every state waited for), and it leaves nothing."""
