@@ -63,7 +63,7 @@ def test_an_epoch_trains_each_start_nodes_edges_once_inside_the_buffer(tmp_path)
         SMALL,
         overrides=[
             "model.node2vec.walk_length=1", "model.node2vec.context_size=2", "model.node2vec.negatives=3",
-            "train.pool_pairs=750", "train.batch_size=32",  # 2 pools; a state holds more pairs than a batch
+            "train.pool_pairs=750", "train.batch_size=32", "train.partitions=8", "train.buffer=3",  # 2 pools, short states
         ],  # fmt: skip
     )
     task = make_task(recipe, torch.device("cpu"), TableSite(tmp_path / "tables"))
@@ -71,20 +71,26 @@ def test_an_epoch_trains_each_start_nodes_edges_once_inside_the_buffer(tmp_path)
     edges = set(zip(*[t.tolist() for t in (torch.repeat_interleave(torch.arange(graph.num_nodes), graph.degree(torch.arange(graph.num_nodes))), graph.col.long())]))
     isolated = set(torch.nonzero(graph.degree(torch.arange(graph.num_nodes)) == 0).flatten().tolist())
     order = task.epoch_order(7)
-    starts, size = [], recipe.train.batch_size
-    for batch in range(-(-graph.num_nodes // size)):
-        picked = order.slice(batch * size, (batch + 1) * size)
-        task.prefetch(picked)
+    starts, size, needs = [], recipe.train.batch_size, []
+    upcoming = order.slice(0, size)
+    for batch in range(-(-graph.num_nodes // size)):  # as the loop does: the next batch prefetched, then this one trained
+        picked, upcoming = upcoming, order.slice((batch + 1) * size, (batch + 2) * size)
+        if len(upcoming):
+            task.prefetch(upcoming)
         positive, negative = task.windows(picked)
         held = set(task.held.current)
+        needs.append(held)
         assert len(positive) == len(picked) and len(negative) == 3 * len(picked)
         assert set(task.partitions.partition_of(torch.cat([positive, negative]).flatten()).tolist()) <= held
-        assert len(held) <= recipe.train.buffer + 1  # a batch across two states (or pools): one swap apart
+        assert len(held) <= recipe.train.buffer + 2  # a batch across three states (or pools) at most here
         for u, v in positive.tolist():
             assert (u, v) in edges or (u == v and u in isolated)
         assert torch.equal(negative[:, 0], positive[:, 0].repeat(3))
         starts += positive[:, 0].tolist()
     task.close()
+    # What a batch no longer needs is written back before the next batch's partitions are read:
+    # memory holds at most two consecutive batches' partitions.
+    assert task.held.buffer.stats["peak_partitions"] <= max(len(a | b) for a, b in zip(needs, needs[1:]))
     assert sorted(starts) == list(range(graph.num_nodes))
     assert len(task._pools) <= 2  # pools behind the current one are let go
 

@@ -153,7 +153,8 @@ def _buffer_line(buffer: dict | None) -> str:
     line = (f"\npartition buffer: {buffer['buffer']} of {buffer['partitions']} partitions of {buffer['partition_mib']:,.0f} MiB "
             f"in memory (+1 while the next is read)")  # fmt: skip
     if "loads" in buffer:
-        line += f"; {buffer['loads']:,} partitions read ({buffer['read_bytes'] / 2**30:,.1f} GiB), {buffer['wait_seconds']:,.1f} s waited for them"
+        line += (f"; {buffer['loads']:,} partitions read ({buffer['read_bytes'] / 2**30:,.1f} GiB), {buffer['wait_seconds']:,.1f} s waited "
+                 f"for them; at most {buffer['peak_partitions']} in memory at once")  # fmt: skip
     return line
 
 

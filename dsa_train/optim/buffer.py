@@ -29,7 +29,9 @@ from .row_file import RowFile
 
 class PartitionBuffer:
     """Partitions ``spans[p] = (first_row, stop_row)`` of ``rows`` moved whole between the disk
-    and memory. :attr:`stats` counts bytes and seconds of reads, write-outs and waits."""
+    and memory. :attr:`stats` counts bytes and seconds of reads, write-outs and waits, and
+    the most partitions in memory at once (read in and not yet written back, the one being
+    read included)."""
 
     def __init__(self, rows: RowFile, spans: list[tuple[int, int]]) -> None:
         self.rows, self.spans = rows, spans
@@ -37,7 +39,8 @@ class PartitionBuffer:
         self._lock = threading.Lock()
         self._loads: dict[int, Future] = {}  # partition -> its read (done or in flight)
         self._drops: dict[int, Future] = {}
-        self.stats = {"read_bytes": 0, "read_seconds": 0.0, "written_bytes": 0, "write_seconds": 0.0, "wait_seconds": 0.0, "loads": 0}
+        self._resident: set[int] = set()  # read in (or being read) and not written back: the IO thread's own
+        self.stats = {"read_bytes": 0, "read_seconds": 0.0, "written_bytes": 0, "write_seconds": 0.0, "wait_seconds": 0.0, "loads": 0, "peak_partitions": 0}
 
     @property
     def held(self) -> set[int]:
@@ -76,6 +79,8 @@ class PartitionBuffer:
     def _read(self, partition: int, after: Future | None) -> None:
         if after is not None:
             after.result()
+        self._resident.add(partition)
+        self.stats["peak_partitions"] = max(self.stats["peak_partitions"], len(self._resident))
         started = time.perf_counter()
         self.stats["read_bytes"] += self.rows.hold_rows(*self.spans[partition])
         self.stats["read_seconds"] += time.perf_counter() - started
@@ -85,3 +90,4 @@ class PartitionBuffer:
         started = time.perf_counter()
         self.stats["written_bytes"] += self.rows.drop_rows(*self.spans[partition])
         self.stats["write_seconds"] += time.perf_counter() - started
+        self._resident.discard(partition)

@@ -66,9 +66,13 @@ class HeldPartitions:
         self.upcoming: tuple[int, ...] = ()  # and of the next one's
 
     def prepare(self, partitions: tuple[int, ...]) -> None:
-        """The next batch needs these: start reading them (called before this batch's step)."""
-        self.upcoming = partitions
+        """The next batch needs these: start reading them (called before this batch's step,
+        once the step before it is done). What neither batch needs is released first, so its
+        write-back comes before the reads on the buffer's one thread and the memory holds at
+        most the two batches' partitions (C + 1 when each lies in one or two buffer states)."""
+        following, self.upcoming = self.upcoming, partitions
         if self.buffer is not None:
+            self.buffer.release(self.buffer.held - set(following) - set(partitions))
             self.buffer.prepare(partitions)
 
     def hold(self, partitions: tuple[int, ...]) -> None:
