@@ -68,19 +68,23 @@ class HeldPartitions:
     def prepare(self, partitions: tuple[int, ...]) -> None:
         """The next batch needs these: start reading them (called before this batch's step,
         once the step before it is done). What neither batch needs is released first, so its
-        write-back comes before the reads on the buffer's one thread and the memory holds at
-        most the two batches' partitions (C + 1 when each lies in one or two buffer states)."""
+        write-back comes before the reads on the buffer's one thread; and the next batch's
+        partitions are read ahead only if the two batches need C + 1 partitions or fewer (as
+        they do when a buffer state holds more than a batch), else when the next batch is held.
+        So memory holds at most C + 1 partitions, or one batch's where a batch spans more
+        than two states."""
         following, self.upcoming = self.upcoming, partitions
         if self.buffer is not None:
             self.buffer.release(self.buffer.held - set(following) - set(partitions))
-            self.buffer.prepare(partitions)
+            if len(set(following) | set(partitions)) <= self.capacity + 1:
+                self.buffer.prepare(partitions)
 
     def hold(self, partitions: tuple[int, ...]) -> None:
-        """This batch needs these: wait for them, and release what neither it nor the next needs."""
+        """This batch needs these: release what neither it nor the next needs, then wait for them."""
         self.current = partitions
         if self.buffer is not None:
-            self.buffer.hold(partitions)
             self.buffer.release(self.buffer.held - set(partitions) - set(self.upcoming))
+            self.buffer.hold(partitions)
 
     def draw(self, count: int, device: torch.device) -> Tensor:
         """``count`` ids drawn uniformly from the rows of the current batch's partitions."""
