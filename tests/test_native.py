@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import warnings
 import ctypes
+import warnings
 
 import pytest
 import torch
