@@ -121,8 +121,9 @@ def test_a_sharded_disk_table_is_exact_and_holds_its_share_of_the_table(tmp_path
         assert torch.equal(shard.weight.detach(), sharding.initial_rows(rank, 8, std=0.1, seed=0))  # drawn as the whole table is
 
 
-def test_dropout_softplus_n3_distmult_stay_exact(tmp_path):
-    text = recipe_text(model="distmult", dropout=0.2, steps=4, loss="softplus", reg=0.01)
+@pytest.mark.parametrize("model", ["distmult", "complex", "rotate"])
+def test_dropout_softplus_n3_stay_exact(tmp_path, model):
+    text = recipe_text(model=model, dropout=0.2, steps=4, loss="softplus", reg=0.01)
     assert_same(train_job(1, tmp_path / "one", text), train_job(3, tmp_path / "three", text))
 
 

@@ -106,6 +106,25 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(recipe, tmp_path, mon
             assert np.array_equal(x, y), rows
 
 
+@pytest.mark.parametrize(("model", "storage"), [("complex", "memory"), ("rotate", "disk")])
+def test_complex_models_train_and_evaluate(recipe, tmp_path, model, storage):
+    """ComplEx and RotatE through the whole CLI (memory and disk tables, N3 and dropout on):
+    they learn far above chance, and `eval` of the run gives the metrics it ended with."""
+    out = tmp_path / model
+    result = invoke("run", recipe(model=model, storage=storage), "--output", out, "--set", "train.epochs=6")
+    assert result.exit_code == 0, result.stderr
+    final = records(out, "summary")[0]["final"]["test"]
+    assert final["both"]["mrr"] > 0.05, final  # chance is ~0.02
+    scored = invoke("eval", out, "--json")
+    assert scored.exit_code == 0, scored.stderr
+    assert json.loads(scored.stdout)["metrics"] == final
+
+
+def test_an_odd_dim_for_a_complex_model_is_refused(recipe, tmp_path):
+    result = invoke("run", recipe(model="complex"), "--output", tmp_path / "odd", "--set", "model.dim=15")
+    assert result.exit_code != 0 and "model.dim" in result.stderr and "must be even for 'complex'" in result.stderr
+
+
 def test_eval_command(recipe, tmp_path):
     out = tmp_path / "run"
     assert invoke("run", recipe(), "--output", out).exit_code == 0

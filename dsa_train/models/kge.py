@@ -1,6 +1,6 @@
-r"""TransE and DistMult with sparse entity and relation embeddings.
+r"""TransE, DistMult, ComplEx and RotatE with sparse entity and relation embeddings.
 
-Both build on PyG's :class:`torch_geometric.nn.kge.KGEModel` (its ``node_emb`` and
+All build on PyG's :class:`torch_geometric.nn.kge.KGEModel` (its ``node_emb`` and
 ``rel_emb`` tables with ``sparse=True``, its per-triple ``forward``). What PyG lacks, and this
 module adds: scoring one query against a *set* of candidate entities at once (shared
 negatives in training, all entities in evaluation), reciprocal relations, and the
@@ -87,6 +87,11 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         """Entity embeddings, with dropout while training."""
         return F.dropout(self.node_emb(entities), self.dropout, self.training)
 
+    def n3(self, entities: Tensor, relations: Tensor) -> Tensor:
+        r"""The N3 penalty :math:`\sum |x|^3` of a step's entity and relation rows (Lacroix et
+        al., 2018), over each real coordinate."""
+        return entities.abs().pow(3).sum() + relations.abs().pow(3).sum()
+
     def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
         raise NotImplementedError
 
@@ -138,10 +143,112 @@ class DistMult(KGEModel):
         return (anchor * rel) @ candidates.T
 
 
+def halves(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The real and imaginary parts of rows laid out ``[re | im]``."""
+    return x.chunk(2, dim=-1)
+
+
+def cubed_modulus(x: Tensor) -> Tensor:
+    """:math:`|z|^3` of each complex coordinate of rows laid out ``[re | im]``, as
+    :math:`(re^2 + im^2)^{3/2}`: its gradient at 0 is 0, where ``|z| ** 3`` would give NaN."""
+    re, im = halves(x)
+    return (re * re + im * im).pow(1.5)
+
+
+class ComplEx(KGEModel):
+    r"""ComplEx (Trouillon et al., ICML 2016), as PyG's ``ComplEx`` scores it.
+
+    .. math::
+        f(h, r, t) = \operatorname{Re} \langle \mathbf{e}_h, \mathbf{r}_r, \overline{\mathbf{e}_t} \rangle
+                   = \sum_i \operatorname{Re}(e_{h,i}\, r_{r,i}\, \overline{e_{t,i}})
+
+    ``dim`` counts reals: a row ``[re | im]`` holds ``dim / 2`` complex coordinates, so a
+    ComplEx table is as large as a DistMult table of the same ``dim``. Against many candidates
+    it is one matrix product: the tail query :math:`q = e_h r_r` (complex product) scores
+    :math:`\operatorname{Re}\langle q, \overline{e}\rangle = q_{re} \cdot e_{re} + q_{im}
+    \cdot e_{im}`; the head query :math:`q = r_r \overline{e_t}` scores
+    :math:`\operatorname{Re}\langle e, \overline{\overline{q}}\rangle` likewise. N3 is taken
+    over the moduli of the complex coordinates, as Lacroix et al. do.
+    """
+
+    def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
+        return (self._tail_query(head, rel) * tail).sum(dim=-1)
+
+    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+        query = self._tail_query(anchor, rel) if side == "tail" else self._head_query(anchor, rel)
+        return query @ candidates.T
+
+    @staticmethod
+    def _tail_query(head: Tensor, rel: Tensor) -> Tensor:
+        r"""``[re | im]`` of :math:`e_h r_r`: its dot product with ``[t_re | t_im]`` is the score."""
+        (h_re, h_im), (r_re, r_im) = halves(head), halves(rel)
+        return torch.cat([h_re * r_re - h_im * r_im, h_re * r_im + h_im * r_re], dim=-1)
+
+    @staticmethod
+    def _head_query(tail: Tensor, rel: Tensor) -> Tensor:
+        r"""``[a | b]`` with :math:`\operatorname{Re}(e\, r \overline{t}) = e_{re} \cdot a + e_{im} \cdot b`."""
+        (t_re, t_im), (r_re, r_im) = halves(tail), halves(rel)
+        return torch.cat([r_re * t_re + r_im * t_im, r_re * t_im - r_im * t_re], dim=-1)
+
+    def n3(self, entities: Tensor, relations: Tensor) -> Tensor:
+        return cubed_modulus(entities).sum() + cubed_modulus(relations).sum()
+
+
+class RotatE(KGEModel):
+    r"""RotatE (Sun et al., ICLR 2019), as PyG's ``RotatE`` scores it: relations rotate heads
+    onto tails in the complex plane.
+
+    .. math::
+        f(h, r, t) = \gamma - \lVert \mathbf{e}_h \circ \mathbf{r}_r - \mathbf{e}_t \rVert_2,
+        \qquad r_{r,i} = \cos\theta_{r,i} + i \sin\theta_{r,i}
+
+    the norm over every real and imaginary coordinate. ``dim`` counts reals: an entity row
+    ``[re | im]`` holds ``dim / 2`` complex coordinates, a relation row ``dim / 2`` phases
+    :math:`\theta` (drawn uniformly in :math:`[0, 2\pi)`). :math:`\gamma` (``model.gamma``)
+    shifts every score alike: only the softplus loss sees it. Against many candidates the
+    tail query :math:`e_h \circ r_r` and the head query :math:`e_t \circ \overline{r_r}`
+    (rotations keep distances: :math:`|e r - t| = |e - t \overline{r}|`) are compared to
+    every candidate with one matrix product, as TransE's are. N3 applies to the entities'
+    moduli only (a rotation has modulus 1).
+    """
+
+    def __init__(self, num_entities: int, num_relations: int, dim: int, *, gamma: float = 1.0, **kwargs) -> None:
+        self.gamma = gamma
+        super().__init__(num_entities, num_relations, dim, **kwargs)
+        self.rel_emb = torch.nn.Embedding(self.rel_emb.num_embeddings, dim // 2, sparse=True)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        torch.nn.init.uniform_(self.rel_emb.weight, 0, 2 * torch.pi)
+
+    def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
+        return self.gamma - (_rotate(head, rel) - tail).norm(dim=-1)
+
+    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+        query = _rotate(anchor, rel if side == "tail" else -rel)
+        squared = (query * query).sum(1, keepdim=True) - 2 * query @ candidates.T + (candidates * candidates).sum(1)
+        return self.gamma - squared.clamp_min(1e-12).sqrt()
+
+    def n3(self, entities: Tensor, relations: Tensor) -> Tensor:
+        return cubed_modulus(entities).sum()
+
+
+def _rotate(x: Tensor, phase: Tensor) -> Tensor:
+    r"""Rows ``[re | im]`` multiplied by :math:`e^{i \theta}` coordinate by coordinate."""
+    re, im = halves(x)
+    cos, sin = phase.cos(), phase.sin()
+    return torch.cat([re * cos - im * sin, re * sin + im * cos], dim=-1)
+
+
 def build_kge_model(
     config: ModelConfig, num_entities: int, num_relations: int, entity_table: torch.nn.Module | None = None
 ) -> KGEModel:
     common = dict(reciprocal=config.reciprocal, init_std=config.init_std, dropout=config.dropout, entity_table=entity_table)
     if config.kind == "transe":
         return TransE(num_entities, num_relations, config.dim, p_norm=config.p_norm, **common)
+    if config.kind == "complex":
+        return ComplEx(num_entities, num_relations, config.dim, **common)
+    if config.kind == "rotate":
+        return RotatE(num_entities, num_relations, config.dim, gamma=config.gamma, **common)
     return DistMult(num_entities, num_relations, config.dim, **common)

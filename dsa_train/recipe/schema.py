@@ -171,18 +171,20 @@ class SageConfig:
         return []
 
 
-KG_MODELS = ("transe", "distmult")
+KG_MODELS = ("transe", "distmult", "complex", "rotate")
 
 
 @dataclass
 class ModelConfig:
     """The embedding model."""
 
-    kind: Literal["transe", "distmult", "node2vec", "sage"] = _help(
-        "knowledge graphs: transe (-||h + r - t||_p), distmult (<h, r, t>); graphs: node2vec, sage"
+    kind: Literal["transe", "distmult", "complex", "rotate", "node2vec", "sage"] = _help(
+        "knowledge graphs: transe (-||h + r - t||_p), distmult (<h, r, t>), complex (Re<h, r, conj(t)>), "
+        "rotate (gamma - ||h o r - t||, r a rotation); graphs: node2vec, sage"
     )
-    dim: int = _help("embedding dimension", _positive, default=128)
+    dim: int = _help("embedding dimension, in reals (complex, rotate: dim / 2 complex coordinates, so dim is even)", _positive, default=128)
     p_norm: Literal[1, 2] = _help("transe: the norm of the distance", default=2)
+    gamma: float = _help("rotate: the offset gamma of every score (only the softplus loss sees it)", default=1.0)
     reciprocal: bool = _help("learn an inverse relation per relation and predict heads as tails", default=True)
     init_std: float = _help("standard deviation of the normal initialisation", _positive, default=1e-3)
     dropout: float = _help("dropout on the embeddings during training", _fraction, default=0.0)
@@ -345,6 +347,8 @@ class Recipe:
             return [("model.kind", f"{self.model.kind!r} trains on {family}), not dataset kind {self.dataset.kind!r}")]
         if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:
             return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
+        if self.model.kind in ("complex", "rotate") and self.model.dim % 2:
+            return [("model.dim", f"must be even for {self.model.kind!r} (dim / 2 complex coordinates of a real and an imaginary part), got {self.model.dim}")]
         t = self.train
         if t.order == "partitioned":
             if not self.is_kge and self.model.kind != "node2vec":

@@ -152,8 +152,7 @@ class KGETask:
         loss = ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin)
         if cfg.regularization:  # N3 (Lacroix et al., 2018) on the step's embeddings
             rel_rows = torch.cat([model.relation_for(relations[:n], "tail")[0], model.relation_for(relations[n:], "head")[0]])
-            used = (anchor_emb, answer_emb, model.rel_emb(rel_rows))
-            loss = loss + cfg.regularization * sum(e.abs().pow(3).sum() for e in used) / (2 * n)
+            loss = loss + cfg.regularization * model.n3(torch.cat([anchor_emb, answer_emb]), model.rel_emb(rel_rows)) / (2 * n)
         return loss
 
     def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:

@@ -139,7 +139,7 @@ class ShardedKGETask(ShardedTask, KGETask):
         masked = answers.to(self.device)[:, None] == candidates.to(self.device)[None, :]
         loss = ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin, total=total)
         if cfg.regularization:  # N3 on the slice's embeddings, over the global batch
-            loss = loss + cfg.regularization * sum(e.abs().pow(3).sum() for e in (anchor_rows, answer_rows, rel_leaf)) / total
+            loss = loss + cfg.regularization * model.n3(torch.cat([anchor_rows, answer_rows]), rel_leaf) / total
         return loss, rel_lookups, rel_leaf
 
     # -- evaluation ----------------------------------------------------------------------------
