@@ -138,6 +138,8 @@ def test_partitioned_node2vec_learns_as_random_order_does_and_eval_reads_it_by_i
     scored = invoke("eval", tmp_path / "partitioned", "--json")
     assert scored.exit_code == 0, scored.stderr
     assert json.loads(scored.stdout)["metrics"] == final["test"]
+    refused = invoke("eval", tmp_path / "partitioned", "--save-ranks", tmp_path / "ranks.tsv")
+    assert refused.exit_code != 0 and "'node2vec' has none" in refused.stderr and not (tmp_path / "ranks.tsv").exists()
 
 
 def test_one_partition_is_the_random_order(small, tmp_path):

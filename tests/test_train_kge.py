@@ -125,6 +125,33 @@ def test_an_odd_dim_for_a_complex_model_is_refused(recipe, tmp_path):
     assert result.exit_code != 0 and "model.dim" in result.stderr and "must be even for 'complex'" in result.stderr
 
 
+def test_eval_saves_each_querys_rank(recipe, tmp_path):
+    """--save-ranks: one line per query (tail queries, then head queries, in the split's
+    order) whose ranks give back the metrics eval prints, and whose triples are the split's."""
+    from dsa_train.data import load_knowledge_graph
+    from dsa_train.recipe import load_recipe
+
+    out, ranks = tmp_path / "run", tmp_path / "ranks.tsv"
+    assert invoke("run", recipe(), "--output", out).exit_code == 0
+    scored = invoke("eval", out, "--json", "--save-ranks", ranks)
+    assert scored.exit_code == 0, scored.stderr
+    metrics = json.loads(scored.stdout)["metrics"]
+    lines = ranks.read_text().splitlines()
+    assert lines[0] == "side\thead\trelation\ttail\trank"
+    rows = [line.split("\t") for line in lines[1:]]
+    test = load_knowledge_graph(load_recipe(out / "config.yaml").dataset).test.tolist()
+    assert [r[0] for r in rows] == ["tail"] * len(test) + ["head"] * len(test)
+    assert [[int(x) for x in r[1:4]] for r in rows] == test + test
+    for side, chosen in (("tail", rows[: len(test)]), ("head", rows[len(test) :]), ("both", rows)):
+        values = [float(r[4]) for r in chosen]
+        assert min(values) >= 1
+        assert sum(1 / v for v in values) / len(values) == pytest.approx(metrics[side]["mrr"], rel=1e-12)
+        assert sum(v <= 10 for v in values) / len(values) == pytest.approx(metrics[side]["hits_at_10"], rel=1e-12)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ranks.tsv.tmp-")]  # written through a temporary, renamed
+    refused = invoke("eval", out, "--save-ranks", tmp_path / "no" / "such" / "ranks.tsv")
+    assert refused.exit_code != 0 and "does not exist" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_eval_command(recipe, tmp_path):
     out = tmp_path / "run"
     assert invoke("run", recipe(), "--output", out).exit_code == 0

@@ -27,7 +27,12 @@ def eval_(
     checkpoint: int | None = typer.Option(None, "--checkpoint", help="The step of the checkpoint. Default: the newest.", show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout instead of a table."),
     device: Device | None = typer.Option(None, "--device", help="Where to score. Default: the run's train.device."),
-) -> None:
+    save_ranks: Path | None = typer.Option(
+        None, "--save-ranks", metavar="FILE",
+        help="Also write each query's filtered rank to FILE (TSV: side, head, relation, tail, rank; ids as in the dataset).",
+        show_default=False,
+    ),
+) -> None:  # fmt: skip
     """Score a run's checkpoint: filtered ranking for knowledge graphs, probe or link metrics for graphs.
 
     Examples:
@@ -35,6 +40,8 @@ def eval_(
       dsa-train eval runs/quickstart-20261202-141500
 
       dsa-train eval runs/quickstart-20261202-141500 --split valid --checkpoint 400 --json
+
+      dsa-train eval runs/quickstart-20261202-141500 --save-ranks ranks.tsv
     """
     from ..train.loop import SilentReporter, evaluate_run  # torch and PyG: imported only when evaluating
 
@@ -49,6 +56,11 @@ def eval_(
             stderr.print(text, highlight=False)
 
     run = RunFolder.find(run_dir)
+    if save_ranks is not None and (save_ranks.is_dir() or not save_ranks.parent.is_dir()):
+        raise DsaError(
+            f"--save-ranks: '{save_ranks}' is a folder" if save_ranks.is_dir() else f"--save-ranks: the folder of '{save_ranks}' does not exist",
+            hint="give the path of a file in an existing folder, e.g. --save-ranks ranks.tsv",
+        )
     world = None
     if is_job(run.path):  # trained over several processes: each scores the rows it holds
         from ..distributed.group import from_environment
@@ -60,7 +72,9 @@ def eval_(
     reporter = (ProgressReporter() if not as_json else NotesOnly()) if world is None or world.is_leader else SilentReporter()
     where = device.value if device else None
     if world is None:
-        path, metrics, _ = evaluate_run(run, split.value, checkpoint=checkpoint, device=where, reporter=reporter)
+        path, metrics, _ = evaluate_run(run, split.value, checkpoint=checkpoint, device=where, reporter=reporter, save_ranks=save_ranks)
+    elif save_ranks is not None:
+        raise DsaError("--save-ranks is not supported for a run over several processes yet", hint="leave out --save-ranks")
     else:
         path, metrics, _ = evaluate_rank(run.path, world, split.value, checkpoint=checkpoint, device=where, reporter=reporter)
         if not world.is_leader:

@@ -182,10 +182,13 @@ def evaluate_link_prediction(
     seed: int = 0,
     progress: Callable[[int], None] | None = None,
     scope: RankingScope | None = None,
+    ranks_out: dict[str, Tensor] | None = None,
 ) -> dict[str, RankingMetrics]:
     """Filtered ranking metrics of ``triples`` for tail queries, head queries and both.
 
-    ``progress(n)`` is called after every batch with the number of queries it ranked.
+    ``progress(n)`` is called after every batch with the number of queries it ranked;
+    ``ranks_out``, if given, receives each query's rank (``"tail"`` and ``"head"``, in the
+    order of ``triples``).
     """
     generator = torch.Generator().manual_seed(seed)
     ranks = {}
@@ -206,5 +209,7 @@ def evaluate_link_prediction(
             if progress is not None:
                 progress(len(found[-1]))
         ranks[side] = torch.cat(found) if found else torch.empty(0)
+    if ranks_out is not None:
+        ranks_out.update(ranks)
     ranks["both"] = torch.cat([ranks["tail"], ranks["head"]])
     return {side: RankingMetrics.of(r) for side, r in ranks.items()}

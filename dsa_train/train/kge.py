@@ -8,6 +8,7 @@ the step's other answers), with the recipe's loss and optional N3 regularisation
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -16,6 +17,7 @@ from ..data import KnowledgeGraph, load_knowledge_graph
 from ..data.order import Shuffle
 from ..eval import RankingMetrics, TripleIndex, evaluate_link_prediction
 from ..eval.ranking import RankingScope, ScoreFn
+from ..fsutil import atomic_write_bytes
 from ..models import KGEModel, build_kge_model
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
@@ -168,6 +170,7 @@ class KGETask:
             triples = self.kg.rows(split, slice(None))
         reporter.eval_start(split, 2 * len(triples))
         score_fn, scope = self.ranking()
+        ranks: dict[str, Tensor] = {}
         metrics: dict[str, RankingMetrics] = evaluate_link_prediction(
             score_fn,
             triples,
@@ -179,8 +182,23 @@ class KGETask:
             seed=self.recipe.train.seed,
             progress=RankingForecast(reporter, 2 * len(triples), self.kg.num_entities, sampled=cfg.sampled_negatives is not None),
             scope=scope,
+            ranks_out=ranks,
         )
+        self.last_ranks = (triples, ranks)  # for `eval --save-ranks`
         return {side: m.as_dict() for side, m in metrics.items()}
+
+    def write_ranks(self, path: Path) -> int:
+        """Write the last evaluation's per-query ranks to ``path`` as TSV (atomically): a
+        header, then one line per query, ``side head relation tail rank``, ids as in the
+        dataset (tail queries first, then head queries, each in the split's order). Returns
+        the lines written."""
+        triples, ranks = self.last_ranks
+        lines = ["side\thead\trelation\ttail\trank"]
+        for side in ("tail", "head"):
+            for (h, r, t), rank in zip(triples.tolist(), ranks[side].tolist()):
+                lines.append(f"{side}\t{h}\t{r}\t{t}\t{rank:g}")
+        atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
+        return len(lines) - 1
 
     def ranking(self) -> tuple[ScoreFn, RankingScope | None]:
         """How evaluation scores queries against entity ids, and which entities it scores here."""

@@ -449,11 +449,12 @@ def _allocated_bytes(folder: Path) -> int:
 
 def evaluate_run(
     run: RunFolder, split: str, *, checkpoint: int | None = None, device: str | None = None, reporter: Reporter | None = None,
-    world=None,
+    world=None, save_ranks: Path | None = None,
 ) -> tuple[Path, dict[str, dict], str]:  # fmt: skip
     """Score ``split`` with the model of a run's checkpoint (the newest intact one by default);
     returns the checkpoint, the metrics and their one-line headline. ``world``: this process
-    is one rank of a torchrun job, ``run`` its rank folder (every rank scores its share)."""
+    is one rank of a torchrun job, ``run`` its rank folder (every rank scores its share).
+    ``save_ranks``: write each query's rank there (knowledge graphs, one process)."""
     reporter = reporter or SilentReporter()
     recipe = with_data_root(run.read_config([f"train.device={device}"] if device else []), stored=True, note=reporter.note)
     path, _, damaged = find_checkpoint(run.checkpoints, checkpoint)
@@ -464,6 +465,14 @@ def evaluate_run(
     task = make_task(recipe, resolve_device(recipe.train.device), site, progress=WorkProgress(reporter), note=reporter.note, world=world)
     load_model_state(path, task.model)
     task.model.eval()
+    if save_ranks is not None and not hasattr(task, "write_ranks"):
+        raise DsaError(
+            f"--save-ranks writes the ranks of knowledge-graph queries; model.kind {recipe.model.kind!r} has none",
+            hint="leave out --save-ranks for this run",
+        )
     metrics = task.evaluate(split, final=True, reporter=reporter)
     reporter.eval_done(split, task.headline(metrics))
+    if save_ranks is not None:
+        lines = task.write_ranks(save_ranks)
+        reporter.note(f"{lines:,} ranks written to {save_ranks}")
     return path, metrics, task.headline(metrics)
