@@ -185,3 +185,39 @@ def test_optimizer_benchmark_measures_every_regime(tmp_path):
     warm = next(r for r in report["runs"] if r["regime"] == "warm")
     assert warm["matmul_after_dsa_vs_after_sparse_adam"] > 0 and warm["threads"] >= 1
     assert not list(tmp_path.iterdir()), "the benchmark left state behind"
+
+
+def test_relation_categories_by_hand_and_from_a_run(tmp_path):
+    """Categories as Bordes et al. define them, on relations built to be each kind; on a real
+    run, the queries of the four categories add up to the split and its MRR."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("relation_categories", SCRIPTS / "relation_categories.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    import numpy as np
+
+    one_one = [(i, 0, i + 10) for i in range(4)]  # a head, a tail
+    one_many = [(0, 1, t) for t in range(10, 14)] + [(1, 1, t) for t in range(14, 18)]  # 4 tails per head
+    many_one = [(h, 2, 20) for h in range(4)] + [(h, 2, 21) for h in range(4, 8)]  # 4 heads per tail
+    many_many = [(h, 3, t) for h in range(4) for t in range(10, 14)]
+    triples = np.array(one_one + one_many + many_one + many_many + [(5, 1, 30)])  # a 1-N relation: tph (9/3) = 3
+    assert module.categories(triples, 5).tolist() == [0, 1, 2, 3, 0]  # relation 4 has no triple
+
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(
+        "name: tiny\ndataset: {kind: synthetic, synthetic: {entities: 300, relations: 6, triples: 4000, valid: 100, test: 100, clusters: 10, seed: 1}}\n"
+        "model: {kind: distmult, dim: 16}\ntrain: {epochs: 1, batch_size: 256, negatives: 64}\noptimizer: {kind: dsa, lr: 0.01}\neval: {final_splits: [test]}\n"
+    )
+    env = {**os.environ, "DSA_DATA_ROOT": str(tmp_path / "data")}
+    run = lambda *a: subprocess.run([sys.executable, *map(str, a)], capture_output=True, text=True, env=env, timeout=300)  # noqa: E731
+    assert run("-m", "dsa_train", "run", recipe, "-o", tmp_path / "run").returncode == 0
+    scored = run("-m", "dsa_train", "eval", tmp_path / "run", "--json", "--save-ranks", tmp_path / "ranks.tsv")
+    assert scored.returncode == 0, scored.stderr
+    result = run(SCRIPTS / "relation_categories.py", tmp_path / "run", tmp_path / "ranks.tsv")
+    assert result.returncode == 0, result.stderr
+    table = json.loads(result.stdout.strip().splitlines()[-1])["categories"]
+    assert sum(c["queries"] for c in table.values()) == 200 and sum(c["relations"] for c in table.values()) == 6
+    mrr = json.loads(scored.stdout)["metrics"]["both"]["mrr"]
+    pooled = sum(c["mrr"] * c["queries"] for c in table.values() if c["queries"]) / 200
+    assert pooled == pytest.approx(mrr, rel=1e-9)
