@@ -263,3 +263,44 @@ def test_a_long_full_ranking_says_how_long_after_its_first_batch():
         assert reporter.advanced == 200
     assert len(full.notes) == 1 and "about 17 minutes" in full.notes[0] and "sampled_negatives" in full.notes[0]
     assert not sampled.notes and not quick.notes
+
+
+def test_one_vs_all_is_a_softmax_over_every_entity(tmp_path):
+    """train.candidates: all: each query's loss is -log softmax over every entity of its
+    answer's score, written out triple by triple here; every entity row gets a gradient."""
+    from dsa_train.recipe import parse_recipe
+    from dsa_train.train.tasks import make_task
+
+    text = TINY % {"model": "complex", "optimizer": "dsa", "storage": "memory"}
+    recipe = parse_recipe(text, overrides=["train.candidates=all", "model.dropout=0", "train.regularization=0", "model.reciprocal=false"])
+    torch.manual_seed(0)
+    task = make_task(recipe, torch.device("cpu"))
+    model, n = task.model.double(), task.kg.num_entities
+    picked = torch.tensor([0, 7, 42])
+    loss = task.loss(picked)
+    expected = []
+    with torch.no_grad():
+        for h, r, t in task.kg.rows("train", picked).tolist():
+            every = torch.arange(n)
+            tails = model(torch.full((n,), h), torch.full((n,), r), every)  # (h, r, e) for every e
+            heads = model(every, torch.full((n,), r), torch.full((n,), t))
+            expected += [-torch.log_softmax(tails, 0)[t], -torch.log_softmax(heads, 0)[h]]
+    assert loss.item() == pytest.approx(torch.stack(expected).mean().item(), rel=1e-9)
+    loss.backward()
+    touched = model.node_emb.weight.grad.coalesce()._indices()[0]
+    assert torch.equal(torch.unique(touched), torch.arange(n))  # every row: DiskSparseAdam's sparsity is gone
+
+
+def test_one_vs_all_trains_and_is_refused_where_it_cannot_run(recipe, tmp_path):
+    out = tmp_path / "all"
+    result = invoke("run", recipe(model="distmult", storage="disk"), "--output", out, "--set", "train.candidates=all")
+    assert result.exit_code == 0, result.stderr
+    assert records(out, "summary")[0]["final"]["test"]["both"]["mrr"] > 0.05
+    refused = invoke("run", recipe(model="distmult", storage="disk"), "--output", tmp_path / "p", "--set", "train.candidates=all", "--set", "train.order=partitioned")
+    assert refused.exit_code != 0 and "train.candidates" in refused.stderr and "partition order keeps out of memory" in refused.stderr
+    from dsa_train.errors import DsaError
+    from dsa_train.recipe import parse_recipe
+    from dsa_train.train.tasks import make_task
+
+    with pytest.raises(DsaError, match="train.candidates 'all' runs in one process so far"):
+        make_task(parse_recipe(TINY % {"model": "distmult", "optimizer": "dsa", "storage": "memory"}, overrides=["train.candidates=all"]), torch.device("cpu"), world=object())

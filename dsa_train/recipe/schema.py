@@ -206,6 +206,12 @@ class TrainConfig:
     batch_size: int = _help("positive triples per step (each gives a head and a tail query)", _positive, default=1024)
     negatives: int = _help("uniformly sampled negative entities per step, shared by all its queries", _positive, default=1024)
     batch_negatives: bool = _help("also use the step's other answers as negatives (popular entities, harder)", default=True)
+    candidates: Literal["sampled", "all"] = _help(
+        "sampled: a step's queries are scored against train.negatives uniform entities (and the step's answers with "
+        "batch_negatives); all: against every entity (1-vs-all, as LibKGE trains its best models; every entity row "
+        "then gets a gradient, and an update, at every step)",
+        default="sampled",
+    )
     loss: Literal["cross_entropy", "softplus", "margin"] = _help(
         "cross_entropy: softmax over the positive and the negatives; softplus: logistic; "
         "margin: max(0, margin - f(pos) + f(neg))",
@@ -355,6 +361,8 @@ class Recipe:
                 return [("train.order", f"'partitioned' trains knowledge-graph models and node2vec, not {self.model.kind!r}; use 'random'")]
             if self.model.embedding_storage != "disk":
                 return [("train.order", "'partitioned' moves a disk table's partitions: set model.embedding_storage: disk")]
+            if t.candidates == "all":
+                return [("train.candidates", "'all' scores every entity, which partition order keeps out of memory; use 'sampled'")]
             if t.partitions > 1 and t.buffer < 2:
                 return [("train.buffer", f"must be at least 2 with train.partitions {t.partitions} (a bucket joins two partitions), got {t.buffer}")]
         return []

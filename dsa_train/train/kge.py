@@ -37,13 +37,19 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
     t, e, dim = recipe.train, recipe.eval, recipe.model.dim
     n = min(t.batch_size, max(train_triples, 1))
     queries = 2 * n
-    candidates = t.negatives + (queries if t.batch_negatives else 0)
-    rows = 4 * n + t.negatives + candidates + queries  # anchors, answers, negatives, their concat, relation rows
+    if t.candidates == "all":
+        negatives = candidates = num_entities
+    else:
+        negatives, candidates = t.negatives, t.negatives + (queries if t.batch_negatives else 0)
+    rows = 4 * n + negatives + candidates + queries  # anchors, answers, negatives, their concat, relation rows
     step = FLOAT_BYTES * (8 * queries * candidates + 4 * rows * dim)
     per_step = f" (at most {n:,} triples per step)" if n < t.batch_size else ""
     step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + keys_of(train__negatives=t.negatives, model__dim=dim)
+    if t.candidates == "all":
+        step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + keys_of(train__candidates="all", model__dim=dim)
     step_hint = (
-        "lower train.batch_size or train.negatives: a step scores 2 x batch_size queries against negatives"
+        "lower train.batch_size or train.negatives (with train.candidates: all, lower train.batch_size, or go back to "
+        "train.candidates: sampled): a step scores 2 x batch_size queries against negatives"
         + (" + 2 x batch_size candidates (train.batch_negatives: false drops the 2 x batch_size)" if t.batch_negatives else " candidates")
         + "; or lower model.dim (a step gathers model.dim floats for each of them)"
     )
@@ -137,14 +143,17 @@ class KGETask:
         cfg, model = self.recipe.train, self.model
         triples = self.train_rows(picked).to(self.device)
         heads, relations, tails = triples[:, 0], triples[:, 1], triples[:, 2]
-        negatives = self.draw_negatives(cfg.negatives)
+        if cfg.candidates == "all":  # 1-vs-all: every entity a candidate (the answer is masked among them)
+            negatives = torch.arange(self.kg.num_entities, device=self.device)
+        else:
+            negatives = self.draw_negatives(cfg.negatives)
         # Every triple asks its tail query (h, r, ?) and its head query (?, r, t).
         anchors, answers = torch.cat([heads, tails]), torch.cat([tails, heads])
         relations = torch.cat([relations, relations])
         n = len(triples)
         embedded = model.embed(torch.cat([anchors, answers, negatives]))
         anchor_emb, answer_emb, negative_emb = embedded[: 2 * n], embedded[2 * n : 4 * n], embedded[4 * n :]
-        if cfg.batch_negatives:  # the other queries' answers: negatives drawn by popularity
+        if cfg.batch_negatives and cfg.candidates == "sampled":  # the other queries' answers: negatives drawn by popularity
             negatives, negative_emb = torch.cat([answers, negatives]), torch.cat([answer_emb, negative_emb])
         positive, negative = [], []
         for side, rows in (("tail", slice(0, n)), ("head", slice(n, 2 * n))):

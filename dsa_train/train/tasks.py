@@ -62,6 +62,11 @@ def make_task(
                 "train.order 'partitioned' runs in one process; over several processes each rank holds its shard of the table",
                 hint="set train.order: random for a torchrun job, or run without torchrun",
             )
+        if recipe.is_kge and recipe.train.candidates == "all":
+            raise DsaError(
+                "train.candidates 'all' runs in one process so far: each rank would fetch every entity row every step",
+                hint="set train.candidates: sampled for a torchrun job, or run without torchrun",
+            )
         if recipe.is_kge:
             return ShardedKGETask(recipe, device, world, tables, progress=progress, note=note)
         if recipe.model.kind == "node2vec":
