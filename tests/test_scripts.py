@@ -221,3 +221,16 @@ def test_relation_categories_by_hand_and_from_a_run(tmp_path):
     mrr = json.loads(scored.stdout)["metrics"]["both"]["mrr"]
     pooled = sum(c["mrr"] * c["queries"] for c in table.values() if c["queries"]) / 200
     assert pooled == pytest.approx(mrr, rel=1e-9)
+
+
+def test_one_vs_all_benchmark_runs_small(tmp_path):
+    """Every configuration runs; 1-vs-all updates every entity row a step, sampled fewer."""
+    script = SCRIPTS / "bench_one_vs_all.py"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, script, "--entities", "1500", "--dim", "8", "--batch", "32", "--steps", "2"], capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])["results"]
+    assert set(found) == {"sampled, dsa", "sampled, sparse_adam", "all, dsa", "all, sparse_adam"}
+    assert found["all, dsa"]["rows_per_step"] == 1500 and found["sampled, dsa"]["rows_per_step"] < 1500
+    left = [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")]  # torch's own cache, made once per user
+    assert not left, "the benchmark left files behind"
