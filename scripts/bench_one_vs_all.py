@@ -11,7 +11,9 @@ configuration from the same seed:
     optimizer   dsa (DiskSparseAdam, moments in a memory-mapped file) | sparse_adam (torch's, in RAM)
 
 and prints, per configuration, seconds a step, distinct entity rows updated a step, and the
-optimizer state's anonymous memory (DiskSparseAdam's stays on disk either way). The table is
+growth of anonymous memory from the optimizer's creation to the last step (SparseAdam's
+moments, and the steps' scores: 1-vs-all's 2B x N matrices dominate it; DiskSparseAdam's
+moments stay on disk either way). The table is
 in RAM (model.embedding_storage: memory) and the moments file in the page cache: the regime
 where 1-vs-all is possible at all. Beyond RAM, a 1-vs-all step reads and writes every record
 of the table, so it runs at the disk's sequential rate per step, whatever the order.
@@ -85,7 +87,7 @@ def main() -> None:
             for optimizer in ("dsa", "sparse_adam"):
                 results[f"{candidates}, {optimizer}"] = r = measure(args, candidates, optimizer, Path(tmp))
                 print(f"{candidates:<8} {optimizer:<12} {r['step_s']:.3f} s/step, {r['rows_per_step']:,.0f} rows updated/step, "
-                      f"optimizer RAM +{r['optimizer_anon_mib']:,.0f} MiB", flush=True)  # fmt: skip
+                      f"anonymous memory +{r['optimizer_anon_mib']:,.0f} MiB (moments in RAM and the steps' scores)", flush=True)  # fmt: skip
     for candidates in ("sampled", "all"):
         ratio = results[f"{candidates}, dsa"]["step_s"] / results[f"{candidates}, sparse_adam"]["step_s"]
         print(f"{candidates}: DiskSparseAdam's step / SparseAdam's = {ratio:.2f}")
