@@ -8,15 +8,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from dsa_train.cli.app import app
 from dsa_train.errors import ConfigError
 from dsa_train.recipe import parse_recipe
 from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
 from dsa_train.train.tables import TableSite
 from dsa_train.train.tasks import make_task
+
+from .test_partitioned import invoke, records  # the CLI, and metrics records without their timings
 
 SMALL = """\
 name: small-n2v
@@ -33,20 +33,6 @@ train: {epochs: 3, batch_size: 128, log_every: 4, checkpoint_every: 5, keep_chec
 optimizer: {kind: dsa, lr: 0.05}
 eval: {final_splits: [test]}
 """
-TIMINGS = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib", "buffer")
-
-
-def invoke(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
-
-
-def records(run, kind):
-    found = [r for r in MetricsLog.read(run / "metrics.jsonl") if r["kind"] == kind]
-    for record in found:
-        for timing in TIMINGS:
-            record.pop(timing, None)
-    return found
-
 
 @pytest.fixture
 def small(tmp_path):

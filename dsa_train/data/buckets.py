@@ -102,9 +102,16 @@ class Buckets:
 
 
 def bucket_of(partitions: EntityPartitions, triples: Tensor) -> Tensor:
-    """The bucket of each ``(h, r, t)`` row."""
-    heads, tails = partitions.partition_of(triples[:, 0].long()), partitions.partition_of(triples[:, 2].long())
+    """The bucket of each ``(h, r, t)`` row (or ``(u, v)`` pair): by its first and last ids."""
+    heads, tails = partitions.partition_of(triples[:, 0].long()), partitions.partition_of(triples[:, -1].long())
     return heads * partitions.partitions + tails
+
+
+def sorted_into_buckets(partitions: EntityPartitions, rows: Tensor, bucket: Tensor) -> Buckets:
+    """``rows`` sorted stably by their ``bucket`` (:func:`bucket_of`), in memory."""
+    order = torch.sort(bucket, stable=True)
+    counts = torch.bincount(order.values, minlength=partitions.partitions**2)
+    return Buckets(partitions, rows[order.indices], _offsets(counts.numpy()))
 
 
 def load_buckets(kg: KnowledgeGraph, partitions: EntityPartitions, *, progress: Progress | None = None, note=None) -> Buckets:
@@ -112,9 +119,7 @@ def load_buckets(kg: KnowledgeGraph, partitions: EntityPartitions, *, progress: 
     use (and again if the graph is imported again), mapped afterwards; built in memory for a
     graph that lives in memory."""
     if kg.dataset is None:
-        order = torch.sort(bucket_of(partitions, kg.train), stable=True)
-        counts = torch.bincount(order.values, minlength=partitions.partitions**2)
-        return Buckets(partitions, kg.train[order.indices], _offsets(counts.numpy()))
+        return sorted_into_buckets(partitions, kg.train, bucket_of(partitions, kg.train))
     parent = kg.dataset.folder
     sources = {
         "graph": hashlib.sha256(json.dumps(kg.dataset.manifest["sources"], sort_keys=True).encode()).hexdigest(),

@@ -99,6 +99,13 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         raise NotImplementedError
 
 
+def euclidean(query: Tensor, candidates: Tensor) -> Tensor:
+    r"""``(B, K)`` Euclidean distances of ``B`` queries to ``K`` candidates in one matrix product:
+    :math:`\lVert q - e \rVert^2 = \lVert q \rVert^2 - 2\, q \cdot e + \lVert e \rVert^2`."""
+    squared = (query * query).sum(1, keepdim=True) - 2 * query @ candidates.T + (candidates * candidates).sum(1)
+    return squared.clamp_min(1e-12).sqrt()
+
+
 class TransE(KGEModel):
     r"""TransE (Bordes et al., NeurIPS 2013): relations translate heads onto tails.
 
@@ -122,8 +129,7 @@ class TransE(KGEModel):
         query = anchor + rel if side == "tail" else anchor - rel
         if self.p_norm == 1:
             return -torch.cdist(query, candidates, p=1)
-        squared = (query * query).sum(1, keepdim=True) - 2 * query @ candidates.T + (candidates * candidates).sum(1)
-        return -squared.clamp_min(1e-12).sqrt()
+        return -euclidean(query, candidates)
 
 
 class DistMult(KGEModel):
@@ -226,9 +232,7 @@ class RotatE(KGEModel):
         return self.gamma - (_rotate(head, rel) - tail).norm(dim=-1)
 
     def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
-        query = _rotate(anchor, rel if side == "tail" else -rel)
-        squared = (query * query).sum(1, keepdim=True) - 2 * query @ candidates.T + (candidates * candidates).sum(1)
-        return self.gamma - squared.clamp_min(1e-12).sqrt()
+        return self.gamma - euclidean(_rotate(anchor, rel if side == "tail" else -rel), candidates)
 
     def n3(self, entities: Tensor, relations: Tensor) -> Tensor:
         return cubed_modulus(entities).sum()

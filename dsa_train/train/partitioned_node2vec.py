@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..data.buckets import Buckets, EntityPartitions
+from ..data.buckets import EntityPartitions, bucket_of, sorted_into_buckets
 from ..data.order import Shuffle
 from ..data.partition_order import PartitionedOrder
 from ..memory import require_memory
@@ -45,16 +45,10 @@ class PairPool:
     """One pool's positive pairs in buckets, and their order."""
 
     def __init__(self, pairs: Tensor, partitions: EntityPartitions, capacity: int, seed: int, epoch_seed: int, *, reverse: bool) -> None:
-        parts = partitions.partitions
         bucket = torch.empty(len(pairs), dtype=torch.int32)
         for begin in range(0, len(pairs), BLOCK_PAIRS):  # the layout's arithmetic in int64, a block at a time
-            block = pairs[begin : begin + BLOCK_PAIRS].long()
-            bucket[begin : begin + BLOCK_PAIRS] = partitions.partition_of(block[:, 0]) * parts + partitions.partition_of(block[:, 1])
-        order = torch.sort(bucket, stable=True)
-        del bucket
-        counts = torch.bincount(order.values, minlength=parts**2).numpy()
-        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
-        self.buckets = Buckets(partitions, pairs[order.indices], offsets)  # rows (u, v) where a KG's are (h, r, t)
+            bucket[begin : begin + BLOCK_PAIRS] = bucket_of(partitions, pairs[begin : begin + BLOCK_PAIRS])
+        self.buckets = sorted_into_buckets(partitions, pairs, bucket)  # rows (u, v) where a KG's are (h, r, t)
         self.order = PartitionedOrder(self.buckets, capacity, seed, epoch_seed, reverse=reverse)
 
     def take(self, start: int, stop: int) -> tuple[Tensor, tuple[int, ...]]:
