@@ -148,6 +148,12 @@ def test_eval_saves_each_querys_rank(recipe, tmp_path):
         assert sum(1 / v for v in values) / len(values) == pytest.approx(metrics[side]["mrr"], rel=1e-12)
         assert sum(v <= 10 for v in values) / len(values) == pytest.approx(metrics[side]["hits_at_10"], rel=1e-12)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ranks.tsv.tmp-")]  # written through a temporary, renamed
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    linked = tmp_path / "linked.tsv"
+    linked.symlink_to(victim)
+    assert invoke("eval", out, "--save-ranks", linked).exit_code == 0
+    assert victim.read_text() == "keep me" and not linked.is_symlink()  # the link is replaced, never written through
     refused = invoke("eval", out, "--save-ranks", tmp_path / "no" / "such" / "ranks.tsv")
     assert refused.exit_code != 0 and "does not exist" in refused.stderr and "Traceback" not in refused.stderr
 
