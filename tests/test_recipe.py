@@ -41,7 +41,7 @@ def test_every_problem_at_once_with_path_line_and_suggestion():
         "--set 'nokey': expected key=value, for example train.epochs=5",
         "dataset.pth (line 3): unknown key; did you mean 'path'?",
         "dataset.kind (line 2): must be one of 'tsv', 'fb15k237', 'wn18rr', 'synthetic', 'planetoid', 'karate', "
-        "'synthetic_graph', got 'tsvv'; did you mean 'tsv'?",
+        "'synthetic_graph', 'click_log', 'synthetic_clicks', got 'tsvv'; did you mean 'tsv'?",
         "model.dimm (line 6): unknown key; did you mean 'dim'?",
         "model.dim (line 7): expected a whole number, got text ('ten')",
         "train.epochs (line 9): must be >= 0, got -1",
@@ -57,7 +57,7 @@ def test_every_problem_at_once_with_path_line_and_suggestion():
         ("dataset: {kind: tsv}\nmodel: {kind: distmult}\n", "dataset.path (in the section at line 1): is required for kind 'tsv'"),
         ("dataset: [1]\nmodel: {kind: distmult}\n", "dataset (line 1): expected a section (key: value lines), got a list"),
         ("model: {kind: distmult}\n", "dataset: missing (required)"),
-        ("dataset: {kind: fb15k237}\nmodel: {}\n", "model.kind (in the section at line 2): missing (required; one of 'transe', 'distmult', 'complex', 'rotate', 'node2vec', 'sage')"),
+        ("dataset: {kind: fb15k237}\nmodel: {}\n", "model.kind (in the section at line 2): missing (required; one of 'transe', 'distmult', 'complex', 'rotate', 'node2vec', 'sage', 'dlrm')"),
         ("dataset: {kind: fb15k237}\nmodel: {kind: transe, p_norm: 3}\n", "model.p_norm (line 2): must be one of 1, 2, got 3"),
         ("dataset: {kind: fb15k237}\nmodel: {kind: transe, reciprocal: yes please}\n", "model.reciprocal (line 2): expected true or false"),
         ("dataset: {kind: tsv\n", "not valid YAML (line 2)"),

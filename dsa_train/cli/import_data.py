@@ -27,7 +27,7 @@ def import_(
 ) -> None:
     """Import a dataset once, into memory-mapped id arrays and a filter index under <data root>/imported/.
 
-    TSV text is parsed in bounded memory, PyG files processed, or a synthetic graph generated. Every later `run`, `run --resume` and `eval` maps that folder instead; a changed source file (size or modification time) or changed generator settings make the next command import again. `run` imports on its own when needed: this command does it ahead of time, with progress and a summary.
+    TSV text is parsed in bounded memory, PyG files processed, a click log read and its values hashed, or a synthetic graph or click log generated. Every later `run`, `run --resume` and `eval` maps that folder instead; a changed source file (size or modification time) or changed generator settings make the next command import again. `run` imports on its own when needed: this command does it ahead of time, with progress and a summary.
 
     Examples:
 
@@ -75,13 +75,17 @@ def _buckets(recipe, *, progress, note) -> str:
 
 def imported_summary(config: DatasetConfig, *, progress, note) -> dict:
     """Import the dataset a config names (unless current) and describe it."""
-    from ..recipe import KG_DATASETS
+    from ..recipe import CLICK_DATASETS, KG_DATASETS
     from ..train.cleanup import allocated_bytes
 
     if config.kind in KG_DATASETS:
         from ..data import load_knowledge_graph
 
         data = load_knowledge_graph(config, progress=progress, note=note)
+    elif config.kind in CLICK_DATASETS:
+        from ..data import load_click_log
+
+        data = load_click_log(config, progress=progress, note=note)
     else:
         from ..data import load_graph
 

@@ -7,7 +7,8 @@ on-disk dataset format (:mod:`.store`) in its folder under ``<data root>/importe
 (:mod:`.paths`) and mapped from there by every later run, ``--resume`` or ``eval``, as a
 :class:`~.kg.KnowledgeGraph` or a :class:`~.graphs.Graph`. Each kind of dataset's loader
 lives in its own module (:mod:`.tsv_import`, :mod:`.synthetic`, :mod:`.pyg` for knowledge
-graphs; :mod:`.graph_synthetic`, :mod:`.graph_pyg` for graphs); this module picks one by
+graphs; :mod:`.graph_synthetic`, :mod:`.graph_pyg` for graphs; :mod:`.clicks_import`,
+:mod:`.clicks_synthetic` for click logs, a :class:`~.clicks.ClickLog`); this module picks one by
 ``dataset.kind`` and names what the import is made from. The loaders are referred to
 through their modules (both generators have a ``GENERATOR_VERSION``); ``torch_geometric``
 is imported inside the PyG loaders only, when a PyG dataset is read.
@@ -20,7 +21,8 @@ from functools import partial
 from pathlib import Path
 
 from ..recipe import DatasetConfig
-from . import graph_import, graph_pyg, graph_synthetic, pyg, synthetic, tsv, tsv_import
+from . import clicks_import, clicks_synthetic, graph_import, graph_pyg, graph_synthetic, pyg, synthetic, tsv, tsv_import
+from .clicks import ClickLog
 from .graphs import Graph
 from .kg import FILTER_INDEX, LAYOUT, KnowledgeGraph
 from .paths import data_root, import_target
@@ -96,3 +98,21 @@ def _graph_source(config: DatasetConfig, progress: Progress | None):
     write = partial(graph_pyg.write_planetoid, name=config.name, root=root, files=files, **link)
     target = import_target(config, f"planetoid-{config.name}", str((root / config.name).resolve()))
     return config.name, target, file_sources(files, **split), write
+
+
+def load_click_log(config: DatasetConfig, *, progress: Progress | None = None, note=None) -> ClickLog:
+    """Load the click log a recipe names (a file, or generated), importing it first if it has
+    not been, or if its sources changed (the file, the generator's or the columns' settings).
+    Raises ``DatasetError``."""
+    if config.kind == "synthetic_clicks":
+        sources = {"generator": f"synthetic_clicks-{clicks_synthetic.GENERATOR_VERSION}", "settings": asdict(config.clicks)}
+        write = partial(clicks_synthetic.write_synthetic_clicks, config=config.clicks, progress=progress)
+        name, target = f"clicks-{config.clicks.samples}", import_target(config, "synthetic-clicks", sources)
+    else:
+        path = Path(config.path)
+        path = clicks_import.click_log_file(path if path.is_absolute() else data_root(config) / path)
+        columns = asdict(config.columns)
+        sources = file_sources([path], importer=f"clicks-{clicks_import.IMPORTER_VERSION}", columns=columns)
+        write = partial(clicks_import.write_click_log, path=path, config=config.columns, progress=progress)
+        name, target = path.stem, import_target(config, f"clicks-{path.stem}", str(path.resolve()))
+    return ClickLog.of(import_folder(target, kind="clicks", name=name, sources=sources, build=write, note=note))

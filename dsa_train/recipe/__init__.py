@@ -29,9 +29,13 @@ import yaml
 from ..errors import ConfigError
 from .loader import MAX_DEPTH, MAX_RECIPE_BYTES, MAX_VALUES, apply_override, build, decode, parse_yaml
 from .schema import (
+    CLICK_DATASETS,
     GRAPH_DATASETS,
     KG_DATASETS,
     KG_MODELS,
+    RECSYS_MODELS,
+    ClickColumnsConfig,
+    ClicksSyntheticConfig,
     MAX_NAME_BYTES,
     SEED_MAX,
     DatasetConfig,
@@ -43,15 +47,16 @@ from .schema import (
     OptimizerConfig,
     OutputConfig,
     Recipe,
+    RecsysConfig,
     SageConfig,
     SyntheticConfig,
     TrainConfig,
 )
 
 __all__ = [
-    "GRAPH_DATASETS", "KG_DATASETS", "KG_MODELS", "MAX_DEPTH", "MAX_NAME_BYTES", "MAX_RECIPE_BYTES", "MAX_VALUES", "SEED_MAX",
-    "DatasetConfig", "DistributedConfig", "EvalConfig", "GraphSyntheticConfig", "ModelConfig", "Node2VecConfig",
-    "OptimizerConfig", "OutputConfig", "Recipe", "SageConfig", "SyntheticConfig", "TrainConfig",
+    "CLICK_DATASETS", "GRAPH_DATASETS", "KG_DATASETS", "KG_MODELS", "MAX_DEPTH", "MAX_NAME_BYTES", "MAX_RECIPE_BYTES", "MAX_VALUES",
+    "RECSYS_MODELS", "SEED_MAX", "ClickColumnsConfig", "ClicksSyntheticConfig", "DatasetConfig", "DistributedConfig", "EvalConfig", "GraphSyntheticConfig", "ModelConfig", "Node2VecConfig",
+    "OptimizerConfig", "OutputConfig", "Recipe", "RecsysConfig", "SageConfig", "SyntheticConfig", "TrainConfig",
     "load_recipe", "parse_recipe", "recipe_differences", "recipe_to_yaml", "with_data_root",
 ]  # fmt: skip
 

@@ -69,6 +69,10 @@ def _inside_data_root(v):
     )
 
 
+def _split(v):
+    return None if all(0 <= f < 1 for f in v) and sum(v) < 1 else "fractions must be in [0, 1) and sum below 1"
+
+
 @dataclass
 class SyntheticConfig:
     """A generated knowledge graph: power-law entity degrees and a latent cluster structure
@@ -105,27 +109,74 @@ class GraphSyntheticConfig:
     seed: int = _help("random seed of the generator and of the edge split", _seed, default=0)
 
 
+@dataclass
+class ClicksSyntheticConfig:
+    """A generated click log: power-law categorical ids, multi-hot bags, dense features and a
+    planted signal (a hidden effect per id, pairwise id interactions, dense weights) that
+    decides each click, so a model can learn far above AUC 0.5 (the generator's own AUC on
+    the test split, from the true click probabilities, is the ceiling)."""
+
+    samples: int = _help("training samples (impressions)", _positive, default=100_000)
+    valid: int = _help("validation samples", _non_negative, default=10_000)
+    test: int = _help("test samples", _non_negative, default=10_000)
+    features: int = _help("categorical features (fields)", _positive, default=8)
+    ids: int = _help("distinct ids of each categorical feature", _positive, default=100_000)
+    dense: int = _help("dense (numeric) features", _non_negative, default=4)
+    max_hot: int = _help("ids per feature and sample: 1 to max_hot, uniformly (1: one-hot)", _positive, default=1)
+    weighted: bool = _help("give each id of a bag a weight in (0, 1] (per-sample weights, as in the TSV's id:weight)", default=False)
+    zipf: float = _help("power-law exponent of id popularity (0: uniform)", _non_negative, default=1.1)
+    signal: float = _help("strength of the planted signal (0: clicks are coin flips at the base rate)", _non_negative, default=2.0)
+    click_rate: float = _help("base click rate (of a sample with no signal)", _fraction, default=0.25)
+    seed: int = _help("random seed of the generator", _seed, default=0)
+
+    def problems(self) -> list[tuple[str, str]]:
+        return [("click_rate", "must be > 0")] if self.click_rate <= 0 else []
+
+
+def _one_character(v):
+    return None if len(v) == 1 and v not in "\r\n" else "must be one character (not a line break)"
+
+
+@dataclass
+class ClickColumnsConfig:
+    """click_log: which columns of the file's header are the label, dense and categorical
+    features (defaults: the Criteo layout, ``label``, ``I1``... and ``C1``...)."""
+
+    label: str = _help("the click column (0 or 1)", default="label")
+    dense: list[str] | None = _help("dense columns, numbers (empty: none); default: every column named I<number>", default=None)
+    sparse: list[str] | None = _help("categorical columns, raw values hashed into table rows; default: every column named C<number>", default=None)
+    multi_hot: str = _help("separator of several ids in one categorical cell (a bag)", _one_character, default="|")
+    weights: bool = _help("categorical cells hold value:weight pairs (a value without :weight weighs 1; per-sample weights, pooled with model.recsys.mode: sum)", default=False)
+    dense_log: bool = _help("read a dense value x as log(1 + max(x, 0)), as DLRM reads Criteo's counts (false: as it is)", default=True)
+    holdout: tuple[float, float] = _help(
+        "fractions of the file's last lines held out as (valid, test), in file order (a click log is in time order)",
+        _split, default=(0.05, 0.05),
+    )  # fmt: skip
+
+
 KG_DATASETS = ("tsv", "fb15k237", "wn18rr", "synthetic")
 GRAPH_DATASETS = ("planetoid", "karate", "synthetic_graph")
-
-
-def _split(v):
-    return None if all(0 <= f < 1 for f in v) and sum(v) < 1 else "fractions must be in [0, 1) and sum below 1"
+CLICK_DATASETS = ("click_log", "synthetic_clicks")
 
 
 @dataclass
 class DatasetConfig:
     """Where the triples (knowledge graphs) or the graph (node embeddings) come from."""
 
-    kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic", "planetoid", "karate", "synthetic_graph"] = _help(
+    kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic", "planetoid", "karate", "synthetic_graph", "click_log", "synthetic_clicks"] = _help(
         "knowledge graphs: tsv (a folder of train/valid/test.txt), fb15k237, wn18rr (PyG), synthetic; "
-        "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph"
+        "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph; "
+        "click logs: click_log (a TSV or CSV file with a header), synthetic_clicks"
     )
-    path: str | None = _help("tsv: the folder, relative to the data root or absolute", _inside_data_root, default=None)
+    path: str | None = _help(
+        "tsv: the folder; click_log: the file (.csv: commas, else tabs); relative to the data root or absolute", _inside_data_root, default=None
+    )
     name: str | None = _help("planetoid: Cora, CiteSeer or PubMed", default=None)
     root: str | None = _help("data root (default: $DSA_DATA_ROOT, else ./datasets)", default=None)
     synthetic: SyntheticConfig = _help("synthetic: the knowledge-graph generator's settings", default_factory=SyntheticConfig)
     graph: GraphSyntheticConfig = _help("synthetic_graph: the graph generator's settings", default_factory=GraphSyntheticConfig)
+    clicks: ClicksSyntheticConfig = _help("synthetic_clicks: the click-log generator's settings", default_factory=ClicksSyntheticConfig)
+    columns: ClickColumnsConfig = _help("click_log: the file's columns and held-out lines", default_factory=ClickColumnsConfig)
     link_split: tuple[float, float] = _help(
         "graphs: fractions of the edges held out for link prediction (valid, test)", _split, default=(0.0, 0.0)
     )
@@ -133,6 +184,8 @@ class DatasetConfig:
     def problems(self) -> list[tuple[str, str]]:
         if self.kind == "tsv" and not self.path:
             return [("path", "is required for kind 'tsv' (the folder holding train.txt, valid.txt, test.txt)")]
+        if self.kind == "click_log" and not self.path:
+            return [("path", "is required for kind 'click_log' (the TSV or CSV file, with a header naming its columns)")]
         if self.kind == "planetoid" and self.name not in ("Cora", "CiteSeer", "PubMed"):
             return [("name", f"must be Cora, CiteSeer or PubMed for kind 'planetoid', got {self.name!r}")]
         return []
@@ -171,16 +224,45 @@ class SageConfig:
         return []
 
 
+@dataclass
+class RecsysConfig:
+    r"""dlrm: sparse features pooled from one embedding table, dense features through a
+    bottom MLP, their interaction through a top MLP to a click logit."""
+
+    tables: Literal["per_feature", "shared"] = _help(
+        "per_feature: each categorical feature owns `rows` rows (one table, features side by side); "
+        "shared: every feature hashes into one table of `rows` rows (collisions across features)",
+        default="per_feature",
+    )
+    rows: int = _help(
+        "per_feature: rows of each feature (ids beyond it share rows by hashing); shared: rows of the one table", _positive, default=1_000_000
+    )
+    mode: Literal["sum", "mean"] = _help("how a multi-hot bag's rows are pooled (sum with the ids' weights, if any)", default="sum")
+    interaction: Literal["dot", "cat"] = _help(
+        "dot: pairwise dot products of the pooled features and the bottom MLP's output (DLRM); cat: their concatenation", default="dot"
+    )
+    bottom: list[int] = _help("hidden widths of the bottom MLP on the dense features (its output has model.dim)", default_factory=lambda: [64])
+    top: list[int] = _help("hidden widths of the top MLP (its output is the click logit)", default_factory=lambda: [64, 32])
+
+    def problems(self) -> list[tuple[str, str]]:
+        found = []
+        for key in ("bottom", "top"):
+            if any(w <= 0 for w in getattr(self, key)):
+                found.append((key, f"widths must be positive, got {getattr(self, key)}"))
+        return found
+
+
 KG_MODELS = ("transe", "distmult", "complex", "rotate")
+RECSYS_MODELS = ("dlrm",)
 
 
 @dataclass
 class ModelConfig:
     """The embedding model."""
 
-    kind: Literal["transe", "distmult", "complex", "rotate", "node2vec", "sage"] = _help(
+    kind: Literal["transe", "distmult", "complex", "rotate", "node2vec", "sage", "dlrm"] = _help(
         "knowledge graphs: transe (-||h + r - t||_p), distmult (<h, r, t>), complex (Re<h, r, conj(t)>), "
-        "rotate (gamma - ||h o r - t||, r a rotation); graphs: node2vec, sage"
+        "rotate (gamma - ||h o r - t||, r a rotation); graphs: node2vec, sage; click logs: dlrm"
     )
     dim: int = _help("embedding dimension, in reals (complex, rotate: dim / 2 complex coordinates, so dim is even)", _positive, default=128)
     p_norm: Literal[1, 2] = _help("transe: the norm of the distance", default=2)
@@ -195,6 +277,7 @@ class ModelConfig:
     )
     node2vec: Node2VecConfig = _help("node2vec: walks and skip-gram", default_factory=Node2VecConfig)
     sage: SageConfig = _help("sage: the encoder and its task", default_factory=SageConfig)
+    recsys: RecsysConfig = _help("dlrm: the feature table and the MLPs", default_factory=RecsysConfig)
 
 
 @dataclass
@@ -258,7 +341,7 @@ class OptimizerConfig:
     betas: tuple[float, float] = _help("Adam's betas", _betas, default=(0.9, 0.999))
     eps: float = _help("Adam's epsilon", _positive, default=1e-8)
     state_dir: str | None = _help("dsa: state directory (default: <run>/optimizer_state); put it on a local SSD", default=None)
-    dense_lr: float = _help("sage: learning rate of the (dense) SAGE layers, trained with torch's Adam", _positive, default=0.01)
+    dense_lr: float = _help("sage, dlrm: learning rate of the dense layers (SAGE's, the MLPs), trained with torch's Adam", _positive, default=0.01)
     nonfinite: Literal["error", "skip"] = _help(
         "dsa: a NaN or Inf gradient stops the run (error) or skips its step (skip); found before anything is written",
         default="error",
@@ -347,10 +430,21 @@ class Recipe:
     def is_kge(self) -> bool:
         return self.model.kind in KG_MODELS
 
+    @property
+    def is_recsys(self) -> bool:
+        return self.model.kind in RECSYS_MODELS
+
     def problems(self) -> list[tuple[str, str]]:
-        if self.is_kge != (self.dataset.kind in KG_DATASETS):
-            family = "a knowledge graph (" + ", ".join(KG_DATASETS) if self.is_kge else "a graph (" + ", ".join(GRAPH_DATASETS)
-            return [("model.kind", f"{self.model.kind!r} trains on {family}), not dataset kind {self.dataset.kind!r}")]
+        if self.is_kge:
+            family, kinds = "a knowledge graph", KG_DATASETS
+        elif self.is_recsys:
+            family, kinds = "a click log", CLICK_DATASETS
+        else:
+            family, kinds = "a graph", GRAPH_DATASETS
+        if self.dataset.kind not in kinds:
+            return [("model.kind", f"{self.model.kind!r} trains on {family} ({', '.join(kinds)}), not dataset kind {self.dataset.kind!r}")]
+        if self.is_recsys and self.train.order == "partitioned":
+            return [("train.order", "'partitioned' trains knowledge-graph models and node2vec, not 'dlrm'; use 'random'")]
         if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:
             return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
         if self.model.kind in ("complex", "rotate") and self.model.dim % 2:

@@ -9,7 +9,7 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import DsaError
-from ..nn import DiskEmbedding
+from ..nn import DiskEmbedding, DiskEmbeddingBag
 from ..recipe import Recipe
 
 
@@ -26,10 +26,12 @@ class TableSite:
 
 
 def disk_table(
-    recipe: Recipe, site: TableSite | None, name: str, num_rows: int, *, std: float, first_row: int = 0, total_rows: int | None = None
-) -> nn.Module | None:
-    """The task's ``name`` table as a DiskEmbedding (created, seeded, if missing), or ``None``
-    for ``embedding_storage: memory``. With ``total_rows``: a shard, rows ``[first_row, ...)``
+    recipe: Recipe, site: TableSite | None, name: str, num_rows: int, *, std: float, first_row: int = 0, total_rows: int | None = None,
+    bag_mode: str | None = None,
+) -> nn.Module | None:  # fmt: skip
+    """The task's ``name`` table as a DiskEmbedding (a DiskEmbeddingBag pooling by
+    ``bag_mode``, if given), created and seeded if missing, or ``None`` for
+    ``embedding_storage: memory``. With ``total_rows``: a shard, rows ``[first_row, ...)``
     of a ``total_rows``-row table drawn from the seed."""
     if recipe.model.embedding_storage != "disk":
         return None
@@ -49,7 +51,8 @@ def disk_table(
     path = site.directory / f"{name}.table"
     if not site.writable and not path.exists():
         raise DsaError(f"table '{path}' is missing", hint="evaluate a checkpoint written by a run with these tables")
-    return DiskEmbedding(
+    module, options = (DiskEmbedding, {}) if bag_mode is None else (DiskEmbeddingBag, {"mode": bag_mode})
+    return module(
         num_rows, recipe.model.dim, path=path, std=std, seed=recipe.train.seed, writable=site.writable, progress=site.progress,
-        first_row=first_row, total_rows=total_rows,
+        first_row=first_row, total_rows=total_rows, **options,
     )  # fmt: skip

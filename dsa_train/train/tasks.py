@@ -14,6 +14,7 @@ from .kge import KGETask
 from .node2vec import Node2VecTask
 from .partitioned_kge import PartitionedKGETask
 from .partitioned_node2vec import PartitionedNode2VecTask
+from .recsys import RecsysTask
 from .sage import SageTask
 from .sharded_kge import ShardedKGETask
 from .sharded_node2vec import ShardedNode2VecTask
@@ -75,6 +76,8 @@ def make_task(
             f"model.kind {recipe.model.kind!r} does not train over several processes yet; knowledge-graph models and node2vec do",
             hint="run it in one process (without torchrun)",
         )
+    if recipe.is_recsys:
+        return RecsysTask(recipe, device, tables, progress=progress, note=note)
     if recipe.is_kge and recipe.train.order == "partitioned":
         return PartitionedKGETask(recipe, device, tables, progress=progress, note=note)
     if recipe.is_kge:
