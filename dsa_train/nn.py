@@ -173,7 +173,14 @@ class DiskEmbedding(DiskTable):
 
 class DiskEmbeddingBag(DiskTable):
     """``nn.EmbeddingBag(num_embeddings, embedding_dim, mode=mode, sparse=True)`` with its
-    weight on disk; everything else as :class:`DiskEmbedding`."""
+    weight on disk; everything else as :class:`DiskEmbedding`.
+
+    The forward pass gathers each looked-up row (``F.embedding``, whose backward is the
+    sparse gradient) and pools the gathered rows: ``F.embedding_bag`` on the table itself
+    would first copy the whole weight, a strided view of the records, into a contiguous
+    tensor, reading every row of the file at every step. The gradient is the one
+    ``nn.EmbeddingBag`` gives, value for value: one row per lookup, scaled by its weight
+    (``sum``) or its bag's size (``mean``)."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, *, mode: str = "mean", **table_options) -> None:
         if mode not in ("sum", "mean", "max"):
@@ -183,9 +190,14 @@ class DiskEmbeddingBag(DiskTable):
 
     def forward(self, indices: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None) -> Tensor:
         cpu = lambda t: None if t is None else t.to("cpu")  # noqa: E731
+        indices = indices.to("cpu")
+        if indices.dim() == 2:  # fixed-size bags, one per row, as nn.EmbeddingBag takes them
+            offsets = torch.arange(0, indices.numel(), indices.shape[1]) if indices.shape[1] else torch.zeros(len(indices), dtype=torch.long)
+            indices = indices.reshape(-1)
+            per_sample_weights = None if per_sample_weights is None else per_sample_weights.reshape(-1)
+        gathered = F.embedding(indices, self.weight, sparse=True)
         bags = F.embedding_bag(
-            indices.to("cpu"), self.weight, cpu(offsets), mode=self.mode, sparse=True,
-            per_sample_weights=cpu(per_sample_weights),
+            torch.arange(len(indices)), gathered, cpu(offsets), mode=self.mode, per_sample_weights=cpu(per_sample_weights),
         )  # fmt: skip
         return bags.to(self.output_device, non_blocking=True)
 

@@ -7,6 +7,7 @@ torch.optim.SparseAdam on the same inputs, compared bit for bit after every step
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,20 +66,55 @@ def test_disk_embedding_trains_exactly_like_sparse_adam(tmp_path, dtype, maximiz
     assert entry["layout"] == "w|m|v" and entry["table"] == str((tmp_path / "t.table").resolve())
 
 
-def test_disk_embedding_bag_trains_exactly_like_sparse_adam(tmp_path):
-    disk, ref = twin(tmp_path, BAG, std=0.1)
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_disk_embedding_bag_trains_exactly_like_sparse_adam(tmp_path, mode):
+    disk, ref = twin(tmp_path, (DiskEmbeddingBag, nn.EmbeddingBag, {"mode": mode}), std=0.1)
     ours = DiskSparseAdam(disk.parameters(), lr=0.01, state_dir=tmp_path / "state")
     theirs = torch.optim.SparseAdam(ref.parameters(), lr=0.01)
     for step in range(30):
-        idx = torch.randint(0, ROWS, (200,))
-        offsets = torch.arange(0, 200, 5)
-        weights = torch.rand(200)
+        idx = torch.randint(0, ROWS if step % 2 else 20, (200,))  # repeats within and across bags
+        offsets = torch.cat([torch.tensor([0, 0, 3]), torch.arange(5, 200, 5)])  # an empty bag, uneven ones
+        weights = torch.rand(200) if mode == "sum" else None
         for model, opt in ((disk, ours), (ref, theirs)):
             opt.zero_grad()
             model(idx, offsets, per_sample_weights=weights).pow(2).sum().backward()
             opt.step()
         assert torch.equal(disk.weight, ref.weight), f"weights differ after step {step}"
+    fixed = torch.randint(0, ROWS, (7, 3))  # 2-d input: one bag per row
+    assert torch.equal(disk(fixed), ref(fixed))
     ours.close()
+
+
+def test_disk_embedding_bag_max_mode_has_torch_dense_gradient(tmp_path):
+    """torch refuses mode 'max' with sparse=True; the disk bag gives it, equal to the dense one."""
+    disk = DiskEmbeddingBag(ROWS, DIM, mode="max", path=tmp_path / "t.table", std=0.1)
+    ref = nn.EmbeddingBag(ROWS, DIM, mode="max")
+    with torch.no_grad():
+        ref.weight.copy_(disk.weight)
+    idx, offsets = torch.randint(0, ROWS, (60,)), torch.arange(0, 60, 6)
+    out, expected = disk(idx, offsets), ref(idx, offsets)
+    assert torch.equal(out, expected)
+    (out * torch.arange(out.numel()).view_as(out)).sum().backward()
+    (expected * torch.arange(out.numel()).view_as(out)).sum().backward()
+    assert torch.equal(disk.weight.grad.to_dense(), ref.weight.grad)
+
+
+def test_disk_embedding_bag_reads_only_the_looked_up_rows(tmp_path):
+    """Its forward never copies the table (F.embedding_bag on the table's strided view would
+    make a contiguous copy of every row: 64 MiB of anonymous memory here, at every step)."""
+
+    def peak_mib():  # the process's peak resident memory since the last reset
+        return next(int(line.split()[1]) >> 10 for line in open("/proc/self/status") if line.startswith("VmHWM"))
+
+    bag = DiskEmbeddingBag(500_000, 32, mode="sum", path=tmp_path / "big.table")
+    idx, offsets = torch.randint(0, 500_000, (4096,)), torch.arange(0, 4096, 4)
+    bag(idx, offsets).sum().backward()  # the first call's own allocations
+    Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to what is resident now
+    before = peak_mib()
+    out = bag(idx, offsets)
+    out.sum().backward()
+    assert peak_mib() - before < 16
+    assert torch.equal(out, nn.functional.embedding_bag(idx, bag.weight.detach().contiguous(), offsets, mode="sum"))
 
 
 def test_mixed_model_of_disk_and_memory_tables(tmp_path):
