@@ -276,6 +276,7 @@ def test_a_missing_file_and_a_changed_file(tmp_path):
         ("train: {order: partitioned}", "'partitioned' trains knowledge-graph models and node2vec, not 'dlrm'"),
         ("dataset: {kind: click_log}", "is required for kind 'click_log'"),
         ("dataset: {kind: synthetic_clicks, columns: {multi_hot: '||'}}", "must be one character"),
+        ("model: {kind: dlrm, embedding_storage: disk}\noptimizer: {kind: sparse_adam}", "'sparse_adam' cannot train a disk table"),
     ],
 )
 def test_recipe_refusals(change, message):

@@ -443,6 +443,12 @@ class Recipe:
             family, kinds = "a graph", GRAPH_DATASETS
         if self.dataset.kind not in kinds:
             return [("model.kind", f"{self.model.kind!r} trains on {family} ({', '.join(kinds)}), not dataset kind {self.dataset.kind!r}")]
+        if self.optimizer.kind == "sparse_adam" and self.model.embedding_storage == "disk":
+            return [(
+                "optimizer.kind",
+                "'sparse_adam' cannot train a disk table: torch's SparseAdam updates the weight in place, and a disk table's "
+                "weight is a view of its file; use 'dsa' (DiskSparseAdam), or model.embedding_storage: memory",
+            )]  # fmt: skip
         if self.is_recsys and self.train.order == "partitioned":
             return [("train.order", "'partitioned' trains knowledge-graph models and node2vec, not 'dlrm'; use 'random'")]
         if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:
