@@ -346,3 +346,34 @@ def test_recsys_quickstart_recipe(tmp_path):
     test = records(out, "summary")[0]["final"]["test"]["clicks"]
     assert test["auc"] > 0.72 and test["best_auc"] - test["auc"] < 0.12
 
+
+
+def test_the_prefetched_batch_is_the_one_trained(tmp_path, monkeypatch):
+    """With a disk table the loop announces each next batch; the task gathers it then and
+    trains on that gathering (once per step, not twice): the losses equal those of gathering
+    every batch afresh."""
+    from dsa_train.data.clicks import ClickLog
+    from dsa_train.train.recsys import RecsysTask
+
+    path = write(tmp_path, storage="disk")
+    real_batch, gathered = ClickLog.batch, []
+
+    def counted(self, split, samples):
+        gathered.append(split)
+        return real_batch(self, split, samples)
+
+    monkeypatch.setattr(ClickLog, "batch", counted)
+    assert invoke("run", path, "--output", tmp_path / "cached", "--set", "train.epochs=1").exit_code == 0
+    steps = records(tmp_path / "cached", "summary")[0]["step"]
+    assert gathered.count("train") == steps  # each step's batch gathered once, when announced
+    real_prefetch = RecsysTask.prefetch
+
+    def forgetful(self, picked):
+        real_prefetch(self, picked)
+        self._gathered = []
+
+    monkeypatch.setattr(RecsysTask, "prefetch", forgetful)
+    gathered.clear()
+    assert invoke("run", path, "--output", tmp_path / "afresh", "--set", "train.epochs=1").exit_code == 0
+    assert gathered.count("train") == 2 * steps - 1
+    assert records(tmp_path / "cached", "train") == records(tmp_path / "afresh", "train")

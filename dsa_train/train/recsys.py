@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from ..data import ClickLog, load_click_log
+from ..data.clicks import ClickBatch
 from ..data.order import Shuffle
 from ..errors import ConfigError
 from ..eval.clicks import click_metrics
@@ -79,6 +80,9 @@ class RecsysTask:
             self.num_rows, recipe.model.dim, features=f, dense=self.log.num_dense, bottom=c.bottom, top=c.top,
             interaction=c.interaction, mode=c.mode, init_std=recipe.model.init_std, table=table,
         ).to(device)  # fmt: skip
+        # the last two batches prefetch() gathered: the loop announces the batch after next's
+        # step before it runs this one, so the one a step needs is the older of the two
+        self._gathered: list[tuple[Tensor, ClickBatch]] = []
 
     def rows(self, values: Tensor, feature: Tensor) -> Tensor:
         c = self.config
@@ -87,6 +91,7 @@ class RecsysTask:
     def prefetch(self, picked: Tensor) -> None:
         batch = self.log.batch("train", picked)
         self.model.table.prefetch(self.rows(batch.ids, batch.feature))
+        self._gathered = [*self._gathered[-1:], (picked, batch)]
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return [("table.weight", self.model.table.weight)]
@@ -100,7 +105,8 @@ class RecsysTask:
     def logits(self, split: str, picked: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """The model's click logits of the impressions ``picked`` of a split, their labels and
         (generated data) their true logits."""
-        batch = self.log.batch(split, picked)
+        gathered = [b for p, b in self._gathered if split == "train" and torch.equal(p, picked)]
+        batch = gathered[0] if gathered else self.log.batch(split, picked)
         d = self.device
         weights = batch.weights.to(d) if batch.weights is not None else None
         rows = self.rows(batch.ids, batch.feature)
