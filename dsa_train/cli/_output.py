@@ -64,7 +64,7 @@ class ProgressReporter:
         )
 
     def eval_start(self, split: str, total: int) -> None:
-        self._bar(f"ranking {split}", total)
+        self._bar(f"evaluating {split}", total)
 
     def eval_advance(self, done: int) -> None:
         if self._progress is not None:
