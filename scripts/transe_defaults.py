@@ -45,9 +45,9 @@ VARIANTS = {
     "dim 50": ["model.dim=50"],
     "init 0.01": ["model.init_std=0.01"],
     "softplus": ["train.loss=softplus"],
-    "margin, L1 (TransE paper)": ["train.loss=margin", "train.margin=1", "model.p_norm=1"],
-    "L1, lr 0.01": ["model.p_norm=1", "optimizer.lr=0.01"],
-    "L1, no dropout": ["model.p_norm=1", "model.dropout=0"],
+    "margin+L1 (TransE paper)": ["train.loss=margin", "train.margin=1", "model.p_norm=1"],
+    "L1+lr 0.01": ["model.p_norm=1", "optimizer.lr=0.01"],
+    "L1+no dropout": ["model.p_norm=1", "model.dropout=0"],
 }
 
 COMMON = ["eval.every_epochs=0", "eval.final_splits=[test]", "train.checkpoint_every=0", "train.final_checkpoint=false"]
