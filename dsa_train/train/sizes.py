@@ -65,11 +65,12 @@ def check_sizes(
             )  # fmt: skip
             buffers = (min(1 << 16, rows) + 3 * min(1 << 12, rows)) * dim * FLOAT_BYTES  # Table.create's chunks
         # The file's pages are the page cache's; the host holds the chunks a new file is written
-        # from, then SparseAdam's moments (host tensors, as the weight is) and the other parameters.
-        if buffers > moments:
+        # from and the other parameters (a recipe never pairs a disk table with SparseAdam's
+        # moments: Recipe.problems refuses it).
+        if buffers:
             parts.insert(0, f"writing the {table} table file ({shape})")
-        require_memory(" and ".join(parts) or "the parameters", max(buffers, moments) + other, key=", ".join(keys), hint=hint)
-        resident = other if cuda else other + moments
+        require_memory(" and ".join(parts) or "the parameters", buffers + other, key=", ".join(keys), hint=hint)
+        resident = other
     else:
         # nn.Embedding is built on the host, then moved to the device: the host holds it once.
         hint += ", or keep the table on disk with `model.embedding_storage: disk` (a memory-mapped file: only the rows a step touches take RAM)"
