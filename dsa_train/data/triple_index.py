@@ -194,6 +194,10 @@ class TripleIndex:
             # torch's searchsorted is about 4x faster than numpy's, over a map as over RAM
             self._columns = {side: tuple(torch.from_numpy(column) for column in pair) for side, pair in columns.items()}
 
+    def queries(self, side: str) -> Tensor:
+        """The distinct query keys of a side, ascending (int64): ``anchor * R + relation``."""
+        return torch.unique_consecutive(self._columns[side][0])
+
     def known(self, anchor: Tensor, relation: Tensor, side: str) -> tuple[Tensor, Tensor]:
         """All (query number, entity) pairs where the entity answers query ``i`` truly.
 

@@ -11,13 +11,28 @@ For query :math:`i` with positive score :math:`s_i` and negative scores :math:`s
 
 Each is averaged over the queries; given ``total``, summed and divided by ``total`` instead
 (one slice of a batch of ``total`` queries: the slices' losses add up to the batch's).
+
+:func:`every_entity_loss` is the same three losses with every entity a candidate (1-vs-all)
+and a set :math:`Y_i` of answers per query (k-vs-all; 1-vs-all is :math:`|Y_i| = 1`), scored
+a chunk of entities at a time so that a step never holds the whole query x entity matrix:
+
+* ``cross_entropy``: :math:`\log \sum_{j} e^{s_{ij}} - \frac{1}{|Y_i|}\sum_{y \in Y_i} s_{iy}`,
+  the cross-entropy of the softmax over all entities against the target spread evenly over
+  the answers (LibKGE's KvsAll with ``kl``; for one answer, :math:`-\log` softmax);
+* ``softplus``: :math:`\frac{1}{|Y_i|}\sum_{y \in Y_i} \log(1 + e^{-s_{iy}}) +
+  \frac{1}{E - |Y_i|}\sum_{j \notin Y_i} \log(1 + e^{s_{ij}})`, binary cross-entropy with
+  the answers and the other entities weighted equally;
+* ``margin`` (one answer only): :math:`\frac{1}{E - 1}\sum_{j \ne y} \max(0, \gamma - s_{iy} + s_{ij})`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 
 def ranking_loss(
@@ -36,3 +51,60 @@ def ranking_loss(
     if kind == "margin":
         return reduce((F.relu(margin - positive[:, None] + negative) * keep).sum(1) / count)
     raise ValueError(f"unknown loss {kind!r}")
+
+
+def every_entity_loss(
+    kind: str,
+    score_chunk: Callable[[int, int], Tensor],
+    answer_scores: Tensor,
+    label_query: Tensor,
+    label_entity: Tensor,
+    *,
+    num_queries: int,
+    num_entities: int,
+    chunk: int,
+    margin: float = 1.0,
+) -> Tensor:
+    """The mean over ``num_queries`` queries of ``kind`` against every entity (module docstring).
+
+    ``score_chunk(start, stop)`` gives the ``(Q, stop - start)`` scores of every query against
+    entities ``start .. stop - 1``; the labels are the pairs ``(label_query[k],
+    label_entity[k])``, each scored directly in ``answer_scores[k]`` (every query has at
+    least one). Entities are scored ``chunk`` at a time; with more than one chunk each is
+    recomputed in the backward pass (activation checkpointing) rather than kept, so a step
+    holds one chunk's scores at a time.
+    """
+    if kind == "margin" and len(label_query) != num_queries:
+        raise ValueError("the margin loss takes one answer per query")
+    positive_of_query = answer_scores if kind == "margin" else None  # one answer each, in query order
+
+    def reduce(start: int, stop: int) -> Tensor:
+        scores = score_chunk(start, stop)
+        inside = (label_entity >= start) & (label_entity < stop)
+        labelled = torch.zeros_like(scores, dtype=torch.bool)
+        labelled[label_query[inside], label_entity[inside] - start] = True
+        if kind == "cross_entropy":  # the answers' own terms are added below, once
+            return scores.masked_fill(labelled, torch.finfo(scores.dtype).min).logsumexp(1)
+        keep = (~labelled).to(scores.dtype)
+        if kind == "softplus":
+            return (F.softplus(scores) * keep).sum(1)
+        if kind == "margin":
+            return (F.relu(margin - positive_of_query[:, None] + scores) * keep).sum(1)
+        raise ValueError(f"unknown loss {kind!r}")
+
+    bounds = [(start, min(start + chunk, num_entities)) for start in range(0, num_entities, chunk)]
+    if len(bounds) == 1:
+        negative = reduce(*bounds[0])[:, None]
+    else:
+        negative = torch.stack([checkpoint(reduce, start, stop, use_reentrant=False) for start, stop in bounds], 1)
+    zeros = answer_scores.new_zeros(num_queries)
+    answers = zeros.index_add(0, label_query, torch.ones_like(answer_scores))
+    if kind == "cross_entropy":
+        top = zeros.scatter_reduce(0, label_query, answer_scores.detach(), "amax", include_self=False)
+        answers_lse = zeros.index_add(0, label_query, (answer_scores - top[label_query]).exp()).log() + top
+        per_query = torch.logaddexp(negative.logsumexp(1), answers_lse) - zeros.index_add(0, label_query, answer_scores) / answers
+    elif kind == "softplus":
+        per_query = zeros.index_add(0, label_query, F.softplus(-answer_scores)) / answers + negative.sum(1) / (num_entities - answers).clamp_min(1)
+    else:
+        per_query = negative.sum(1) / max(num_entities - 1, 1)
+    return per_query.mean()

@@ -295,6 +295,18 @@ class TrainConfig:
         "then gets a gradient, and an update, at every step)",
         default="sampled",
     )
+    labels: Literal["one", "all"] = _help(
+        "one: each training triple asks its tail and head query with its one answer; all: k-vs-all, each distinct query "
+        "(h, r, ?) and (?, r, t) of the training split once per epoch, labelled with every answer the split gives it "
+        "(needs train.candidates: all; train.batch_size then counts queries)",
+        default="one",
+    )
+    entity_chunk: int = _help(
+        "train.candidates all: score this many entities at a time; a step holds one chunk's scores (2 x batch_size x "
+        "entity_chunk, batch_size with labels all) and recomputes each chunk in the backward pass when there are several",
+        _positive,
+        default=16384,
+    )
     loss: Literal["cross_entropy", "softplus", "margin"] = _help(
         "cross_entropy: softmax over the positive and the negatives; softplus: logistic; "
         "margin: max(0, margin - f(pos) + f(neg))",
@@ -456,6 +468,10 @@ class Recipe:
         if self.model.kind in ("complex", "rotate") and self.model.dim % 2:
             return [("model.dim", f"must be even for {self.model.kind!r} (dim / 2 complex coordinates of a real and an imaginary part), got {self.model.dim}")]
         t = self.train
+        if t.labels == "all" and t.candidates != "all":
+            return [("train.labels", "'all' (k-vs-all) scores each query against every entity: set train.candidates: all")]
+        if t.labels == "all" and t.loss == "margin":
+            return [("train.loss", "'margin' compares one answer with the other entities; k-vs-all has several: use cross_entropy or softplus")]
         if t.order == "partitioned":
             if not self.is_kge and self.model.kind != "node2vec":
                 return [("train.order", f"'partitioned' trains knowledge-graph models and node2vec, not {self.model.kind!r}; use 'random'")]

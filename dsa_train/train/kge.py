@@ -2,7 +2,10 @@
 
 A batch is positive triples; each asks its tail query (h, r, ?) and its head query
 (?, r, t), scored against negatives shared by the step (uniform samples plus, by default,
-the step's other answers), with the recipe's loss and optional N3 regularisation.
+the step's other answers), with the recipe's loss and optional N3 regularisation. With
+``train.candidates: all`` the queries are scored against every entity instead (1-vs-all), and
+with ``train.labels: all`` a batch is distinct queries, each labelled with all its training
+answers (k-vs-all).
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ import torch
 from torch import Tensor
 
 from ..data import KnowledgeGraph, load_knowledge_graph
+from ..data.kg_queries import DistinctQueries, QueryBatch
 from ..data.order import Shuffle
 from ..eval import RankingMetrics, TripleIndex, evaluate_link_prediction
 from ..eval.ranking import RankingScope, ScoreFn
 from ..fsutil import atomic_write_bytes
 from ..models import KGEModel, build_kge_model
-from ..models.losses import ranking_loss
+from ..models.losses import every_entity_loss, ranking_loss
 from ..recipe import Recipe
 from .sizes import FLOAT_BYTES, Working, check_sizes, keys_of
 from .tables import TableSite, disk_table
@@ -29,31 +33,37 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
     """What a training step and an evaluation batch hold at once (see :meth:`KGETask.loss` and
     :func:`~dsa_train.eval.ranking.query_ranks`), from the recipe's sizes.
 
-    A step scores ``2 n`` queries (``n`` triples, at most the training set) against ``K``
-    candidates (``train.negatives``, plus the step's ``2 n`` answers with
-    ``train.batch_negatives``): the ``2n x K`` scores, their intermediates, the loss's copies
-    and the gradients of each come to at most 8 such matrices (measured: 4.3 to 7.5), plus the
-    gathered rows of ``model.dim`` floats and their gradients (4 copies)."""
+    A step scores ``2 n`` queries (``n`` triples, at most the training set; with
+    ``train.labels: all``, ``train.batch_size`` queries) against ``K`` candidates
+    (``train.negatives``, plus the step's ``2 n`` answers with ``train.batch_negatives``; with
+    ``train.candidates: all``, a chunk of ``train.entity_chunk`` entities at a time): the
+    ``2n x K`` scores, their intermediates, the loss's copies and the gradients of each come to
+    at most 8 such matrices (measured: 4.3 to 7.5), plus the gathered rows of ``model.dim``
+    floats and their gradients (4 copies; every entity's with ``candidates: all``)."""
     t, e, dim = recipe.train, recipe.eval, recipe.model.dim
     n = min(t.batch_size, max(train_triples, 1))
-    queries = 2 * n
+    queries = min(t.batch_size, 2 * max(train_triples, 1)) if t.labels == "all" else 2 * n
+    per_step = f" (at most {n:,} triples per step)" if n < t.batch_size and t.labels == "one" else ""
     if t.candidates == "all":
-        negatives = candidates = num_entities
+        candidates = min(t.entity_chunk, num_entities)
+        rows = 2 * queries + num_entities + queries  # anchors, answers (one a query with labels one), every entity, relation rows
+        step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + keys_of(train__entity_chunk=t.entity_chunk, model__dim=dim)
+        step_hint = (
+            "lower train.entity_chunk or train.batch_size (a step scores its queries against entity_chunk entities at a time), "
+            "or go back to train.candidates: sampled; or lower model.dim (every entity's model.dim floats are gathered each step)"
+        )
     else:
-        negatives, candidates = t.negatives, t.negatives + (queries if t.batch_negatives else 0)
-    rows = 4 * n + negatives + candidates + queries  # anchors, answers, negatives, their concat, relation rows
+        candidates = t.negatives + (queries if t.batch_negatives else 0)
+        rows = 4 * n + t.negatives + candidates + queries  # anchors, answers, negatives, their concat, relation rows
+        step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + keys_of(train__negatives=t.negatives, model__dim=dim)
+        step_hint = (
+            "lower train.batch_size or train.negatives: a step scores 2 x batch_size queries against negatives"
+            + (" + 2 x batch_size candidates (train.batch_negatives: false drops the 2 x batch_size)" if t.batch_negatives else " candidates")
+            + "; or lower model.dim (a step gathers model.dim floats for each of them)"
+        )
     step = FLOAT_BYTES * (8 * queries * candidates + 4 * rows * dim)
-    per_step = f" (at most {n:,} triples per step)" if n < t.batch_size else ""
-    step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + keys_of(train__negatives=t.negatives, model__dim=dim)
-    if t.candidates == "all":
-        step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + keys_of(train__candidates="all", model__dim=dim)
-    step_hint = (
-        "lower train.batch_size or train.negatives (with train.candidates: all, lower train.batch_size, or go back to "
-        "train.candidates: sampled): a step scores 2 x batch_size queries against negatives"
-        + (" + 2 x batch_size candidates (train.batch_negatives: false drops the 2 x batch_size)" if t.batch_negatives else " candidates")
-        + "; or lower model.dim (a step gathers model.dim floats for each of them)"
-    )
-    working = [Working(f"one training step ({queries:,} queries x {candidates:,} candidates)", step, step_keys, step_hint)]
+    against = "entities at a time" if t.candidates == "all" else "candidates"
+    working = [Working(f"one training step ({queries:,} queries x {candidates:,} {against})", step, step_keys, step_hint)]
     b = min(e.batch_size, max(eval_triples, 1))
     if e.sampled_negatives is not None:
         chunk, chunk_key = min(e.sampled_negatives + b, num_entities), keys_of(eval__sampled_negatives=e.sampled_negatives)
@@ -110,6 +120,7 @@ class KGETask:
         entities = self.entity_table(tables)
         self.model: KGEModel = build_kge_model(recipe.model, self.kg.num_entities, self.kg.num_relations, entities).to(device)
         self.index: TripleIndex | None = None
+        self.distinct: DistinctQueries | None = None
 
     def entity_rows(self) -> int:
         """The entity rows this process holds: all of them."""
@@ -128,7 +139,10 @@ class KGETask:
         return torch.randint(0, self.kg.num_entities, (count,), device=self.device)
 
     def prefetch(self, picked: Tensor) -> None:
-        self.model.node_emb.prefetch(self.train_rows(picked)[:, [0, 2]].flatten())
+        """Read the next batch's rows ahead; with every entity a candidate every row is read
+        at every step, so there is nothing to pick out."""
+        if self.recipe.train.candidates == "sampled":
+            self.model.node_emb.prefetch(self.train_rows(picked)[:, [0, 2]].flatten())
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return list(self.model.named_parameters())
@@ -137,23 +151,71 @@ class KGETask:
         return []
 
     def epoch_items(self) -> int:
-        return len(self.kg.train)
+        """Training triples, or with k-vs-all the distinct queries."""
+        return len(self.distinct_queries()) if self.recipe.train.labels == "all" else len(self.kg.train)
+
+    def distinct_queries(self) -> DistinctQueries:
+        """k-vs-all's items: the training split's distinct queries (built once)."""
+        if self.distinct is None:
+            self.distinct = DistinctQueries(self.kg.train, self.kg.num_entities, self.kg.num_relations)
+        return self.distinct
 
     def loss(self, picked: Tensor) -> Tensor:
+        """The step's loss over epoch items ``picked``: against sampled negatives, or every entity."""
+        if self.recipe.train.candidates == "all":
+            return self.every_entity_loss(self.queries(picked))
+        return self.sampled_loss(picked)
+
+    def queries(self, picked: Tensor) -> QueryBatch:
+        """The queries of epoch items ``picked`` with their answers: each triple's tail and head
+        query with its one answer (1-vs-all), or each distinct query with all of its (k-vs-all)."""
+        if self.recipe.train.labels == "all":
+            return self.distinct_queries().batch(picked)
+        heads, relations, tails = self.train_rows(picked).unbind(1)
+        n = len(heads)
+        return QueryBatch(torch.cat([heads, tails]), torch.cat([relations, relations]), n, torch.arange(2 * n), torch.cat([tails, heads]))
+
+    def every_entity_loss(self, batch: QueryBatch) -> Tensor:
+        """The loss of queries scored against every entity, ``train.entity_chunk`` entities at a
+        time (:func:`~dsa_train.models.losses.every_entity_loss`); every entity row gets a gradient."""
+        cfg, model, device, count = self.recipe.train, self.model, self.device, self.kg.num_entities
+        anchors, relations = batch.anchors.to(device), batch.relations.to(device)
+        label_query, label_entity = batch.label_query.to(device), batch.label_entity.to(device)
+        q, k = len(anchors), len(label_entity)
+        embedded = model.embed(torch.cat([anchors, label_entity, torch.arange(count, device=device)]))
+        anchor_emb, answer_emb, entity_emb = embedded[:q], embedded[q : q + k], embedded[q + k :]
+        sides = (("tail", slice(0, batch.tails)), ("head", slice(batch.tails, q)))
+
+        def score_chunk(start: int, stop: int) -> Tensor:
+            return torch.cat([model.score_candidates(anchor_emb[rows], relations[rows], entity_emb[start:stop], side) for side, rows in sides])
+
+        tail_labels = int((label_query < batch.tails).sum())  # labels come grouped by query, tail queries first
+        answer_scores = torch.cat([
+            model.score_answers(anchor_emb[label_query[labels]], relations[label_query[labels]], answer_emb[labels], side)
+            for side, labels in (("tail", slice(0, tail_labels)), ("head", slice(tail_labels, k)))
+        ])  # fmt: skip
+        loss = every_entity_loss(
+            cfg.loss, score_chunk, answer_scores, label_query, label_entity,
+            num_queries=q, num_entities=count, chunk=cfg.entity_chunk, margin=cfg.margin,
+        )  # fmt: skip
+        if cfg.regularization:  # N3 on the step's anchor and answer rows, per query
+            rel_rows = torch.cat([model.relation_for(relations[rows], side)[0] for side, rows in sides])
+            loss = loss + cfg.regularization * model.n3(torch.cat([anchor_emb, answer_emb]), model.rel_emb(rel_rows)) / q
+        return loss
+
+    def sampled_loss(self, picked: Tensor) -> Tensor:
+        """Each triple's tail and head query against the step's shared sampled negatives."""
         cfg, model = self.recipe.train, self.model
         triples = self.train_rows(picked).to(self.device)
         heads, relations, tails = triples[:, 0], triples[:, 1], triples[:, 2]
-        if cfg.candidates == "all":  # 1-vs-all: every entity a candidate (the answer is masked among them)
-            negatives = torch.arange(self.kg.num_entities, device=self.device)
-        else:
-            negatives = self.draw_negatives(cfg.negatives)
+        negatives = self.draw_negatives(cfg.negatives)
         # Every triple asks its tail query (h, r, ?) and its head query (?, r, t).
         anchors, answers = torch.cat([heads, tails]), torch.cat([tails, heads])
         relations = torch.cat([relations, relations])
         n = len(triples)
         embedded = model.embed(torch.cat([anchors, answers, negatives]))
         anchor_emb, answer_emb, negative_emb = embedded[: 2 * n], embedded[2 * n : 4 * n], embedded[4 * n :]
-        if cfg.batch_negatives and cfg.candidates == "sampled":  # the other queries' answers: negatives drawn by popularity
+        if cfg.batch_negatives:  # the other queries' answers: negatives drawn by popularity
             negatives, negative_emb = torch.cat([answers, negatives]), torch.cat([answer_emb, negative_emb])
         positive, negative = [], []
         for side, rows in (("tail", slice(0, n)), ("head", slice(n, 2 * n))):
