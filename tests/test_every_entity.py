@@ -157,6 +157,7 @@ def test_k_vs_all_trains_equally_with_both_optimizers(tmp_path):
         assert result.exit_code == 0, result.stderr
         records = MetricsLog.read(out / "metrics.jsonl")
         summary = [r for r in records if r["kind"] == "summary"][0]
+        assert {r["unit"] for r in records if r["kind"] == "epoch"} == {"queries"}  # an epoch item is a query
         finals[optimizer] = ([r["loss"] for r in records if r["kind"] == "train"], summary["final"]["test"]["both"]["mrr"])
     assert len(finals["dsa"][0]) >= 3 and finals["dsa"][1] > 0.15  # 300 entities: a random ranking's MRR is about 0.02
     assert finals["dsa"][0] == pytest.approx(finals["sparse_adam"][0], rel=1e-5)

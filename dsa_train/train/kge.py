@@ -103,10 +103,9 @@ class RankingForecast:
 
 
 class KGETask:
-    unit = "triples"
-
     def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None) -> None:
         self.recipe, self.device = recipe, device
+        self.unit = "queries" if recipe.train.labels == "all" else "triples"  # what an epoch item is
         self.kg: KnowledgeGraph = load_knowledge_graph(recipe.dataset, progress=progress, note=note)
         self.description = str(self.kg)
         kg, dim = self.kg, recipe.model.dim
