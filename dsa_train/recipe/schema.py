@@ -291,7 +291,7 @@ class TrainConfig:
     batch_negatives: bool = _help("also use the step's other answers as negatives (popular entities, harder)", default=True)
     candidates: Literal["sampled", "all"] = _help(
         "sampled: a step's queries are scored against train.negatives uniform entities (and the step's answers with "
-        "batch_negatives); all: against every entity (1-vs-all, as LibKGE trains its best models; every entity row "
+        "batch_negatives); all: against every entity (1-vs-all, as LibKGE trains its best WN18RR models; every entity row "
         "then gets a gradient, and an update, at every step)",
         default="sampled",
     )
