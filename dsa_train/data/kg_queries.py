@@ -28,6 +28,10 @@ class QueryBatch:
     label_query: Tensor
     label_entity: Tensor
 
+    def sides(self) -> tuple[tuple[str, slice], tuple[str, slice]]:
+        """Each side with the slice of its queries: the tail queries, then the head queries."""
+        return ("tail", slice(0, self.tails)), ("head", slice(self.tails, len(self.anchors)))
+
 
 class DistinctQueries:
     """Every distinct query of ``triples`` (``(M, 3)`` head, relation, tail ids), numbered from

@@ -18,7 +18,8 @@ a chunk of entities at a time so that a step never holds the whole query x entit
 
 * ``cross_entropy``: :math:`\log \sum_{j} e^{s_{ij}} - \frac{1}{|Y_i|}\sum_{y \in Y_i} s_{iy}`,
   the cross-entropy of the softmax over all entities against the target spread evenly over
-  the answers (LibKGE's KvsAll with ``kl``; for one answer, :math:`-\log` softmax);
+  the answers (LibKGE's KvsAll with its ``kl`` loss, up to a constant; for one answer,
+  :math:`-\log` softmax);
 * ``softplus``: :math:`\frac{1}{|Y_i|}\sum_{y \in Y_i} \log(1 + e^{-s_{iy}}) +
   \frac{1}{E - |Y_i|}\sum_{j \notin Y_i} \log(1 + e^{s_{ij}})`, binary cross-entropy with
   the answers and the other entities weighted equally;

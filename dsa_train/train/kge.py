@@ -47,7 +47,7 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
     if t.candidates == "all":
         candidates = min(t.entity_chunk, num_entities)
         rows = 2 * queries + num_entities + queries  # anchors, answers (one a query with labels one), every entity, relation rows
-        step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + keys_of(train__entity_chunk=t.entity_chunk, model__dim=dim)
+        width_keys = keys_of(train__entity_chunk=t.entity_chunk, model__dim=dim)
         step_hint = (
             "lower train.entity_chunk or train.batch_size (a step scores its queries against entity_chunk entities at a time), "
             "or go back to train.candidates: sampled; or lower model.dim (every entity's model.dim floats are gathered each step)"
@@ -55,13 +55,14 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
     else:
         candidates = t.negatives + (queries if t.batch_negatives else 0)
         rows = 4 * n + t.negatives + candidates + queries  # anchors, answers, negatives, their concat, relation rows
-        step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + keys_of(train__negatives=t.negatives, model__dim=dim)
+        width_keys = keys_of(train__negatives=t.negatives, model__dim=dim)
         step_hint = (
             "lower train.batch_size or train.negatives: a step scores 2 x batch_size queries against negatives"
             + (" + 2 x batch_size candidates (train.batch_negatives: false drops the 2 x batch_size)" if t.batch_negatives else " candidates")
             + "; or lower model.dim (a step gathers model.dim floats for each of them)"
         )
     step = FLOAT_BYTES * (8 * queries * candidates + 4 * rows * dim)
+    step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + width_keys
     against = "entities at a time" if t.candidates == "all" else "candidates"
     working = [Working(f"one training step ({queries:,} queries x {candidates:,} {against})", step, step_keys, step_hint)]
     b = min(e.batch_size, max(eval_triples, 1))
@@ -183,7 +184,7 @@ class KGETask:
         q, k = len(anchors), len(label_entity)
         embedded = model.embed(torch.cat([anchors, label_entity, torch.arange(count, device=device)]))
         anchor_emb, answer_emb, entity_emb = embedded[:q], embedded[q : q + k], embedded[q + k :]
-        sides = (("tail", slice(0, batch.tails)), ("head", slice(batch.tails, q)))
+        sides = batch.sides()
 
         def score_chunk(start: int, stop: int) -> Tensor:
             return torch.cat([model.score_candidates(anchor_emb[rows], relations[rows], entity_emb[start:stop], side) for side, rows in sides])
@@ -197,34 +198,36 @@ class KGETask:
             cfg.loss, score_chunk, answer_scores, label_query, label_entity,
             num_queries=q, num_entities=count, chunk=cfg.entity_chunk, margin=cfg.margin,
         )  # fmt: skip
-        if cfg.regularization:  # N3 on the step's anchor and answer rows, per query
-            rel_rows = torch.cat([model.relation_for(relations[rows], side)[0] for side, rows in sides])
-            loss = loss + cfg.regularization * model.n3(torch.cat([anchor_emb, answer_emb]), model.rel_emb(rel_rows)) / q
+        if cfg.regularization:
+            loss = loss + cfg.regularization * self.n3_penalty(anchor_emb, answer_emb, relations, sides)
         return loss
+
+    def n3_penalty(self, anchor_emb: Tensor, answer_emb: Tensor, relations: Tensor, sides) -> Tensor:
+        """N3 (Lacroix et al., 2018) on a step's anchor and answer rows and its queries' relation
+        rows, per query."""
+        model = self.model
+        rel_rows = torch.cat([model.relation_for(relations[rows], side)[0] for side, rows in sides])
+        return model.n3(torch.cat([anchor_emb, answer_emb]), model.rel_emb(rel_rows)) / len(relations)
 
     def sampled_loss(self, picked: Tensor) -> Tensor:
         """Each triple's tail and head query against the step's shared sampled negatives."""
         cfg, model = self.recipe.train, self.model
-        triples = self.train_rows(picked).to(self.device)
-        heads, relations, tails = triples[:, 0], triples[:, 1], triples[:, 2]
+        batch = self.queries(picked)  # every triple asks its tail query (h, r, ?) and its head query (?, r, t)
+        anchors, relations, answers = (column.to(self.device) for column in (batch.anchors, batch.relations, batch.label_entity))
         negatives = self.draw_negatives(cfg.negatives)
-        # Every triple asks its tail query (h, r, ?) and its head query (?, r, t).
-        anchors, answers = torch.cat([heads, tails]), torch.cat([tails, heads])
-        relations = torch.cat([relations, relations])
-        n = len(triples)
+        n, sides = batch.tails, batch.sides()
         embedded = model.embed(torch.cat([anchors, answers, negatives]))
         anchor_emb, answer_emb, negative_emb = embedded[: 2 * n], embedded[2 * n : 4 * n], embedded[4 * n :]
         if cfg.batch_negatives:  # the other queries' answers: negatives drawn by popularity
             negatives, negative_emb = torch.cat([answers, negatives]), torch.cat([answer_emb, negative_emb])
         positive, negative = [], []
-        for side, rows in (("tail", slice(0, n)), ("head", slice(n, 2 * n))):
+        for side, rows in sides:
             positive.append(model.score_answers(anchor_emb[rows], relations[rows], answer_emb[rows], side))
             negative.append(model.score_candidates(anchor_emb[rows], relations[rows], negative_emb, side))
         masked = answers[:, None] == negatives[None, :]  # a negative that is the query's own answer
         loss = ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin)
-        if cfg.regularization:  # N3 (Lacroix et al., 2018) on the step's embeddings
-            rel_rows = torch.cat([model.relation_for(relations[:n], "tail")[0], model.relation_for(relations[n:], "head")[0]])
-            loss = loss + cfg.regularization * model.n3(torch.cat([anchor_emb, answer_emb]), model.rel_emb(rel_rows)) / (2 * n)
+        if cfg.regularization:
+            loss = loss + cfg.regularization * self.n3_penalty(anchor_emb, answer_emb, relations, sides)
         return loss
 
     def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
