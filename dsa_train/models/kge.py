@@ -33,12 +33,13 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         reciprocal: bool = True,
         init_std: float = 1e-3,
         dropout: float = 0.0,
+        relation_dropout: float = 0.0,
         entity_table: torch.nn.Module | None = None,
     ) -> None:
         self.num_base_relations = num_relations
         self.reciprocal = reciprocal
         self.init_std = init_std
-        self.dropout = dropout
+        self.dropout, self.relation_dropout = dropout, relation_dropout
         relations = 2 * num_relations if reciprocal else num_relations
         # With an entity table given (a DiskEmbedding, already initialised), PyG's own N x D
         # node table must never be allocated: build with one node, then swap the table in.
@@ -63,14 +64,21 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
             return relation + self.num_base_relations, "tail"
         return relation, side
 
+    def query_relations(self, relation: Tensor, side: str) -> tuple[Tensor, str]:
+        """The relation embeddings of queries asking for ``side`` (a head query's inverse
+        relation if reciprocal), with relation dropout while training, and the side they score.
+        Look them up once per query: its answer and its candidates then share one mask."""
+        rows, side = self.relation_for(relation, side)
+        return F.dropout(self.rel_emb(rows), self.relation_dropout, self.training), side
+
     def score_candidates(self, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
         """``(B, K)`` scores of ``B`` queries against ``K`` candidate embeddings.
 
         ``anchor`` are the known entities' embeddings ``(B, D)``; ``relation`` the relation
         ids ``(B,)``; ``side`` says which end the candidates fill ("tail" or "head").
         """
-        rows, side = self.relation_for(relation, side)
-        return self.score_sets(anchor, self.rel_emb(rows), candidates, side)
+        rel, side = self.query_relations(relation, side)
+        return self.score_sets(anchor, rel, candidates, side)
 
     def score_entities(self, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
         """``(B, K)`` scores of queries given by ids against candidate entity ids (evaluation)."""
@@ -79,8 +87,12 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
 
     def score_answers(self, anchor: Tensor, relation: Tensor, answer: Tensor, side: str) -> Tensor:
         """``(B,)`` scores of each query's own answer embedding ``answer[i]``."""
-        rows, side = self.relation_for(relation, side)
-        rel = self.rel_emb(rows)
+        rel, side = self.query_relations(relation, side)
+        return self.answer_scores(anchor, rel, answer, side)
+
+    def answer_scores(self, anchor: Tensor, rel: Tensor, answer: Tensor, side: str) -> Tensor:
+        """``(B,)`` scores of answers given the queries' relation embeddings ``rel`` and the side
+        they score (both from :meth:`query_relations`)."""
         return self.score_pairs(anchor, rel, answer) if side == "tail" else self.score_pairs(answer, rel, anchor)
 
     def embed(self, entities: Tensor) -> Tensor:
@@ -248,7 +260,10 @@ def _rotate(x: Tensor, phase: Tensor) -> Tensor:
 def build_kge_model(
     config: ModelConfig, num_entities: int, num_relations: int, entity_table: torch.nn.Module | None = None
 ) -> KGEModel:
-    common = dict(reciprocal=config.reciprocal, init_std=config.init_std, dropout=config.dropout, entity_table=entity_table)
+    common = dict(
+        reciprocal=config.reciprocal, init_std=config.init_std, dropout=config.dropout,
+        relation_dropout=config.relation_dropout, entity_table=entity_table,
+    )  # fmt: skip
     if config.kind == "transe":
         return TransE(num_entities, num_relations, config.dim, p_norm=config.p_norm, **common)
     if config.kind == "complex":

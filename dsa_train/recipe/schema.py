@@ -269,7 +269,12 @@ class ModelConfig:
     gamma: float = _help("rotate: the offset gamma of every score (only the softplus loss sees it)", default=1.0)
     reciprocal: bool = _help("learn an inverse relation per relation and predict heads as tails", default=True)
     init_std: float = _help("standard deviation of the normal initialisation", _positive, default=1e-3)
-    dropout: float = _help("dropout on the embeddings during training", _fraction, default=0.0)
+    dropout: float = _help("dropout on the entity embeddings during training", _fraction, default=0.0)
+    relation_dropout: float = _help(
+        "knowledge graphs: dropout on the relation embeddings during training, one mask per query shared by its answer "
+        "and its candidates (LibKGE's best FB15k-237 models use 0.2-0.4)",
+        _fraction, default=0.0,
+    )  # fmt: skip
     embedding_storage: Literal["memory", "disk"] = _help(
         "memory: the entity/node table is an nn.Embedding in RAM (or VRAM); disk: a DiskEmbedding, "
         "a memory-mapped table file in the run folder holding weights and moments (tables larger than RAM)",
@@ -467,6 +472,12 @@ class Recipe:
             return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
         if self.model.kind in ("complex", "rotate") and self.model.dim % 2:
             return [("model.dim", f"must be even for {self.model.kind!r} (dim / 2 complex coordinates of a real and an imaginary part), got {self.model.dim}")]
+        if self.model.relation_dropout and self.model.kind not in ("transe", "distmult", "complex"):
+            return [(
+                "model.relation_dropout",
+                f"drops coordinates of transe, distmult and complex relation vectors; {self.model.kind!r} has no relation "
+                "vectors (rotate's relations are rotation angles, which dropout would turn into no rotation): set it to 0",
+            )]  # fmt: skip
         t = self.train
         if t.labels == "all" and t.candidates != "all":
             return [("train.labels", "'all' (k-vs-all) scores each query against every entity: set train.candidates: all")]

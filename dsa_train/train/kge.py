@@ -185,14 +185,19 @@ class KGETask:
         embedded = model.embed(torch.cat([anchors, label_entity, torch.arange(count, device=device)]))
         anchor_emb, answer_emb, entity_emb = embedded[:q], embedded[q : q + k], embedded[q + k :]
         sides = batch.sides()
+        rel_emb, scored_sides = zip(*(model.query_relations(relations[rows], side) for side, rows in sides))  # one mask per query
+        rel_emb = torch.cat(rel_emb)
 
         def score_chunk(start: int, stop: int) -> Tensor:
-            return torch.cat([model.score_candidates(anchor_emb[rows], relations[rows], entity_emb[start:stop], side) for side, rows in sides])
+            return torch.cat([
+                model.score_sets(anchor_emb[rows], rel_emb[rows], entity_emb[start:stop], scored)
+                for (_, rows), scored in zip(sides, scored_sides)
+            ])  # fmt: skip
 
         tail_labels = int((label_query < batch.tails).sum())  # labels come grouped by query, tail queries first
         answer_scores = torch.cat([
-            model.score_answers(anchor_emb[label_query[labels]], relations[label_query[labels]], answer_emb[labels], side)
-            for side, labels in (("tail", slice(0, tail_labels)), ("head", slice(tail_labels, k)))
+            model.answer_scores(anchor_emb[label_query[labels]], rel_emb[label_query[labels]], answer_emb[labels], scored)
+            for scored, labels in zip(scored_sides, (slice(0, tail_labels), slice(tail_labels, k)))
         ])  # fmt: skip
         loss = every_entity_loss(
             cfg.loss, score_chunk, answer_scores, label_query, label_entity,
@@ -222,8 +227,9 @@ class KGETask:
             negatives, negative_emb = torch.cat([answers, negatives]), torch.cat([answer_emb, negative_emb])
         positive, negative = [], []
         for side, rows in sides:
-            positive.append(model.score_answers(anchor_emb[rows], relations[rows], answer_emb[rows], side))
-            negative.append(model.score_candidates(anchor_emb[rows], relations[rows], negative_emb, side))
+            rel_emb, scored = model.query_relations(relations[rows], side)  # one mask per query
+            positive.append(model.answer_scores(anchor_emb[rows], rel_emb, answer_emb[rows], scored))
+            negative.append(model.score_sets(anchor_emb[rows], rel_emb, negative_emb, scored))
         masked = answers[:, None] == negatives[None, :]  # a negative that is the query's own answer
         loss = ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin)
         if cfg.regularization:

@@ -131,9 +131,11 @@ class ShardedKGETask(ShardedTask, KGETask):
         head_rel, head_side = model.relation_for(relations[half:].to(self.device), "head")
         rel_lookups = torch.cat([tail_rel, head_rel])
         rel_leaf = model.rel_emb.weight.detach()[rel_lookups].requires_grad_()
+        rel_mask = self._dropout_mask(tuple(rel_leaf.shape), seed + (2 << 61), p=self.recipe.model.relation_dropout)
+        rel_rows = rel_leaf if rel_mask is None else rel_leaf * rel_mask.to(self.device)
         positive, negative = [], []
         for rows, side in ((slice(0, half), tail_side), (slice(half, None), head_side)):
-            a, r, t = anchor_rows[rows], rel_leaf[rows], answer_rows[rows]
+            a, r, t = anchor_rows[rows], rel_rows[rows], answer_rows[rows]
             positive.append(model.score_pairs(a, r, t) if side == "tail" else model.score_pairs(t, r, a))
             negative.append(model.score_sets(a, r, candidate_rows, side))
         masked = answers.to(self.device)[:, None] == candidates.to(self.device)[None, :]
@@ -155,9 +157,10 @@ class ShardedKGETask(ShardedTask, KGETask):
 
         return score, scope
 
-    def _dropout_mask(self, shape: tuple[int, ...], seed: int) -> Tensor | None:
-        """Inverted dropout's ``keep / (1 - p)`` mask from its own seed (``None`` without dropout)."""
-        p = self.recipe.model.dropout
+    def _dropout_mask(self, shape: tuple[int, ...], seed: int, p: float | None = None) -> Tensor | None:
+        """Inverted dropout's ``keep / (1 - p)`` mask from its own seed (``None`` without dropout);
+        ``p`` defaults to the entity dropout."""
+        p = self.recipe.model.dropout if p is None else p
         if not p or not self.model.training:
             return None
         generator = torch.Generator().manual_seed(seed)
