@@ -131,8 +131,8 @@ def test_dropout_softplus_n3_stay_exact(tmp_path, model):
         assert not torch.equal(one["relations"], plain["relations"])
 
 
-@pytest.mark.parametrize("slices", [1, 3])
-def test_a_sharded_step_is_the_single_process_step(tmp_path, slices):
+@pytest.mark.parametrize("slices, normalize", [(1, False), (3, False), (3, True)])
+def test_a_sharded_step_is_the_single_process_step(tmp_path, slices, normalize):
     """One rank's sliced step against KGETask's plain loss on the same tables: the same loss
     and gradients up to float rounding (the slices sum in another order)."""
     import torch.distributed as dist
@@ -141,7 +141,7 @@ def test_a_sharded_step_is_the_single_process_step(tmp_path, slices):
     from dsa_train.train.kge import KGETask
     from dsa_train.train.sharded_kge import ShardedKGETask
 
-    recipe = parse_recipe(recipe_text(loss="margin", reg=0.01), source="test", overrides=[f"distributed.slices={slices}"])
+    recipe = parse_recipe(recipe_text(loss="margin", reg=0.01), source="test", overrides=[f"distributed.slices={slices}", f"model.normalize_entities={str(normalize).lower()}"])
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     try:
         torch.manual_seed(0)
@@ -250,6 +250,29 @@ def test_sharded_filtered_ranking_equals_the_single_process_ranking(tmp_path):
         num_entities=plain.kg.num_entities, batch_size=recipe.eval.batch_size, entity_chunk=1000, sampled_negatives=40, seed=recipe.train.seed,
     )  # fmt: skip
     assert {side: m.as_dict() for side, m in metrics.items()} == one["final"]["test"]
+
+
+def test_sharded_ranking_scores_normalized_entities_as_one_process(tmp_path):
+    """With model.normalize_entities the ranks score unit rows, anchors and candidates alike:
+    two ranks give the metrics of the plain ranking of the same table in one process."""
+    from dsa_train.eval import evaluate_link_prediction
+    from dsa_train.train.kge import KGETask
+
+    text = recipe_text(steps=5).replace("final_splits: []", "final_splits: [test], entity_chunk: 64")
+    text = text.replace("init_std: 0.1,", "init_std: 0.1, normalize_entities: true,")
+    two = train_job(2, tmp_path / "two", text)
+    recipe = parse_recipe(text, source="test")
+    torch.manual_seed(0)
+    plain = KGETask(recipe, torch.device("cpu"))
+    with torch.no_grad():
+        plain.model.node_emb.weight.copy_(two["weights"])
+        plain.model.rel_emb.weight.copy_(two["relations"])
+    plain.model.eval()
+    metrics = evaluate_link_prediction(
+        plain.model.score_entities, plain.kg.rows("test", slice(None)), plain.kg.filter_index(),
+        num_entities=plain.kg.num_entities, batch_size=recipe.eval.batch_size, entity_chunk=1000, seed=recipe.train.seed,
+    )  # fmt: skip
+    assert {side: m.as_dict() for side, m in metrics.items()} == two["final"]["test"]
 
 
 @pytest.fixture(scope="module")

@@ -34,12 +34,14 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         init_std: float = 1e-3,
         dropout: float = 0.0,
         relation_dropout: float = 0.0,
+        normalize_entities: bool = False,
         entity_table: torch.nn.Module | None = None,
     ) -> None:
         self.num_base_relations = num_relations
         self.reciprocal = reciprocal
         self.init_std = init_std
         self.dropout, self.relation_dropout = dropout, relation_dropout
+        self.normalize_entities = normalize_entities
         relations = 2 * num_relations if reciprocal else num_relations
         # With an entity table given (a DiskEmbedding, already initialised), PyG's own N x D
         # node table must never be allocated: build with one node, then swap the table in.
@@ -56,7 +58,7 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
 
     def forward(self, head_index: Tensor, rel_type: Tensor, tail_index: Tensor) -> Tensor:
         """Scores of the triples ``(head_index[i], rel_type[i], tail_index[i])``."""
-        return self.score_pairs(self.node_emb(head_index), self.rel_emb(rel_type), self.node_emb(tail_index))
+        return self.score_pairs(self.entities(head_index), self.rel_emb(rel_type), self.entities(tail_index))
 
     def relation_for(self, relation: Tensor, side: str) -> tuple[Tensor, str]:
         """The relation rows and the side to score, with a head query turned around if reciprocal."""
@@ -83,7 +85,7 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
     def score_entities(self, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
         """``(B, K)`` scores of queries given by ids against candidate entity ids (evaluation)."""
         device = self.rel_emb.weight.device
-        return self.score_candidates(self.node_emb(anchor.to(device)), relation.to(device), self.node_emb(candidates.to(device)), side)
+        return self.score_candidates(self.entities(anchor.to(device)), relation.to(device), self.entities(candidates.to(device)), side)
 
     def score_answers(self, anchor: Tensor, relation: Tensor, answer: Tensor, side: str) -> Tensor:
         """``(B,)`` scores of each query's own answer embedding ``answer[i]``."""
@@ -95,9 +97,20 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         they score (both from :meth:`query_relations`)."""
         return self.score_pairs(anchor, rel, answer) if side == "tail" else self.score_pairs(answer, rel, anchor)
 
+    def constrain(self, rows: Tensor) -> Tensor:
+        r"""Entity rows as every score sees them: with ``normalize_entities``, projected onto the
+        unit sphere, :math:`\mathbf{e} / \lVert \mathbf{e} \rVert_2` (the TransE paper's
+        constraint, applied in the forward pass so that the stored rows and their moments stay
+        the optimizer's alone); otherwise unchanged."""
+        return F.normalize(rows, dim=-1) if self.normalize_entities else rows
+
+    def entities(self, ids: Tensor) -> Tensor:
+        """The (constrained) embeddings of entities ``ids``."""
+        return self.constrain(self.node_emb(ids))
+
     def embed(self, entities: Tensor) -> Tensor:
         """Entity embeddings, with dropout while training."""
-        return F.dropout(self.node_emb(entities), self.dropout, self.training)
+        return F.dropout(self.entities(entities), self.dropout, self.training)
 
     def n3(self, entities: Tensor, relations: Tensor) -> Tensor:
         r"""The N3 penalty :math:`\sum |x|^3` of a step's entity and relation rows (Lacroix et
@@ -262,7 +275,7 @@ def build_kge_model(
 ) -> KGEModel:
     common = dict(
         reciprocal=config.reciprocal, init_std=config.init_std, dropout=config.dropout,
-        relation_dropout=config.relation_dropout, entity_table=entity_table,
+        relation_dropout=config.relation_dropout, normalize_entities=config.normalize_entities, entity_table=entity_table,
     )  # fmt: skip
     if config.kind == "transe":
         return TransE(num_entities, num_relations, config.dim, p_norm=config.p_norm, **common)

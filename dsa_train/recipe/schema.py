@@ -275,6 +275,10 @@ class ModelConfig:
         "and its candidates (LibKGE's best FB15k-237 models use 0.2-0.4)",
         _fraction, default=0.0,
     )  # fmt: skip
+    normalize_entities: bool = _help(
+        "knowledge graphs: score entity rows scaled to unit L2 norm (the TransE paper's constraint), in training and evaluation",
+        default=False,
+    )
     embedding_storage: Literal["memory", "disk"] = _help(
         "memory: the entity/node table is an nn.Embedding in RAM (or VRAM); disk: a DiskEmbedding, "
         "a memory-mapped table file in the run folder holding weights and moments (tables larger than RAM)",

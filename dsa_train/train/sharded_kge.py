@@ -121,7 +121,7 @@ class ShardedKGETask(ShardedTask, KGETask):
         """One slice's share of the batch loss, from leaf copies of its rows: the shared
         candidates, the slice's anchors and answers (tail queries first, then head queries)."""
         cfg, model = self.recipe.train, self.model
-        candidate_rows, anchor_rows, answer_rows = leaves
+        candidate_rows, anchor_rows, answer_rows = (model.constrain(leaf) for leaf in leaves)
         if candidate_mask is not None:
             candidate_rows = candidate_rows * candidate_mask.to(self.device)
             anchor_rows = anchor_rows * self._dropout_mask(tuple(anchor_rows.shape), seed).to(self.device)
@@ -152,7 +152,7 @@ class ShardedKGETask(ShardedTask, KGETask):
 
         def score(anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
             _, local = self.shards.sharding.locate(candidates)
-            rows = self.model.node_emb(local.to(self.model.node_emb.weight.device)).to(self.device)
+            rows = self.model.entities(local.to(self.model.node_emb.weight.device)).to(self.device)
             return self.model.score_candidates(scope.anchor_rows.to(self.device), relation.to(self.device), rows, side)
 
         return score, scope
@@ -177,7 +177,8 @@ class ShardScope(RankingScope):
         self.anchor_rows: Tensor | None = None
 
     def prepare(self, anchor: Tensor) -> None:
-        self.anchor_rows = self.task.shards.fetch(anchor.cpu(), "fetching the anchors of an evaluation batch", counted=False)
+        rows = self.task.shards.fetch(anchor.cpu(), "fetching the anchors of an evaluation batch", counted=False)
+        self.anchor_rows = self.task.model.constrain(rows)
 
     def combine(self, partial: Tensor, op: str) -> Tensor:
         with self.task.world.guard("combining the evaluation's ranks"):
