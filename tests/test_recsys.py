@@ -377,3 +377,38 @@ def test_the_prefetched_batch_is_the_one_trained(tmp_path, monkeypatch):
     assert invoke("run", path, "--output", tmp_path / "afresh", "--set", "train.epochs=1").exit_code == 0
     assert gathered.count("train") == 2 * steps - 1
     assert records(tmp_path / "cached", "train") == records(tmp_path / "afresh", "train")
+
+
+def test_rates_set_on_resume_reach_both_optimizers(tmp_path, monkeypatch):
+    """``--resume --set optimizer.lr=... --set optimizer.dense_lr=...``: the sparse tables and
+    the dense layers train on at the new rates, as an uninterrupted run whose rates changed
+    after the checkpoint of step 10 does."""
+    path = write(tmp_path)
+    switched, resumed = tmp_path / "switched", tmp_path / "resumed"
+    real_step = loop.Training.step
+
+    def switch_after_10(self, picked):
+        if self.step_count == 10:
+            for optimizer, rate in ((self.optimizer, 0.003), (self.dense_optimizer, 0.002)):
+                for group in optimizer.param_groups:
+                    group["lr"] = rate
+        return real_step(self, picked)
+
+    monkeypatch.setattr(loop.Training, "step", switch_after_10)
+    assert invoke("run", path, "--output", switched).exit_code == 0
+
+    def crash(self, picked):
+        if self.step_count == 15:
+            raise RuntimeError("power cut")
+        return real_step(self, picked)
+
+    monkeypatch.setattr(loop.Training, "step", crash)
+    assert invoke("run", path, "--output", resumed).exit_code == 1
+    monkeypatch.setattr(loop.Training, "step", real_step)
+    result = invoke("run", path, "--output", resumed, "--resume", "--set", "optimizer.lr=0.003", "--set", "optimizer.dense_lr=0.002")
+    assert result.exit_code == 0, result.output
+    for kind in ("train", "summary"):
+        got, want = records(resumed, kind), records(switched, kind)
+        for r in got + want:
+            r.pop("tables_on_disk_mib", None), r.pop("optimizer_state_on_disk_mib", None)
+        assert got == want, kind

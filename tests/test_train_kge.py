@@ -106,6 +106,42 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(recipe, tmp_path, mon
             assert np.array_equal(x, y), rows
 
 
+@pytest.mark.parametrize("optimizer", ["dsa", "sparse_adam"])
+def test_a_learning_rate_set_on_resume_applies_from_the_checkpoint_on(recipe, tmp_path, monkeypatch, optimizer):
+    """``--resume --set optimizer.lr=...`` trains on at the new rate, as config.yaml then says:
+    the run ends as an uninterrupted one whose rate changed after the checkpoint it resumed
+    from (the checkpoint's own rate must not come back with its step counters)."""
+    path = recipe("distmult", optimizer)
+    switched, resumed = tmp_path / "switched", tmp_path / "resumed"
+    real_step = loop.Training.step
+
+    def switch_after_10(self, picked):
+        if self.step_count == 10:
+            for group in self.optimizer.param_groups:
+                group["lr"] = 0.05
+        return real_step(self, picked)
+
+    monkeypatch.setattr(loop.Training, "step", switch_after_10)
+    assert invoke("run", path, "--output", switched).exit_code == 0
+
+    def crash_at_12(self, picked):
+        if self.step_count == 12:  # after the checkpoint of step 10
+            raise RuntimeError("power cut")
+        return real_step(self, picked)
+
+    monkeypatch.setattr(loop.Training, "step", crash_at_12)
+    assert invoke("run", path, "--output", resumed).exit_code == 1
+    monkeypatch.setattr(loop.Training, "step", real_step)
+    result = invoke("run", path, "--output", resumed, "--resume", "--set", "optimizer.lr=0.05")
+    assert result.exit_code == 0, result.stderr
+    assert "lr: 0.05" in (resumed / "config.yaml").read_text()
+    final = "checkpoints/0000000030"
+    a, b = torch.load(switched / final / "model.pt"), torch.load(resumed / final / "model.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+    groups = torch.load(resumed / final / "optimizer.pt")["param_groups"]
+    assert [g["lr"] for g in groups] == [0.05] * len(groups)
+
+
 @pytest.mark.parametrize(("model", "storage"), [("complex", "memory"), ("rotate", "disk")])
 def test_complex_models_train_and_evaluate(recipe, tmp_path, model, storage):
     """ComplEx and RotatE through the whole CLI (memory and disk tables, N3 and dropout on):

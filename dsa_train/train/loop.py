@@ -208,11 +208,13 @@ class Training:
         if checkpoint is None:  # its tables and row files were just made: checkpoints start as deltas on them
             count_from_creation(self.optimizer)
         else:
-            load_optimizer_state(self.optimizer, checkpoint)
+            load_optimizer_state(self.optimizer, checkpoint, recipe.optimizer)
             if hasattr(self.optimizer, "skipped_steps"):
                 self.optimizer.skipped_steps = trainer["skipped_steps"]
             if self.dense_optimizer is not None:
                 self.dense_optimizer.load_state_dict(load_tensors(checkpoint / DENSE_STATE))
+                for group in self.dense_optimizer.param_groups:  # the recipe's, as for the sparse optimizer
+                    group["lr"] = recipe.optimizer.dense_lr
         self.metrics = MetricsLog(self.run.metrics_path)
         # torch's import alone leaves ~300,000 objects for Python's cycle collector, and a
         # full collection walks them all (~130 ms here), every few dozen steps: measured at

@@ -165,11 +165,16 @@ def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
     return files
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Path) -> None:
-    """Load the checkpoint's step counters and hyper-parameters into an optimizer opened on
-    the state the checkpoint was restored into; DiskSparseAdam then counts dirty rows from
-    that checkpoint (its folder and id), so the next checkpoint can be a delta on it."""
-    optimizer.load_state_dict(load_tensors(checkpoint / STATE_DICT))
+def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Path, config: OptimizerConfig) -> None:
+    """Load the checkpoint's step counters into an optimizer opened on the state the
+    checkpoint was restored into, with the recipe's hyper-parameters (``lr``, ``betas``,
+    ``eps``): a resumed run's ``--set optimizer.lr=...`` applies from its next step, as its
+    config.yaml says, instead of the checkpoint's values. DiskSparseAdam then counts dirty
+    rows from that checkpoint (its folder and id), so the next checkpoint can be a delta on it."""
+    state = load_tensors(checkpoint / STATE_DICT)
+    for group in state.get("param_groups", []) if isinstance(state, dict) else []:
+        group.update(lr=config.lr, betas=tuple(config.betas), eps=config.eps)
+    optimizer.load_state_dict(state)
     if isinstance(optimizer, DiskSparseAdam):
         trainer = read_json_object(checkpoint / TRAINER) or {}
         checkpoint_id = trainer.get("checkpoint_id")
