@@ -48,6 +48,11 @@ VARIANTS = {
     "margin+L1 (TransE paper)": ["train.loss=margin", "train.margin=1", "model.p_norm=1"],
     "L1+lr 0.01": ["model.p_norm=1", "optimizer.lr=0.01"],
     "L1+no dropout": ["model.p_norm=1", "model.dropout=0"],
+    "unit entities": ["model.normalize_entities=true"],
+    "unit entities+L1": ["model.normalize_entities=true", "model.p_norm=1"],
+    "unit entities+margin+L1 (TransE paper)": ["model.normalize_entities=true", "train.loss=margin", "train.margin=1", "model.p_norm=1"],
+    "unit entities+dim 50": ["model.normalize_entities=true", "model.dim=50"],
+    "unit entities+lr 0.01": ["model.normalize_entities=true", "optimizer.lr=0.01"],
 }
 
 COMMON = ["eval.every_epochs=0", "eval.final_splits=[test]", "train.checkpoint_every=0", "train.final_checkpoint=false"]
