@@ -239,12 +239,12 @@ def test_one_vs_all_benchmark_runs_small(tmp_path):
 
 def test_transe_defaults_study_runs_small(tmp_path):
     done = subprocess.run(
-        [sys.executable, SCRIPTS / "transe_defaults.py", "--root", tmp_path, "--graphs", "gen-dense", "--variants", "shipped,L1",
+        [sys.executable, SCRIPTS / "transe_defaults.py", "--root", tmp_path, "--graphs", "gen-dense", "--variants", "base,L1",
          "--set", "train.max_steps=3"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| shipped") or line.startswith("| L1")]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| base") or line.startswith("| L1")]
     assert len(rows) == 2 and all(0 < float(row.split("|")[2]) < 1 for row in rows)
     assert "1.000" in "".join(rows)  # the better variant is the best on its one graph
     wrong = subprocess.run([sys.executable, SCRIPTS / "transe_defaults.py", "--root", tmp_path, "--variants", "bogus"], capture_output=True, text=True)
