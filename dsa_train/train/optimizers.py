@@ -165,14 +165,14 @@ def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
     return files
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Path, config: OptimizerConfig) -> None:
+def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Path, config: OptimizerConfig | None = None) -> None:
     """Load the checkpoint's step counters into an optimizer opened on the state the
-    checkpoint was restored into, with the recipe's hyper-parameters (``lr``, ``betas``,
-    ``eps``): a resumed run's ``--set optimizer.lr=...`` applies from its next step, as its
-    config.yaml says, instead of the checkpoint's values. DiskSparseAdam then counts dirty
+    checkpoint was restored into. Given the recipe's ``config``, its hyper-parameters (``lr``,
+    ``betas``, ``eps``) replace the checkpoint's: a resumed run's ``--set optimizer.lr=...``
+    applies from its next step, as its config.yaml says. DiskSparseAdam then counts dirty
     rows from that checkpoint (its folder and id), so the next checkpoint can be a delta on it."""
     state = load_tensors(checkpoint / STATE_DICT)
-    for group in state.get("param_groups", []) if isinstance(state, dict) else []:
+    for group in state.get("param_groups", []) if config is not None and isinstance(state, dict) else []:
         group.update(lr=config.lr, betas=tuple(config.betas), eps=config.eps)
     optimizer.load_state_dict(state)
     if isinstance(optimizer, DiskSparseAdam):
