@@ -228,8 +228,6 @@ def test_sharded_filtered_ranking_equals_the_single_process_ranking(tmp_path):
     """Trained by 3 ranks, each scoring the entities it holds, the final filtered metrics equal
     those of one rank scoring all entities (which is the plain ranking: one chunk, id order),
     and the plain ranking of the same table in one process; in chunks and with sampled negatives too."""
-    from dsa_train.eval import evaluate_link_prediction
-    from dsa_train.train.kge import KGETask
 
     text = recipe_text(steps=5).replace("final_splits: []", "final_splits: [test], entity_chunk: %d, sampled_negatives: %s")
     for chunk, sampled in ((1000, "null"), (64, "null"), (1000, 40)):
@@ -238,41 +236,37 @@ def test_sharded_filtered_ranking_equals_the_single_process_ranking(tmp_path):
         three = train_job(3, tmp_path / f"three-{chunk}-{sampled}", recipe_yaml)
         assert one["final"] == three["final"]
         assert 0 < one["final"]["test"]["both"]["mrr"] < 1
+    assert plain_test_metrics(recipe_yaml, one, sampled_negatives=40) == one["final"]["test"]
+
+
+def plain_test_metrics(recipe_yaml: str, job: dict, **ranking) -> dict:
+    """The test metrics of one process ranking a job's final tables (KGETask's own scoring, in
+    chunks of 1,000 entities), with ``ranking``'s options to ``evaluate_link_prediction``."""
+    from dsa_train.eval import evaluate_link_prediction
+    from dsa_train.train.kge import KGETask
+
     recipe = parse_recipe(recipe_yaml, source="test")
     torch.manual_seed(0)
     plain = KGETask(recipe, torch.device("cpu"))
     with torch.no_grad():
-        plain.model.node_emb.weight.copy_(one["weights"])
-        plain.model.rel_emb.weight.copy_(one["relations"])
+        plain.model.node_emb.weight.copy_(job["weights"])
+        plain.model.rel_emb.weight.copy_(job["relations"])
     plain.model.eval()
     metrics = evaluate_link_prediction(
         plain.model.score_entities, plain.kg.rows("test", slice(None)), plain.kg.filter_index(),
-        num_entities=plain.kg.num_entities, batch_size=recipe.eval.batch_size, entity_chunk=1000, sampled_negatives=40, seed=recipe.train.seed,
+        num_entities=plain.kg.num_entities, batch_size=recipe.eval.batch_size, entity_chunk=1000, seed=recipe.train.seed, **ranking,
     )  # fmt: skip
-    assert {side: m.as_dict() for side, m in metrics.items()} == one["final"]["test"]
+    return {side: m.as_dict() for side, m in metrics.items()}
 
 
 def test_sharded_ranking_scores_normalized_entities_as_one_process(tmp_path):
     """With model.normalize_entities the ranks score unit rows, anchors and candidates alike:
     two ranks give the metrics of the plain ranking of the same table in one process."""
-    from dsa_train.eval import evaluate_link_prediction
-    from dsa_train.train.kge import KGETask
 
     text = recipe_text(steps=5).replace("final_splits: []", "final_splits: [test], entity_chunk: 64")
     text = text.replace("init_std: 0.1,", "init_std: 0.1, normalize_entities: true,")
     two = train_job(2, tmp_path / "two", text)
-    recipe = parse_recipe(text, source="test")
-    torch.manual_seed(0)
-    plain = KGETask(recipe, torch.device("cpu"))
-    with torch.no_grad():
-        plain.model.node_emb.weight.copy_(two["weights"])
-        plain.model.rel_emb.weight.copy_(two["relations"])
-    plain.model.eval()
-    metrics = evaluate_link_prediction(
-        plain.model.score_entities, plain.kg.rows("test", slice(None)), plain.kg.filter_index(),
-        num_entities=plain.kg.num_entities, batch_size=recipe.eval.batch_size, entity_chunk=1000, seed=recipe.train.seed,
-    )  # fmt: skip
-    assert {side: m.as_dict() for side, m in metrics.items()} == two["final"]["test"]
+    assert plain_test_metrics(text, two) == two["final"]["test"]
 
 
 @pytest.fixture(scope="module")

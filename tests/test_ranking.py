@@ -34,7 +34,8 @@ def brute_force_rank(model, h, r, t, side, known, candidates=range(N)):
     anchor, answer = (h, t) if side == "tail" else (t, h)
 
     def score(e):
-        return model.score_answers(w[[anchor]], torch.tensor([r]), w[[e]], side).item()
+        rel, scored = model.query_relations(torch.tensor([r]), side)
+        return model.answer_scores(w[[anchor]], rel, w[[e]], scored).item()
 
     true = score(answer)
     rivals = []

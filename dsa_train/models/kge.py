@@ -87,11 +87,6 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         device = self.rel_emb.weight.device
         return self.score_candidates(self.entities(anchor.to(device)), relation.to(device), self.entities(candidates.to(device)), side)
 
-    def score_answers(self, anchor: Tensor, relation: Tensor, answer: Tensor, side: str) -> Tensor:
-        """``(B,)`` scores of each query's own answer embedding ``answer[i]``."""
-        rel, side = self.query_relations(relation, side)
-        return self.answer_scores(anchor, rel, answer, side)
-
     def answer_scores(self, anchor: Tensor, rel: Tensor, answer: Tensor, side: str) -> Tensor:
         """``(B,)`` scores of answers given the queries' relation embeddings ``rel`` and the side
         they score (both from :meth:`query_relations`)."""
