@@ -361,6 +361,12 @@ class OptimizerConfig:
     lr: float = _help("learning rate", _positive, default=1e-3)
     betas: tuple[float, float] = _help("Adam's betas", _betas, default=(0.9, 0.999))
     eps: float = _help("Adam's epsilon", _positive, default=1e-8)
+    schedule: Literal["constant", "cosine", "linear"] = _help(
+        "learning rate over the run's steps: constant, or decayed (cosine or linear) from `lr` to `lr * final_lr_ratio` "
+        "over train.epochs; the dense layers' dense_lr follows the same curve",
+        default="constant",
+    )
+    final_lr_ratio: float = _help("cosine, linear: the rate at the last step as a fraction of `lr`", _fraction, default=0.0)
     state_dir: str | None = _help("dsa: state directory (default: <run>/optimizer_state); put it on a local SSD", default=None)
     dense_lr: float = _help("sage, dlrm: learning rate of the dense layers (SAGE's, the MLPs), trained with torch's Adam", _positive, default=0.01)
     nonfinite: Literal["error", "skip"] = _help(
@@ -376,6 +382,8 @@ class OptimizerConfig:
 
     def problems(self) -> list[tuple[str, str]]:
         found = []
+        if self.schedule == "constant" and self.final_lr_ratio != 0:
+            found.append(("final_lr_ratio", "has no effect with schedule 'constant'; set optimizer.schedule to cosine or linear"))
         if self.nonfinite == "skip" and self.kind != "dsa":
             found.append(("nonfinite", "'skip' needs kind 'dsa' (torch's SparseAdam has no such check)"))
         for key in ("first_moment", "second_moment"):

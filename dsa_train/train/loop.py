@@ -48,6 +48,7 @@ from .checkpoint import (
 )
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, load_tensors, restore_state_dir
 from .run_folder import MetricsLog, RunFolder, complete_checkpoints
+from .schedule import lr_factor
 from .tables import TableSite
 from .tasks import Task, make_task
 
@@ -215,6 +216,7 @@ class Training:
                 self.dense_optimizer.load_state_dict(load_tensors(checkpoint / DENSE_STATE))
                 for group in self.dense_optimizer.param_groups:  # the recipe's, as for the sparse optimizer
                     group["lr"] = recipe.optimizer.dense_lr
+        self.total_steps = recipe.train.epochs * math.ceil(self.task.epoch_items() / recipe.train.batch_size)
         self.metrics = MetricsLog(self.run.metrics_path)
         # torch's import alone leaves ~300,000 objects for Python's cycle collector, and a
         # full collection walks them all (~130 ms here), every few dozen steps: measured at
@@ -345,6 +347,7 @@ class Training:
             batch_loss = self.task.loss(picked)
             batch_loss.backward()
             loss = batch_loss.item()
+        self._set_learning_rates()
         before = rss_anon_bytes()
         self.optimizer.step()
         self.optimizer_ram = max(self.optimizer_ram, rss_anon_bytes() - before)
@@ -352,6 +355,16 @@ class Training:
             self.dense_optimizer.step()
         self.step_count += 1
         return loss
+
+    def _set_learning_rates(self) -> None:
+        """The recipe's rates scaled by the schedule at this step (see :mod:`.schedule`)."""
+        cfg = self.recipe.optimizer
+        if cfg.schedule == "constant":  # the rates the optimizers were built (or resumed) with
+            return
+        factor = lr_factor(cfg.schedule, self.step_count, self.total_steps, cfg.final_lr_ratio)
+        for optimizer, rate in ((self.optimizer, cfg.lr), (self.dense_optimizer, cfg.dense_lr)):
+            for group in optimizer.param_groups if optimizer is not None else ():
+                group["lr"] = rate * factor
 
     def _account(self, loss: float) -> None:
         self.window[0] += loss

@@ -1,0 +1,34 @@
+r"""The learning-rate schedule: the rate of each step as a function of the step alone.
+
+With base rate :math:`\eta`, final ratio :math:`r` (``optimizer.final_lr_ratio``), step
+:math:`s` (counted from 0) of :math:`S` (the recipe's epochs times its steps per epoch) and
+progress :math:`p = s / S`:
+
+- ``constant``: :math:`\eta_s = \eta`;
+- ``linear``: :math:`\eta_s = \eta\,(1 - (1 - r)\,p)`;
+- ``cosine``: :math:`\eta_s = \eta\,\bigl(r + (1 - r)\,\tfrac{1}{2}(1 + \cos \pi p)\bigr)`
+  (Loshchilov & Hutter 2017, without restarts).
+
+Both decays start at :math:`\eta` and end near :math:`r\eta`. The rate is a pure function of
+the step, so a resumed run (or one rank of a torchrun job) sets the same rate at the same step
+as an uninterrupted run, with nothing stored; a run stopped by ``train.max_steps`` is the
+prefix of the full schedule. torch's ``lr_scheduler`` classes carry their position as state
+and advance by calls, which the checkpoint would then have to store: this closed form is the
+whole of it.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def lr_factor(schedule: str, step: int, total_steps: int, final_ratio: float) -> float:
+    """The multiple of the base rate at ``step`` (0-based) of ``total_steps``."""
+    if schedule == "constant" or total_steps <= 0:
+        return 1.0
+    progress = min(step / total_steps, 1.0)
+    if schedule == "linear":
+        return 1.0 - (1.0 - final_ratio) * progress
+    if schedule == "cosine":
+        return final_ratio + (1.0 - final_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown learning-rate schedule {schedule!r}")

@@ -1,0 +1,109 @@
+"""The learning-rate schedule: torch's own schedulers as the reference, the rates a run's
+optimizers step with, and an exact resume mid-decay."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dsa_train.cli.app import app
+from dsa_train.errors import ConfigError
+from dsa_train.recipe import parse_recipe
+from dsa_train.train import loop
+from dsa_train.train.run_folder import MetricsLog
+from dsa_train.train.schedule import lr_factor
+
+RECIPE = """\
+name: scheduled
+dataset:
+  kind: synthetic_clicks
+  clicks: {samples: 6000, valid: 1000, test: 1000, features: 4, ids: 500, dense: 3, max_hot: 3, seed: 3}
+model: {kind: dlrm, dim: 8, init_std: 0.01, recsys: {rows: 400, bottom: [16], top: [16]}}
+train: {epochs: 2, batch_size: 256, log_every: 4, checkpoint_every: 10, keep_checkpoints: 2}
+optimizer: {kind: dsa, lr: 0.01, dense_lr: 0.003, schedule: cosine, final_lr_ratio: 0.1}
+eval: {every_epochs: 1, final_splits: [test]}
+"""
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def records(run, kind):
+    timings = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib")
+    return [{k: v for k, v in r.items() if k not in timings} for r in MetricsLog.read(run / "metrics.jsonl") if r["kind"] == kind]
+
+
+@pytest.mark.parametrize("final_ratio", [0.0, 0.1])
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_factors_are_torchs_schedulers(schedule, final_ratio):
+    """CosineAnnealingLR(T_max=S, eta_min=r lr) and LinearLR(1 -> r over S steps) give the
+    rates of steps 0..S; ours is their closed form."""
+    lr, total = 0.01, 37
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+    if schedule == "cosine":
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total, eta_min=final_ratio * lr)
+    else:
+        scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=final_ratio, total_iters=total)
+    for step in range(total + 1):
+        assert lr * lr_factor(schedule, step, total, final_ratio) == pytest.approx(optimizer.param_groups[0]["lr"], rel=1e-9, abs=1e-15)
+        optimizer.step()
+        scheduler.step()
+
+
+def test_hand_computed_points():
+    assert lr_factor("cosine", 50, 100, 0.2) == pytest.approx(0.6)  # halfway: the mean of 1 and r
+    assert lr_factor("linear", 25, 100, 0.2) == pytest.approx(0.8)
+    assert lr_factor("constant", 99, 100, 0.0) == 1.0
+    assert lr_factor("cosine", 0, 100, 0.0) == 1.0
+
+
+def test_a_scheduled_run_steps_at_the_scheduled_rates_and_resumes_exactly(tmp_path, monkeypatch):
+    """Both optimizers (the sparse table's DiskSparseAdam, the MLPs' Adam) step at the rate of
+    their step on the curve, and a run killed mid-decay and resumed from the checkpoint of
+    step 10 ends as the uninterrupted one: the rate is a function of the step alone."""
+    path = tmp_path / "scheduled.yaml"
+    path.write_text(RECIPE)
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    real_step = loop.Training.step
+    rates = []
+
+    def recording(self, picked):
+        loss = real_step(self, picked)
+        rates.append((self.optimizer.param_groups[0]["lr"], self.dense_optimizer.param_groups[0]["lr"]))
+        return loss
+
+    monkeypatch.setattr(loop.Training, "step", recording)
+    result = invoke("run", path, "--output", whole)
+    assert result.exit_code == 0, result.output
+    total = records(whole, "summary")[0]["step"]
+    assert len(rates) == total == 2 * math.ceil(len(rates) / 2)  # two whole epochs
+    for step, (sparse, dense) in enumerate(rates):
+        expected = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / total))
+        assert sparse == pytest.approx(0.01 * expected, rel=1e-12) and dense == pytest.approx(0.003 * expected, rel=1e-12)
+    assert rates[-1][0] < 0.0011  # near the end, near lr * final_lr_ratio
+
+    def crash(self, picked):
+        if self.step_count == 15:
+            raise RuntimeError("power cut")
+        return real_step(self, picked)
+
+    monkeypatch.setattr(loop.Training, "step", crash)
+    assert invoke("run", path, "--output", broken).exit_code == 1
+    monkeypatch.setattr(loop.Training, "step", real_step)
+    result = invoke("run", path, "--output", broken, "--resume")
+    assert result.exit_code == 0, result.output
+    for kind in ("train", "eval", "summary"):
+        got, want = records(broken, kind), records(whole, kind)
+        for r in got + want:
+            r.pop("tables_on_disk_mib", None), r.pop("optimizer_state_on_disk_mib", None)
+        assert got == want, kind
+
+
+def test_a_final_ratio_without_a_decay_is_refused():
+    with pytest.raises(ConfigError) as e:
+        parse_recipe("dataset: {kind: karate}\nmodel: {kind: node2vec}\noptimizer: {final_lr_ratio: 0.1}\n")
+    assert "optimizer.final_lr_ratio (line 3): has no effect with schedule 'constant'" in str(e.value)
