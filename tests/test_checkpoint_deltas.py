@@ -33,6 +33,8 @@ from dsa_train.train.cleanup import plan_clean, remove
 from dsa_train.train.optimizers import load_optimizer_state, restore_state_dir
 from dsa_train.train.run_folder import complete_checkpoints
 
+from .helpers import power_cut_at
+
 ROWS = 4000  # table rows; a step touches a few of them, so deltas stay small
 
 
@@ -522,25 +524,17 @@ def uninterrupted(tmp_path_factory):
     return root / "fresh.yaml", root / "whole"
 
 
-def test_a_run_resumed_from_its_first_checkpoint_a_delta_on_the_initial_table_ends_as_uninterrupted(uninterrupted, tmp_path, monkeypatch):
-    from dsa_train.train import loop
+def test_a_run_resumed_from_its_first_checkpoint_a_delta_on_the_initial_table_ends_as_uninterrupted(uninterrupted, tmp_path):
 
     recipe, whole = uninterrupted
-    real_step = loop.Training.step
 
-    def crash_at_4(self, picked):
-        if self.step_count == 4:  # after the first checkpoint (step 3)
-            raise RuntimeError("power cut")
-        return real_step(self, picked)
-
-    monkeypatch.setattr(loop.Training, "step", crash_at_4)
     broken = tmp_path / "broken"
-    assert cli("run", recipe, "--output", broken).exit_code == 1
+    with power_cut_at(4):  # after the first checkpoint (step 3)
+        assert cli("run", recipe, "--output", broken).exit_code == 1
     first = broken / "checkpoints" / "0000000003"
     assert read_delta_header(first / "tables" / "entities.table.delta")["parent"] == {"virtual": "initial"}
     assert not (first / "tables" / "entities.table").exists()
     assert on_disk(first) < (broken / "tables" / "entities.table").stat().st_size / 10
-    monkeypatch.setattr(loop.Training, "step", real_step)
     resumed = cli("run", recipe, "--output", broken, "--resume")
     assert resumed.exit_code == 0 and "resuming from" in resumed.stderr and "step 3" in resumed.stderr, resumed.stderr
     assert history(broken) == history(whole)

@@ -16,6 +16,8 @@ from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
 from dsa_train.train.schedule import lr_factor
 
+from .helpers import power_cut_at
+
 RECIPE = """\
 name: scheduled
 dataset:
@@ -86,14 +88,9 @@ def test_a_scheduled_run_steps_at_the_scheduled_rates_and_resumes_exactly(tmp_pa
         assert sparse == pytest.approx(0.01 * expected, rel=1e-12) and dense == pytest.approx(0.003 * expected, rel=1e-12)
     assert rates[-1][0] < 0.0011  # near the end, near lr * final_lr_ratio
 
-    def crash(self, picked):
-        if self.step_count == 15:
-            raise RuntimeError("power cut")
-        return real_step(self, picked)
-
-    monkeypatch.setattr(loop.Training, "step", crash)
-    assert invoke("run", path, "--output", broken).exit_code == 1
     monkeypatch.setattr(loop.Training, "step", real_step)
+    with power_cut_at(15):
+        assert invoke("run", path, "--output", broken).exit_code == 1
     result = invoke("run", path, "--output", broken, "--resume")
     assert result.exit_code == 0, result.output
     for kind in ("train", "eval", "summary"):

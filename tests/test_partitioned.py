@@ -21,8 +21,9 @@ from dsa_train.errors import ConfigError
 from dsa_train.optim.buffer import PartitionBuffer
 from dsa_train.optim.table import Table
 from dsa_train.recipe import DatasetConfig, SyntheticConfig, parse_recipe
-from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
+
+from .helpers import power_cut_at
 
 TINY = """\
 name: tiny
@@ -255,21 +256,14 @@ def test_one_partition_trains_as_random_order_bit_for_bit(tiny, tmp_path):
     assert np.array_equal(table_records(partitioned), table_records(random_run))
 
 
-def test_partitioned_run_resumes_after_a_crash_exactly(tiny, tmp_path, monkeypatch):
+def test_partitioned_run_resumes_after_a_crash_exactly(tiny, tmp_path):
     settings = ["--set", "train.order=partitioned", "--set", "train.partitions=4", "--set", "train.buffer=2"]
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     first = invoke("run", tiny, "-o", whole, *settings)
     assert first.exit_code == 0 and "partition buffer: 2 of 4 partitions of" in first.stdout
-    real_step = loop.Training.step
 
-    def crash_at_12(self, picked):
-        if self.step_count == 12:  # mid-epoch, after the checkpoint of step 10
-            raise RuntimeError("power cut")
-        return real_step(self, picked)
-
-    monkeypatch.setattr(loop.Training, "step", crash_at_12)
-    assert invoke("run", tiny, "-o", broken, *settings).exit_code == 1
-    monkeypatch.setattr(loop.Training, "step", real_step)
+    with power_cut_at(12):  # mid-epoch, after the checkpoint of step 10
+        assert invoke("run", tiny, "-o", broken, *settings).exit_code == 1
     resumed = invoke("run", tiny, "-o", broken, "--resume")
     assert resumed.exit_code == 0, resumed.stderr
     for kind in ("train", "epoch", "eval", "summary"):

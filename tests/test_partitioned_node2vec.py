@@ -11,12 +11,13 @@ import torch
 
 from dsa_train.errors import ConfigError
 from dsa_train.recipe import parse_recipe
-from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
 from dsa_train.train.tables import TableSite
 from dsa_train.train.tasks import make_task
 
 from .test_partitioned import invoke, records  # the CLI, and metrics records without their timings
+
+from .helpers import power_cut_at
 
 SMALL = """\
 name: small-n2v
@@ -84,21 +85,14 @@ def test_an_epoch_trains_each_start_nodes_edges_once_inside_the_buffer(tmp_path)
     assert len(task._pools) <= 2  # pools behind the current one are let go
 
 
-def test_partitioned_node2vec_resumes_after_a_crash_exactly(small, tmp_path, monkeypatch):
+def test_partitioned_node2vec_resumes_after_a_crash_exactly(small, tmp_path):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     first = invoke("run", small, "-o", whole)
     assert first.exit_code == 0, first.stderr
     assert "partition buffer: 2 of 4 partitions of" in first.stdout
-    real_step = loop.Training.step
 
-    def crash_at_17(self, picked):
-        if self.step_count == 17:  # in the second epoch, after the checkpoint of step 15
-            raise RuntimeError("power cut")
-        return real_step(self, picked)
-
-    monkeypatch.setattr(loop.Training, "step", crash_at_17)
-    assert invoke("run", small, "-o", broken).exit_code == 1
-    monkeypatch.setattr(loop.Training, "step", real_step)
+    with power_cut_at(17):  # in the second epoch, after the checkpoint of step 15
+        assert invoke("run", small, "-o", broken).exit_code == 1
     resumed = invoke("run", small, "-o", broken, "--resume")
     assert resumed.exit_code == 0, resumed.stderr
     for kind in ("train", "epoch", "eval", "summary"):

@@ -22,6 +22,8 @@ from dsa_train.recipe import ClickColumnsConfig, ClicksSyntheticConfig, DatasetC
 from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
 
+from .helpers import power_cut_at
+
 REPO_RECIPES = __import__("pathlib").Path(__file__).resolve().parent.parent / "recipes"
 
 RECIPE = """\
@@ -311,22 +313,15 @@ def test_disk_sparse_adam_trains_dlrm_exactly_as_sparse_adam(tmp_path):
     assert 0.6 < final["auc"] < final["best_auc"] and final["normalized_entropy"] < 1
 
 
-def test_disk_table_run_eval_and_exact_resume(tmp_path, monkeypatch):
+def test_disk_table_run_eval_and_exact_resume(tmp_path):
     path = write(tmp_path, storage="disk")
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     result = invoke("run", path, "--output", whole)
     assert result.exit_code == 0, result.output
     assert (whole / "tables" / "features.table").is_file()
-    real_step = loop.Training.step
 
-    def crash(self, picked):
-        if self.step_count == 15:  # after the checkpoint of step 10
-            raise RuntimeError("power cut")
-        return real_step(self, picked)
-
-    monkeypatch.setattr(loop.Training, "step", crash)
-    assert invoke("run", path, "--output", broken).exit_code == 1
-    monkeypatch.setattr(loop.Training, "step", real_step)
+    with power_cut_at(15):  # after the checkpoint of step 10
+        assert invoke("run", path, "--output", broken).exit_code == 1
     assert invoke("run", path, "--output", broken, "--resume").exit_code == 0
     for kind in ("train", "epoch", "eval", "summary"):
         got, want = records(broken, kind), records(whole, kind)
@@ -396,15 +391,9 @@ def test_rates_set_on_resume_reach_both_optimizers(tmp_path, monkeypatch):
 
     monkeypatch.setattr(loop.Training, "step", switch_after_10)
     assert invoke("run", path, "--output", switched).exit_code == 0
-
-    def crash(self, picked):
-        if self.step_count == 15:
-            raise RuntimeError("power cut")
-        return real_step(self, picked)
-
-    monkeypatch.setattr(loop.Training, "step", crash)
-    assert invoke("run", path, "--output", resumed).exit_code == 1
     monkeypatch.setattr(loop.Training, "step", real_step)
+    with power_cut_at(15):
+        assert invoke("run", path, "--output", resumed).exit_code == 1
     result = invoke("run", path, "--output", resumed, "--resume", "--set", "optimizer.lr=0.003", "--set", "optimizer.dense_lr=0.002")
     assert result.exit_code == 0, result.output
     for kind in ("train", "summary"):

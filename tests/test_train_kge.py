@@ -13,6 +13,8 @@ from dsa_train.cli.app import app
 from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
 
+from .helpers import power_cut_at
+
 TINY = """\
 name: tiny
 description: a few seconds of training for the tests
@@ -66,24 +68,16 @@ def test_run_writes_a_complete_run_folder(recipe, tmp_path):
 
 
 @pytest.mark.parametrize(("optimizer", "storage"), [("dsa", "memory"), ("sparse_adam", "memory"), ("dsa", "disk")])
-def test_resume_after_a_crash_matches_an_uninterrupted_run(recipe, tmp_path, monkeypatch, optimizer, storage):
+def test_resume_after_a_crash_matches_an_uninterrupted_run(recipe, tmp_path, optimizer, storage):
     """Also with the entity table on disk: the table file (weights and moments) comes back
     from the checkpoint's copy, and ends equal to the uninterrupted run's."""
     path = recipe("distmult", optimizer, storage)
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     assert invoke("run", path, "--output", whole).exit_code == 0
 
-    real_step = loop.Training.step
-
-    def crash_at_12(self, picked):
-        if self.step_count == 12:  # after the checkpoint of step 10; steps 11-12 are lost
-            raise RuntimeError("power cut")
-        return real_step(self, picked)
-
-    monkeypatch.setattr(loop.Training, "step", crash_at_12)
-    crashed = invoke("run", path, "--output", broken)
-    assert crashed.exit_code == 1 and "power cut" in crashed.stderr
-    monkeypatch.setattr(loop.Training, "step", real_step)
+    with power_cut_at(12):  # after the checkpoint of step 10; steps 11-12 are lost
+        crashed = invoke("run", path, "--output", broken)
+        assert crashed.exit_code == 1 and "power cut" in crashed.stderr
     resumed = invoke("run", path, "--output", broken, "--resume")
     assert resumed.exit_code == 0, resumed.stderr
     assert "resuming from" in resumed.stderr and "step 10" in resumed.stderr
@@ -123,15 +117,9 @@ def test_a_learning_rate_set_on_resume_applies_from_the_checkpoint_on(recipe, tm
 
     monkeypatch.setattr(loop.Training, "step", switch_after_10)
     assert invoke("run", path, "--output", switched).exit_code == 0
-
-    def crash_at_12(self, picked):
-        if self.step_count == 12:  # after the checkpoint of step 10
-            raise RuntimeError("power cut")
-        return real_step(self, picked)
-
-    monkeypatch.setattr(loop.Training, "step", crash_at_12)
-    assert invoke("run", path, "--output", resumed).exit_code == 1
     monkeypatch.setattr(loop.Training, "step", real_step)
+    with power_cut_at(12):  # after the checkpoint of step 10
+        assert invoke("run", path, "--output", resumed).exit_code == 1
     result = invoke("run", path, "--output", resumed, "--resume", "--set", "optimizer.lr=0.05")
     assert result.exit_code == 0, result.stderr
     assert "lr: 0.05" in (resumed / "config.yaml").read_text()

@@ -12,8 +12,9 @@ from dsa_train.cli.app import app
 from dsa_train.data import load_graph
 from dsa_train.models import node
 from dsa_train.recipe import DatasetConfig
-from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
+
+from .helpers import power_cut_at
 
 REPO_RECIPES = __import__("pathlib").Path(__file__).resolve().parent.parent / "recipes"
 
@@ -91,20 +92,13 @@ def test_runs_and_eval(tmp_path, model, task, storage):
 
 
 @pytest.mark.parametrize("model,task", [("node2vec", "link"), ("sage", "link")])
-def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, monkeypatch, model, task):
+def test_resume_after_a_crash_matches_an_uninterrupted_run(tmp_path, model, task):
     path = write(tmp_path, model, task)
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     assert invoke("run", path, "--output", whole).exit_code == 0
-    real_step = loop.Training.step
 
-    def crash(self, picked):
-        if self.step_count == 6:  # after the checkpoint of step 4
-            raise RuntimeError("power cut")
-        return real_step(self, picked)
-
-    monkeypatch.setattr(loop.Training, "step", crash)
-    assert invoke("run", path, "--output", broken).exit_code == 1
-    monkeypatch.setattr(loop.Training, "step", real_step)
+    with power_cut_at(6):  # after the checkpoint of step 4
+        assert invoke("run", path, "--output", broken).exit_code == 1
     assert invoke("run", path, "--output", broken, "--resume").exit_code == 0
     timings = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib")
     clean = lambda rs: [{k: v for k, v in r.items() if k not in timings} for r in rs]  # noqa: E731
