@@ -216,7 +216,8 @@ class Training:
                 self.dense_optimizer.load_state_dict(load_tensors(checkpoint / DENSE_STATE))
                 for group in self.dense_optimizer.param_groups:  # the recipe's, as for the sparse optimizer
                     group["lr"] = recipe.optimizer.dense_lr
-        self.total_steps = recipe.train.epochs * math.ceil(self.task.epoch_items() / recipe.train.batch_size)
+        self.items_per_epoch = self.task.epoch_items()
+        self.steps_per_epoch = math.ceil(self.items_per_epoch / recipe.train.batch_size)
         self.metrics = MetricsLog(self.run.metrics_path)
         # torch's import alone leaves ~300,000 objects for Python's cycle collector, and a
         # full collection walks them all (~130 ms here), every few dozen steps: measured at
@@ -241,8 +242,7 @@ class Training:
 
     def _train(self) -> dict:
         cfg = self.recipe.train
-        items = self.task.epoch_items()
-        steps_per_epoch = math.ceil(items / cfg.batch_size)
+        items, steps_per_epoch = self.items_per_epoch, self.steps_per_epoch
         prefetch = self.recipe.model.embedding_storage == "disk"
         started = time.perf_counter()
         while self.epoch < cfg.epochs and not self._step_limit_reached():
@@ -361,7 +361,8 @@ class Training:
         cfg = self.recipe.optimizer
         if cfg.schedule == "constant":  # the rates the optimizers were built (or resumed) with
             return
-        factor = lr_factor(cfg.schedule, self.step_count, self.total_steps, cfg.final_lr_ratio)
+        total_steps = self.recipe.train.epochs * self.steps_per_epoch
+        factor = lr_factor(cfg.schedule, self.step_count, total_steps, cfg.final_lr_ratio)
         for optimizer, rate in ((self.optimizer, cfg.lr), (self.dense_optimizer, cfg.dense_lr)):
             for group in optimizer.param_groups if optimizer is not None else ():
                 group["lr"] = rate * factor
