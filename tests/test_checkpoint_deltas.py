@@ -241,8 +241,8 @@ KILLED_MID_DELTA = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    sys.path.insert(0, {tests!r})
-    from test_checkpoint_deltas import Parts
+    sys.path.insert(0, {root!r})
+    from tests.test_checkpoint_deltas import Parts
     from dsa_train.train import checkpoint
 
     tmp = Path({tmp!r})
@@ -264,7 +264,7 @@ KILLED_MID_DELTA = textwrap.dedent(
 
 
 def test_a_delta_write_killed_midway_leaves_no_complete_checkpoint(tmp_path):
-    script = KILLED_MID_DELTA.format(tests=str(Path(__file__).parent), tmp=str(tmp_path))
+    script = KILLED_MID_DELTA.format(root=str(Path(__file__).parent.parent), tmp=str(tmp_path))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == -signal.SIGKILL, done.stderr
     checkpoints = tmp_path / "checkpoints"
