@@ -2,7 +2,10 @@
 
 An optimizer's row file has the slots ``m|v``; a disk embedding table ``w|m|v``. Only the rows
 a step touches are ever read or written. The mapping is advised ``MADV_RANDOM``: a row that
-is not in the page cache costs one page read, not the kernel's readahead window.
+is not in the page cache costs one page read, not the kernel's readahead window, and a
+row's update dirties one page. A writable file's cached pages are dropped when it is opened
+(:func:`~dsa_train.fsutil.drop_cached`): whatever wrote it whole left large folios there,
+which would be written back whole for every row updated in them.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import StateError
-from ..fsutil import libc, write_back
+from ..fsutil import drop_cached, libc, write_back
 from .format import HEADER_BYTES, LAYOUT, TABLE_LAYOUT, RowSpec, read_row_header
 
 DTYPES = {
@@ -43,9 +46,13 @@ class RowFile:
     the whole file's records and ``moments`` its ``(N, 2, W)`` view of the ``m|v`` slots (what
     the compiled kernel updates); in the compact layouts both are ``None``.
     Opened with ``writable=False`` the mapping is read-only (a checkpoint's copy, say).
+    A writable file's clean cached pages are dropped first (:func:`~dsa_train.fsutil.drop_cached`:
+    a copy or restore written whole leaves large folios, each written back whole for every row
+    updated in it), unless ``keep_cache``: a file just written a page at a time, whose cached
+    pages are worth keeping warm (:meth:`Table.create <dsa_train.optim.table.Table.create>`).
     """
 
-    def __init__(self, path: Path, spec: RowSpec, *, writable: bool = True) -> None:
+    def __init__(self, path: Path, spec: RowSpec, *, writable: bool = True, keep_cache: bool = False) -> None:
         self.path = Path(path)
         self.spec = spec
         self._check(read_row_header(self.path))
@@ -59,6 +66,8 @@ class RowFile:
         if spec.num_rows * spec.row_width == 0:
             raw = torch.zeros((spec.num_rows, spec.row_bytes), dtype=torch.uint8)
         else:
+            if writable and not keep_cache:
+                drop_cached(self._fd)
             access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
             self._map = mmap.mmap(self._fd, spec.file_bytes, access=access)
             self._map.madvise(mmap.MADV_RANDOM)
@@ -148,7 +157,7 @@ class RowFile:
         self.flush()
         if self._map is not None:
             self._map.madvise(mmap.MADV_DONTNEED)  # unmap our pages, or the cache keeps them
-        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        drop_cached(self._fd)
 
     def _byte_range(self, first: int, stop: int, *, inside: bool) -> tuple[int, int]:
         """Rows ``[first, stop)`` as a page-aligned byte range of the file: every page they
@@ -192,7 +201,7 @@ class RowFile:
                     _remap(self._base, start, end, self._fd, private=True)
                     self._private[(start, end)] = np.zeros((end - start) // mmap.PAGESIZE, dtype=bool)
                     _populate(self._base + start, end - start)
-            os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)  # the copies are ours: the cache's can go
+            drop_cached(self._fd, start, end - start)  # the copies are ours: the cache's can go
         return done
 
     def _mark_written(self, rows: torch.Tensor) -> None:
@@ -224,7 +233,7 @@ class RowFile:
                 self._map.madvise(mmap.MADV_DONTNEED, start, end - start)  # our page tables go; their dirty bits pass to the cache
         if self.writable:
             write_back(self._fd, start, end - start)
-        os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_DONTNEED)
+        drop_cached(self._fd, start, end - start)
         return end - start
 
     def _write_private(self) -> None:

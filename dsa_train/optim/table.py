@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import uuid
 import weakref
@@ -53,7 +54,8 @@ from .row_file import DTYPES, RowFile, dtype_name
 
 #: Rows initialised per chunk. Fixed, so a table's initial weights depend on its seed only.
 INIT_CHUNK_ROWS = 1 << 16
-WRITE_ROWS = 1 << 12  # records assembled and written per pwrite
+WRITE_ROWS = 1 << 12  # records assembled per chunk of writes
+PAGE_BYTES = mmap.PAGESIZE
 INITS = ("normal", "uniform", "xavier_uniform", "zeros")
 CACHED_CHUNKS = 4  # initial weight chunks an InitialTable keeps (8 MiB each at 32 float32 columns)
 
@@ -80,13 +82,13 @@ class Table:
     """An open table file: ``weight`` (``(N, *row_shape)``) and ``rows.moments`` are views of
     one mapping. Create one with :meth:`create`, open an existing one with :meth:`open`."""
 
-    def __init__(self, path: Path, spec: RowSpec, meta: dict, *, writable: bool) -> None:
+    def __init__(self, path: Path, spec: RowSpec, meta: dict, *, writable: bool, keep_cache: bool = False) -> None:
         self.path = Path(path)
         self.spec = spec
         self.moments_of: str | None = meta.get("moments_of")
         self.creation: dict | None = meta.get("creation")  # None: an older table, made before it was recorded
         self.writable = writable
-        self.rows = RowFile(self.path, spec, writable=writable)
+        self.rows = RowFile(self.path, spec, writable=writable, keep_cache=keep_cache)
         self.weight = self.rows.records[:, 0].view(spec.shape)
 
     @property
@@ -94,8 +96,11 @@ class Table:
         return self.spec.state_id
 
     @classmethod
-    def open(cls, path: str | Path, shape: tuple[int, ...], dtype: torch.dtype, *, writable: bool = True) -> Table:
-        """Open the table at ``path``; a :class:`StateError` if it has another shape or dtype."""
+    def open(
+        cls, path: str | Path, shape: tuple[int, ...], dtype: torch.dtype, *, writable: bool = True, keep_cache: bool = False
+    ) -> Table:
+        """Open the table at ``path``; a :class:`StateError` if it has another shape or dtype.
+        ``keep_cache``: see :class:`~dsa_train.optim.row_file.RowFile`."""
         path = Path(path)
         meta = read_row_header(path)
         expected = {"layout": TABLE_LAYOUT, "shape": list(shape), "dtype": dtype_name(dtype)}
@@ -106,7 +111,7 @@ class Table:
                     hint="open it with the shape and dtype it was made with, or give a new path",
                 )
         spec = RowSpec(meta["name"], tuple(shape), dtype_name(dtype), meta["state_id"], TABLE_LAYOUT)
-        return cls(path, spec, meta, writable=writable)
+        return cls(path, spec, meta, writable=writable, keep_cache=keep_cache)
 
     @classmethod
     def create(
@@ -161,7 +166,7 @@ class Table:
             os.close(fd)
         os.replace(partial, path)
         fsync_directory(path.parent)
-        return cls.open(path, shape, dtype)
+        return cls.open(path, shape, dtype, keep_cache=True)  # written a page at a time: its cached pages stay warm
 
     def adopt(self, state_id: str) -> None:
         """Record that the optimizer state ``state_id`` owns the moments (header rewrite, fsynced)."""
@@ -234,7 +239,7 @@ def _write_initial(fd: int, spec: RowSpec, creation: dict, progress: Callable[[i
             part = weights[start : min(start + WRITE_ROWS, hi)]
             records[: len(part), 0] = part
             raw = records[: len(part)].view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy()
-            _pwrite_all(fd, memoryview(raw).cast("B"), HEADER_BYTES + (begin + start - lo) * spec.row_bytes)
+            _pwrite_by_page(fd, memoryview(raw).cast("B"), HEADER_BYTES + (begin + start - lo) * spec.row_bytes)
         if progress is not None:
             progress(begin + hi - lo, num_rows)
     return digest
@@ -305,9 +310,14 @@ class InitialTable:
 _DAMAGED = "the checkpoint is damaged: resume from an older one"
 
 
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+def _pwrite_by_page(fd: int, view: memoryview, offset: int) -> None:
+    """Write ``view`` at ``offset`` one page-cache page per ``pwrite``. A larger write fills
+    the cache with large folios (Linux 6.x), each written back whole when a training step
+    later updates one row in it; page-sized writes leave single pages, so the new table stays
+    cached for the first steps and a row's update writes one page back (see
+    :func:`~dsa_train.fsutil.drop_cached`; ``scripts/bench_page_writes.py``)."""
     while view:
-        written = os.pwrite(fd, view, offset)
+        written = os.pwrite(fd, view[: PAGE_BYTES - offset % PAGE_BYTES], offset)
         view, offset = view[written:], offset + written
 
 

@@ -1,0 +1,137 @@
+"""Row files never train on large page-cache folios: a folio is written back whole, so a row
+updated in a 2 MiB folio (what a sequential write or read leaves on Linux 6.x file systems)
+would write 2 MiB. A new table is written a page at a time and stays cached; a row file
+opened for writing drops the cached pages whoever wrote it left; a copy drops its source's
+and its target's (``dsa_train.fsutil.drop_cached``)."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+
+from dsa_train import DiskEmbedding, DiskSparseAdam
+from dsa_train.fsutil import copy_sparse, drop_cached
+from dsa_train.optim import table as table_module
+from dsa_train.optim.format import HEADER_BYTES
+from dsa_train.optim.table import Table
+
+PAGE = mmap.PAGESIZE
+
+
+def cached_pages(path: Path) -> int:
+    """How many of the file's pages are in the page cache (``mincore`` on a fresh mapping)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vector = (ctypes.c_ubyte * (-(-size // PAGE)))()
+            assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
+            return sum(byte & 1 for byte in vector)
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+def write_whole(path: Path, size: int) -> None:
+    """What a copy or a restore does: the file written in large writes, fsynced."""
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@pytest.fixture
+def page_cache(tmp_path):
+    """A folder whose file system drops clean pages when asked (not tmpfs, which keeps them)."""
+    probe = tmp_path / "probe"
+    write_whole(probe, 16 * PAGE)
+    fd = os.open(probe, os.O_RDONLY)
+    drop_cached(fd)
+    os.close(fd)
+    if cached_pages(probe) != 0:
+        pytest.skip("this file system keeps files in memory (tmpfs?): there is no page cache to drop")
+    probe.unlink()
+    return tmp_path
+
+
+def test_a_new_table_is_written_a_page_at_a_time(tmp_path):
+    """Every write of a table's creation stays inside one page: the kernel caches single pages."""
+    writes = []
+    real = os.pwrite
+
+    def recording(fd, data, offset):
+        writes.append((offset, len(data)))
+        return real(fd, data, offset)
+
+    with mock.patch.object(table_module.os, "pwrite", recording):
+        Table.create(tmp_path / "t.table", (3000, 24), torch.float32, name="t")  # rows of 288 bytes: pages split rows
+    body = [(offset, size) for offset, size in writes if offset >= HEADER_BYTES]
+    assert sum(size for _, size in body) == 3000 * 3 * 24 * 4  # every record written, once
+    assert all(offset // PAGE == (offset + size - 1) // PAGE for offset, size in body), "a write spans pages"
+    assert max(size for _, size in body) == PAGE  # and not byte by byte
+
+
+def test_a_new_table_stays_cached_and_a_reopened_one_is_dropped(page_cache):
+    path = page_cache / "t.table"
+    table = DiskEmbedding(20_000, 16, path=path, std=0.01)
+    pages = -(-os.path.getsize(path) // PAGE)
+    assert cached_pages(path) == pages  # written a page at a time, kept warm for the first steps
+    table.table.close()
+    write_whole(page_cache / "other", 4 * PAGE)  # noise: another file's pages are not ours to drop
+    fd = os.open(path, os.O_RDONLY)
+    os.pread(fd, os.path.getsize(path), 0)  # a backup tool reading it whole
+    os.close(fd)
+    assert cached_pages(path) == pages
+    reopened = DiskEmbedding(20_000, 16, path=path, std=0.01)
+    assert cached_pages(path) == 0
+    assert cached_pages(page_cache / "other") == 4
+    # and training still reads every row right from the file
+    optimizer = DiskSparseAdam([reopened.weight], lr=0.1, state_dir=page_cache / "state")
+    before = reopened.weight[[5, 19_999]].clone()
+    reopened(torch.tensor([5, 19_999])).sum().backward()
+    optimizer.step()
+    assert torch.allclose(reopened.weight[[5, 19_999]], before - 0.1, atol=1e-5)  # Adam's first step: lr * sign(grad)
+
+
+def test_a_read_only_row_file_keeps_the_cache(page_cache):
+    path = page_cache / "t.table"
+    DiskEmbedding(5_000, 8, path=path).table.close()
+    Table.open(path, (5_000, 8), torch.float32, writable=False)
+    assert cached_pages(path) == -(-os.path.getsize(path) // PAGE)
+
+
+def test_a_copy_leaves_neither_file_cached(page_cache):
+    source, target = page_cache / "source", page_cache / "target"
+    write_whole(source, 64 * PAGE)
+    copy_sparse(source, target)
+    assert target.read_bytes() == source.read_bytes()  # (this read caches them again)
+    write_whole(source, 64 * PAGE)
+    target.unlink()
+    copy_sparse(source, target)
+    assert cached_pages(source) == 0 and cached_pages(target) == 0
+
+
+def test_pages_a_process_has_mapped_stay(page_cache):
+    """Dropping never takes the pages under a live mapping (they are the training's working set)."""
+    path = page_cache / "t.table"
+    table = DiskEmbedding(20_000, 16, path=path, std=0.01)
+    touched = table.weight[:100].sum()  # fault the first rows in through the mapping
+    assert torch.isfinite(touched)
+    fd = os.open(path, os.O_RDONLY)
+    drop_cached(fd)
+    os.close(fd)
+    assert 0 < cached_pages(path) < -(-os.path.getsize(path) // PAGE)
