@@ -249,3 +249,19 @@ def test_transe_defaults_study_runs_small(tmp_path):
     assert "1.000" in "".join(rows)  # the better variant is the best on its one graph
     wrong = subprocess.run([sys.executable, SCRIPTS / "transe_defaults.py", "--root", tmp_path, "--variants", "bogus"], capture_output=True, text=True)
     assert wrong.returncode != 0 and "unknown graph or variant: bogus" in wrong.stderr
+
+
+def test_page_writes_benchmark_runs_small(tmp_path):
+    """Every regime is measured on its own table, counted row by row, and nothing is left."""
+    result = subprocess.run(
+        [sys.executable, SCRIPTS / "bench_page_writes.py", "--dir", tmp_path, "--rows", "50000", "--steps", "3", "--batch", "512"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for regime in ("fresh", "reopened", "large folios"):
+        line = next(line for line in lines if line.strip().startswith(f"{regime}:"))
+        updates = int(re.search(r"for ([\d,]+) row updates", line).group(1).replace(",", ""))
+        assert 3 * 490 <= updates <= 3 * 512  # 3 steps of 512 uniform draws, repeats counted once
+    assert "large folios / fresh" in result.stdout
+    assert not list(tmp_path.iterdir()), "the benchmark left its tables behind"
