@@ -1,8 +1,9 @@
 """Row files never train on large page-cache folios: a folio is written back whole, so a row
 updated in a 2 MiB folio (what a sequential write or read leaves on Linux 6.x file systems)
-would write 2 MiB. A new table is written a page at a time and stays cached; a row file
-opened for writing drops the cached pages whoever wrote it left; a copy drops its source's
-and its target's (``dsa_train.fsutil.drop_cached``)."""
+would write 2 MiB. A new table that fits in memory is written a page at a time and
+stays cached; a larger one is written whole and dropped; a row file opened for writing drops
+the cached pages whoever wrote it left; a copy drops its source's and its target's
+(``dsa_train.fsutil.drop_cached``)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,27 @@ def test_a_new_table_stays_cached_and_a_reopened_one_is_dropped(page_cache):
     reopened(torch.tensor([5, 19_999])).sum().backward()
     optimizer.step()
     assert torch.allclose(reopened.weight[[5, 19_999]], before - 0.1, atol=1e-5)  # Adam's first step: lr * sign(grad)
+
+
+def test_a_table_larger_than_the_memory_is_written_whole_and_dropped(page_cache):
+    """A table the cache could not keep is written in large writes (one system call a page
+    costs more once the cache is full), and its pages, large folios, leave the cache."""
+    writes = []
+    real = os.pwrite
+
+    def recording(fd, data, offset):
+        writes.append(len(data))
+        return real(fd, data, offset)
+
+    path = page_cache / "t.table"
+    with mock.patch.object(table_module, "host_available_bytes", return_value=2 * 1_000_000), mock.patch.object(table_module.os, "pwrite", recording):
+        DiskEmbedding(20_000, 16, path=path, std=0.01)  # 3.84 MB: more than "2 MB free"
+    assert max(writes) > PAGE
+    assert cached_pages(path) == 0
+    with mock.patch.object(table_module, "host_available_bytes", return_value=None):  # unknown: by page
+        DiskEmbedding(20_000, 16, path=page_cache / "u.table", std=0.01)
+    assert cached_pages(page_cache / "u.table") == -(-os.path.getsize(page_cache / "u.table") // PAGE)
+    assert (page_cache / "u.table").read_bytes()[HEADER_BYTES:] == path.read_bytes()[HEADER_BYTES:]  # the same records either way
 
 
 def test_a_read_only_row_file_keeps_the_cache(page_cache):
