@@ -11,10 +11,11 @@ rows) plus shared negative rows, with DiskSparseAdam. Measured, each from a cold
    steps each, from a cold cache);
 3. in memory: the same steps with every row they touch already in memory (uniform over the
    first C partitions, read in first), twice: in the page cache through the shared mapping
-   (what random order gets from a table that fits in RAM), and held copy-on-write as partition
-   order holds its buffer. Shared pages that steps dirty faster than the disk writes them
-   back hit the kernel's dirty limits (vm.dirty_ratio) and throttle the steps; --steps (300)
-   is long enough to get there on a 24 GB machine, 40 is not;
+   (what random order gets from a table that fits in RAM; the rows faulted in by the
+   prefetcher, so the cache holds single pages, as training leaves it), and held
+   copy-on-write as partition order holds its buffer. Shared pages that steps dirty faster
+   than the disk writes them back hit the kernel's dirty limits (vm.dirty_ratio) and
+   throttle the steps;
 4. partitioned order: P partitions, a buffer of C, the buffer states of
    dsa_train.data.partition_order.buffer_schedule from the start of an epoch (--states of them,
    the first of which loads C partitions with nothing to overlap). A state trains its
@@ -176,8 +177,14 @@ def main() -> None:
         warm = [layout.span(p) for p in held]
         for name, hold in (("in the page cache", False), ("held in memory", True)):
             emb.table.rows.evict()
-            for first, stop in warm:
-                emb.table.rows.hold_rows(first, stop) if hold else emb.table.rows.read_rows(first, stop)
+            if hold:
+                for first, stop in warm:
+                    emb.table.rows.hold_rows(first, stop)
+            else:  # faulted in through the mapping, as training's own reads leave them: single pages
+                filler = Prefetcher(args.io_threads)
+                for first, stop in warm:
+                    filler.submit(emb.table.rows, torch.arange(first, stop))
+                filler.close()
             train(emb, relations, optimizer, buffer_batches(layout, held, 5, args.batch, args.negatives, seed=99), None)  # warm-up: torch's first calls
             results[name] = train(emb, relations, optimizer, buffer_batches(layout, held, args.steps, args.batch, args.negatives, seed=98), None)
             if hold:
