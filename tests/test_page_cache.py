@@ -8,6 +8,7 @@ the cached pages whoever wrote it left; a copy drops its source's and its target
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -16,7 +17,7 @@ from unittest import mock
 import pytest
 import torch
 
-from dsa_train import DiskEmbedding, DiskSparseAdam
+from dsa_train import DiskEmbedding, DiskSparseAdam, StateError
 from dsa_train.fsutil import copy_sparse, drop_cached
 from dsa_train.optim import table as table_module
 from dsa_train.optim.format import HEADER_BYTES
@@ -157,3 +158,25 @@ def test_pages_a_process_has_mapped_stay(page_cache):
     drop_cached(fd)
     os.close(fd)
     assert 0 < cached_pages(path) < -(-os.path.getsize(path) // PAGE)
+
+
+@pytest.mark.parametrize("by_page", [True, False])
+def test_a_full_disk_while_a_table_is_written_leaves_nothing(tmp_path, by_page):
+    """Either way of writing a new table stops at the first failed write with a clear error,
+    and no half-written table (nor its temporary) is left behind."""
+    real, calls = os.pwrite, []
+
+    def filling(fd, data, offset):
+        calls.append(offset)
+        if len(calls) > 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    with (
+        mock.patch.object(table_module, "_stays_cached", return_value=by_page),
+        mock.patch.object(table_module.os, "pwrite", filling),
+        pytest.raises(StateError, match=r"could not write table '.*t\.table' .*No space left on device") as error,
+    ):
+        Table.create(tmp_path / "t.table", (20_000, 16), torch.float32, name="t")
+    assert "free space on that disk" in error.value.hint
+    assert len(calls) == 6 and list(tmp_path.iterdir()) == []
