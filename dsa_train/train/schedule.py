@@ -7,9 +7,12 @@ progress :math:`p = s / S`:
 - ``constant``: :math:`\eta_s = \eta`;
 - ``linear``: :math:`\eta_s = \eta\,(1 - (1 - r)\,p)`;
 - ``cosine``: :math:`\eta_s = \eta\,\bigl(r + (1 - r)\,\tfrac{1}{2}(1 + \cos \pi p)\bigr)`
-  (Loshchilov & Hutter 2017, without restarts).
+  (Loshchilov & Hutter 2017, without restarts);
+- ``step``: :math:`\eta_s = \eta` for :math:`s < S - D`, then :math:`r\eta`, where :math:`D` is
+  the steps of the last ``optimizer.decay_epochs`` epochs (torch's ``MultiStepLR`` with one
+  milestone).
 
-Both decays start at :math:`\eta` and end near :math:`r\eta`. The rate is a pure function of
+The two decays start at :math:`\eta` and end near :math:`r\eta`. The rate is a pure function of
 the step, so a resumed run (or one rank of a torchrun job) sets the same rate at the same step
 as an uninterrupted run, with nothing stored; a run stopped by ``train.max_steps`` is the
 prefix of the full schedule. torch's ``lr_scheduler`` classes carry their position as state
@@ -22,10 +25,13 @@ from __future__ import annotations
 import math
 
 
-def lr_factor(schedule: str, step: int, total_steps: int, final_ratio: float) -> float:
-    """The multiple of the base rate at ``step`` (0-based) of ``total_steps``."""
+def lr_factor(schedule: str, step: int, total_steps: int, final_ratio: float, decay_steps: int = 0) -> float:
+    """The multiple of the base rate at ``step`` (0-based) of ``total_steps``; ``decay_steps``:
+    how many of the last steps ``step`` runs at ``final_ratio``."""
     if schedule == "constant" or total_steps <= 0:
         return 1.0
+    if schedule == "step":
+        return final_ratio if step >= total_steps - decay_steps else 1.0
     progress = min(step / total_steps, 1.0)
     if schedule == "linear":
         return 1.0 - (1.0 - final_ratio) * progress
