@@ -19,6 +19,7 @@ import torch_geometric.nn.kge
 from torch import Tensor
 
 from ..recipe import ModelConfig
+from .dropout import dropout
 
 
 class KGEModel(torch_geometric.nn.kge.KGEModel):
@@ -71,7 +72,7 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         relation if reciprocal), with relation dropout while training, and the side they score.
         Look them up once per query: its answer and its candidates then share one mask."""
         rows, side = self.relation_for(relation, side)
-        return F.dropout(self.rel_emb(rows), self.relation_dropout, self.training), side
+        return dropout(self.rel_emb(rows), self.relation_dropout, self.training), side
 
     def score_candidates(self, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
         """``(B, K)`` scores of ``B`` queries against ``K`` candidate embeddings.
@@ -105,7 +106,7 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
 
     def embed(self, entities: Tensor) -> Tensor:
         """Entity embeddings, with dropout while training."""
-        return F.dropout(self.entities(entities), self.dropout, self.training)
+        return dropout(self.entities(entities), self.dropout, self.training)
 
     def n3(self, entities: Tensor, relations: Tensor) -> Tensor:
         r"""The N3 penalty :math:`\sum |x|^3` of a step's entity and relation rows (Lacroix et
