@@ -56,14 +56,15 @@ def test_factors_are_torchs_schedulers(schedule, final_ratio):
         scheduler.step()
 
 
-@pytest.mark.parametrize("decay_steps", [1, 10, 36])
-def test_step_factors_are_torchs_multisteplr(decay_steps):
-    """MultiStepLR with one milestone at S - D and gamma r gives the rates of steps 0..S-1."""
+@pytest.mark.parametrize("milestone", [1, 10, 36, 40])
+def test_step_factors_are_torchs_multisteplr(milestone):
+    """MultiStepLR with the one milestone M and gamma r gives the rates of steps 0..S-1 (a
+    milestone at or past S: never lowered)."""
     lr, total, ratio = 0.01, 37, 0.1
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[total - decay_steps], gamma=ratio)
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[milestone], gamma=ratio)
     for step in range(total):
-        assert lr * lr_factor("step", step, total, ratio, decay_steps) == pytest.approx(optimizer.param_groups[0]["lr"], rel=1e-12)
+        assert lr * lr_factor("step", step, total, ratio, milestone) == pytest.approx(optimizer.param_groups[0]["lr"], rel=1e-12)
         optimizer.step()
         scheduler.step()
 
@@ -73,7 +74,7 @@ def test_hand_computed_points():
     assert lr_factor("linear", 25, 100, 0.2) == pytest.approx(0.8)
     assert lr_factor("constant", 99, 100, 0.0) == 1.0
     assert lr_factor("cosine", 0, 100, 0.0) == 1.0
-    assert lr_factor("step", 89, 100, 0.1, 10) == 1.0 and lr_factor("step", 90, 100, 0.1, 10) == 0.1
+    assert lr_factor("step", 89, 100, 0.1, 90) == 1.0 and lr_factor("step", 90, 100, 0.1, 90) == 0.1
 
 
 def test_a_scheduled_run_steps_at_the_scheduled_rates_and_resumes_exactly(tmp_path, monkeypatch):
@@ -119,11 +120,14 @@ def test_a_final_ratio_without_a_decay_is_refused():
     assert "optimizer.final_lr_ratio (line 3): has no effect with schedule 'constant'" in str(e.value)
 
 
-def test_a_step_scheduled_run_lowers_both_rates_for_its_last_epochs(tmp_path, monkeypatch):
-    """With schedule 'step' and decay_epochs 1 of 2, every step of the first epoch runs at the
-    base rates and every step of the second at final_lr_ratio times them."""
+@pytest.mark.parametrize("epochs, milestone", [(2, 1), (3, 1), (2, 5)])
+def test_a_step_scheduled_run_lowers_both_rates_after_its_milestone(tmp_path, monkeypatch, epochs, milestone):
+    """With schedule 'step', every step of the first decay_after_epochs epochs runs at the base
+    rates and every later one at final_lr_ratio times them, however many epochs follow; a
+    milestone past the run (a recipe run with fewer epochs) lowers nothing."""
     path = tmp_path / "step.yaml"
-    path.write_text(RECIPE.replace("schedule: cosine, final_lr_ratio: 0.1", "schedule: step, final_lr_ratio: 0.1, decay_epochs: 1"))
+    step = f"schedule: step, final_lr_ratio: 0.1, decay_after_epochs: {milestone}"
+    path.write_text(RECIPE.replace("schedule: cosine, final_lr_ratio: 0.1", step).replace("epochs: 2,", f"epochs: {epochs},"))
     real_step = loop.Training.step
     rates = []
 
@@ -135,22 +139,29 @@ def test_a_step_scheduled_run_lowers_both_rates_for_its_last_epochs(tmp_path, mo
     monkeypatch.setattr(loop.Training, "step", recording)
     result = invoke("run", path, "--output", tmp_path / "run")
     assert result.exit_code == 0, result.output
-    assert {epoch for epoch, _, _ in rates} == {0, 1}
+    assert {epoch for epoch, _, _ in rates} == set(range(epochs))
     for epoch, sparse, dense in rates:
-        factor = 1.0 if epoch == 0 else 0.1
+        factor = 0.1 if epoch >= milestone else 1.0
         assert sparse == pytest.approx(0.01 * factor, rel=1e-12) and dense == pytest.approx(0.003 * factor, rel=1e-12)
 
 
 @pytest.mark.parametrize(
-    "optimizer, epochs, key, says",
+    "optimizer, key, says",
     [
-        ("{schedule: step, final_lr_ratio: 0.1}", 5, "optimizer.decay_epochs", "set it to 1 or more"),
-        ("{schedule: step, decay_epochs: 2}", 5, "optimizer.final_lr_ratio", "must be above 0 and below 1, got 0"),
-        ("{schedule: step, decay_epochs: 5, final_lr_ratio: 0.1}", 5, "optimizer.decay_epochs", "must be less than train.epochs (5)"),
-        ("{schedule: cosine, decay_epochs: 2}", 5, "optimizer.decay_epochs", "has no effect with schedule 'cosine'"),
+        ("{schedule: step, final_lr_ratio: 0.1}", "optimizer.decay_after_epochs", "set it to 1 or more"),
+        ("{schedule: step, decay_after_epochs: 2}", "optimizer.final_lr_ratio", "must be above 0 and below 1, got 0"),
+        ("{schedule: cosine, decay_after_epochs: 2}", "optimizer.decay_after_epochs", "has no effect with schedule 'cosine'"),
     ],
 )
-def test_a_step_schedule_that_cannot_mean_anything_is_refused(optimizer, epochs, key, says):
+def test_a_step_schedule_that_cannot_mean_anything_is_refused(optimizer, key, says):
     with pytest.raises(ConfigError) as e:
-        parse_recipe(f"dataset: {{kind: karate}}\nmodel: {{kind: node2vec}}\ntrain: {{epochs: {epochs}}}\noptimizer: {optimizer}\n")
+        parse_recipe(f"dataset: {{kind: karate}}\nmodel: {{kind: node2vec}}\ntrain: {{epochs: 5}}\noptimizer: {optimizer}\n")
     assert key in str(e.value) and says in str(e.value)
+
+
+def test_dry_run_says_the_schedule(tmp_path):
+    path = tmp_path / "step.yaml"
+    path.write_text(RECIPE.replace("schedule: cosine, final_lr_ratio: 0.1", "schedule: step, final_lr_ratio: 0.1, decay_after_epochs: 1"))
+    assert "(lr 0.01, 0.001 after epoch 1)" in invoke("run", path, "--dry-run").output
+    path.write_text(RECIPE)
+    assert "(lr 0.01, cosine to 0.001)" in invoke("run", path, "--dry-run").output

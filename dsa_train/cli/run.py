@@ -78,7 +78,7 @@ def run(
         stdout.print(
             f"would {'resume' if resume else 'train'} {config.model.kind} (dim {config.model.dim}) on {config.dataset.kind} "
             f"for {config.train.epochs} epochs{f' or {config.train.max_steps} steps' if config.train.max_steps else ''} "
-            f"with {config.optimizer.kind} (lr {config.optimizer.lr}) on device {config.train.device}, into {where}",
+            f"with {config.optimizer.kind} ({_rate(config.optimizer)}) on device {config.train.device}, into {where}",
             highlight=False,
         )
         return
@@ -242,3 +242,13 @@ def _warn_differences(recipe: Recipe, saved: Recipe) -> None:
             + "; ".join(f"{key} ({ours!r} in the run, {theirs!r} in the recipe)" for key, ours, theirs in changed)
             + ". The run's values win; --set overrides them."
         )
+
+
+def _rate(optimizer) -> str:
+    """The learning rate and its schedule in a few words, for --dry-run."""
+    lr, schedule, final = optimizer.lr, optimizer.schedule, optimizer.lr * optimizer.final_lr_ratio
+    if schedule == "step":
+        return f"lr {lr:g}, {final:g} after epoch {optimizer.decay_after_epochs}"
+    if schedule in ("cosine", "linear"):
+        return f"lr {lr:g}, {schedule} to {final:g}"
+    return f"lr {lr:g}"

@@ -363,15 +363,18 @@ class OptimizerConfig:
     eps: float = _help("Adam's epsilon", _positive, default=1e-8)
     schedule: Literal["constant", "cosine", "linear", "step"] = _help(
         "learning rate over the run's steps: constant; decayed (cosine or linear) from `lr` to `lr * final_lr_ratio` "
-        "over train.epochs; or step: `lr`, then `lr * final_lr_ratio` for the last decay_epochs epochs. "
+        "over train.epochs; or step: `lr`, then `lr * final_lr_ratio` from epoch decay_after_epochs on. "
         "The dense layers' dense_lr follows the same curve",
         default="constant",
     )
     final_lr_ratio: float = _help(
-        "cosine, linear: the rate at the last step as a fraction of `lr`; step: the rate of the last decay_epochs epochs",
+        "cosine, linear: the rate at the last step as a fraction of `lr`; step: the rate after decay_after_epochs",
         _fraction, default=0.0,
     )  # fmt: skip
-    decay_epochs: int = _help("step: how many of the last epochs of train.epochs run at `lr * final_lr_ratio`", _non_negative, default=0)
+    decay_after_epochs: int = _help(
+        "step: the epochs run at `lr`; every later step runs at `lr * final_lr_ratio` (none if train.epochs is not more)",
+        _non_negative, default=0,
+    )  # fmt: skip
     state_dir: str | None = _help("dsa: state directory (default: <run>/optimizer_state); put it on a local SSD", default=None)
     dense_lr: float = _help("sage, dlrm: learning rate of the dense layers (SAGE's, the MLPs), trained with torch's Adam", _positive, default=0.01)
     nonfinite: Literal["error", "skip"] = _help(
@@ -389,15 +392,19 @@ class OptimizerConfig:
         found = []
         if self.schedule == "constant" and self.final_lr_ratio != 0:
             found.append(("final_lr_ratio", "has no effect with schedule 'constant'; set optimizer.schedule to cosine, linear or step"))
-        if self.schedule != "step" and self.decay_epochs:
-            found.append(("decay_epochs", f"has no effect with schedule {self.schedule!r}; set optimizer.schedule: step"))
+        if self.schedule != "step" and self.decay_after_epochs:
+            found.append(("decay_after_epochs", f"has no effect with schedule {self.schedule!r}; set optimizer.schedule: step"))
         if self.schedule == "step":
-            if not self.decay_epochs:
-                found.append(("decay_epochs", "schedule 'step' lowers the rate for the last decay_epochs epochs: set it to 1 or more, e.g. 3"))
+            if not self.decay_after_epochs:
+                found.append((
+                    "decay_after_epochs",
+                    "schedule 'step' lowers the rate after this many epochs at `lr`: set it to 1 or more (e.g. 5 fewer than "
+                    "train.epochs); a whole run at the lower rate is optimizer.lr = lr * final_lr_ratio with schedule 'constant'",
+                ))  # fmt: skip
             if not 0 < self.final_lr_ratio < 1:
                 found.append((
                     "final_lr_ratio",
-                    f"schedule 'step' runs its last decay_epochs epochs at lr * final_lr_ratio, which must be above 0 and below 1, "
+                    f"schedule 'step' runs the epochs after decay_after_epochs at lr * final_lr_ratio, which must be above 0 and below 1, "
                     f"got {self.final_lr_ratio:g}; e.g. 0.1",
                 ))  # fmt: skip
         if self.nonfinite == "skip" and self.kind != "dsa":
@@ -507,12 +514,6 @@ class Recipe:
                 "vectors (rotate's relations are rotation angles, which dropout would turn into no rotation): set it to 0",
             )]  # fmt: skip
         t = self.train
-        if self.optimizer.schedule == "step" and self.optimizer.decay_epochs >= t.epochs:
-            return [(
-                "optimizer.decay_epochs",
-                f"must be less than train.epochs ({t.epochs}) for schedule 'step', got {self.optimizer.decay_epochs}: "
-                "a run all at the lower rate is optimizer.lr = lr * final_lr_ratio with schedule 'constant'",
-            )]  # fmt: skip
         if t.labels == "all" and t.candidates != "all":
             return [("train.labels", "'all' (k-vs-all) scores each query against every entity: set train.candidates: all")]
         if t.labels == "all" and t.loss == "margin":

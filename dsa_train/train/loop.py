@@ -362,7 +362,7 @@ class Training:
         if cfg.schedule == "constant":  # the rates the optimizers were built (or resumed) with
             return
         total_steps = self.recipe.train.epochs * self.steps_per_epoch
-        factor = lr_factor(cfg.schedule, self.step_count, total_steps, cfg.final_lr_ratio, cfg.decay_epochs * self.steps_per_epoch)
+        factor = lr_factor(cfg.schedule, self.step_count, total_steps, cfg.final_lr_ratio, cfg.decay_after_epochs * self.steps_per_epoch)
         for optimizer, rate in ((self.optimizer, cfg.lr), (self.dense_optimizer, cfg.dense_lr)):
             for group in optimizer.param_groups if optimizer is not None else ():
                 group["lr"] = rate * factor

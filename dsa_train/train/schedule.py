@@ -8,9 +8,11 @@ progress :math:`p = s / S`:
 - ``linear``: :math:`\eta_s = \eta\,(1 - (1 - r)\,p)`;
 - ``cosine``: :math:`\eta_s = \eta\,\bigl(r + (1 - r)\,\tfrac{1}{2}(1 + \cos \pi p)\bigr)`
   (Loshchilov & Hutter 2017, without restarts);
-- ``step``: :math:`\eta_s = \eta` for :math:`s < S - D`, then :math:`r\eta`, where :math:`D` is
-  the steps of the last ``optimizer.decay_epochs`` epochs (torch's ``MultiStepLR`` with one
-  milestone).
+- ``step``: :math:`\eta_s = \eta` for :math:`s < M`, then :math:`r\eta`, where :math:`M` is the
+  steps of the first ``optimizer.decay_after_epochs`` epochs (torch's ``MultiStepLR`` with one
+  milestone). The rate of a step does not depend on :math:`S`: a run given fewer epochs
+  (``--set train.epochs=5`` for a quick look) is the prefix of the recipe's run, and one given
+  more keeps the lower rate to its end.
 
 The two decays start at :math:`\eta` and end near :math:`r\eta`. The rate is a pure function of
 the step, so a resumed run (or one rank of a torchrun job) sets the same rate at the same step
@@ -25,13 +27,13 @@ from __future__ import annotations
 import math
 
 
-def lr_factor(schedule: str, step: int, total_steps: int, final_ratio: float, decay_steps: int = 0) -> float:
-    """The multiple of the base rate at ``step`` (0-based) of ``total_steps``; ``decay_steps``:
-    how many of the last steps ``step`` runs at ``final_ratio``."""
+def lr_factor(schedule: str, step: int, total_steps: int, final_ratio: float, milestone: int = 0) -> float:
+    """The multiple of the base rate at ``step`` (0-based) of ``total_steps``; ``milestone``:
+    with ``step``, the first step at ``final_ratio``."""
     if schedule == "constant" or total_steps <= 0:
         return 1.0
     if schedule == "step":
-        return final_ratio if step >= total_steps - decay_steps else 1.0
+        return final_ratio if step >= milestone else 1.0
     progress = min(step / total_steps, 1.0)
     if schedule == "linear":
         return 1.0 - (1.0 - final_ratio) * progress
