@@ -123,6 +123,7 @@ class DiskTable(nn.Module):
             with torch.no_grad():
                 for begin in range(0, self.num_embeddings, 1 << 16):
                     self.weight[begin : begin + (1 << 16)].copy_(weight[begin : begin + (1 << 16)])
+                    self.table.rows.write_out_rows(begin, begin + (1 << 16))  # memory holds one chunk, not the table
         elif ref is None:
             missing_keys.append(prefix + STATE_KEY)
         elif ref.get("table_id") != self.table.table_id:

@@ -26,6 +26,7 @@ from .functional import (
 )
 from .deltas import DirtyRows
 from .format import LAYOUT, TABLE_LAYOUT
+from .residency import resolve_budget
 from .row_file import DTYPES, RowFile, dtype_name
 from .staging import CudaStaging
 from .state_dir import StateDirectory
@@ -58,6 +59,12 @@ class DiskSparseAdam(Optimizer):
     own table file (records ``[w | m | v]``), so a touched row is one read and one write;
     the manifest in ``state_dir`` then names that table.
 
+    Memory: the rows a step changes stay in this process's memory (a copy-on-write mapping of
+    the row files) and are written to disk by :meth:`flush` (a checkpoint) or :meth:`close`,
+    once each, never by the kernel in between. ``memory_budget`` caps them: past it, the rows
+    least recently written leave memory, each written once as it leaves. Rows read but not
+    changed are the file's pages in the page cache, which the kernel drops as it needs.
+
     The directory is locked while the optimizer is open. Reopening it with the same
     parameters (same names, shapes and dtypes) continues from the saved moments and step
     counters. :meth:`flush` makes the state durable; :meth:`close` (or leaving a ``with``
@@ -81,6 +88,11 @@ class DiskSparseAdam(Optimizer):
             ``"skip"`` skips the whole step (counted in ``skipped_steps``). Either way it is
             found before anything is written, so the state on disk is never poisoned.
             (SparseAdam has no such check: it would write the NaN.)
+        memory_budget: the memory the changed rows of all parameters may hold between
+            flushes: bytes, a size (``"2GiB"``, ``"512MB"``) or a share of the memory this
+            process can still take when the optimizer opens (``"75%"``, the default; divided
+            among the processes ``torchrun`` started on this machine). Each row file gets a
+            share in proportion to its size. ``0`` writes every changed page out after the step.
 
     Example::
 
@@ -105,6 +117,7 @@ class DiskSparseAdam(Optimizer):
         nonfinite: str = "error",
         first_moment: str = "full",
         second_moment: str = "full",
+        memory_budget: int | str | None = None,
     ) -> None:
         require_linux("DiskSparseAdam")
         _check_hyperparameters(lr, betas, eps)
@@ -116,6 +129,7 @@ class DiskSparseAdam(Optimizer):
             raise ValueError(f"Invalid second_moment: {second_moment!r} (use 'full' or 'row')")
         parts = ["m:bfloat16" if first_moment == "bfloat16" else "m", "v:row" if second_moment == "row" else "v"]
         self._layout = "|".join(parts)  # "m|v" unless a smaller state was asked for
+        self.memory_budget = resolve_budget(memory_budget)  # bytes
         self.nonfinite = nonfinite
         self.skipped_steps = 0  # steps skipped for a non-finite gradient (nonfinite="skip")
         self._store: StateDirectory | None = None
@@ -147,9 +161,11 @@ class DiskSparseAdam(Optimizer):
             store.close()
             raise
         self._store = store
+        store.record_budget(self.memory_budget)
         self._keys = keys
         self._names = dict(named.values())
         self._restore_steps(steps)
+        self._share_budget()
         absent = [k for k in store.known() if k not in keys.values()]
         if absent:
             warnings.warn(
@@ -177,6 +193,7 @@ class DiskSparseAdam(Optimizer):
         self._keys.update(keys)
         self._names.update(named.values())
         self._restore_steps(steps)
+        self._share_budget()
 
     def _refuse_ambiguous_reopen(self, keys: dict[Tensor, str], path: Path) -> None:
         """Unnamed parameters are matched to their files by position alone; two of the same
@@ -221,6 +238,19 @@ class DiskSparseAdam(Optimizer):
                 self.state[p]["step"] = steps[key]
             self._dirty.setdefault(key, DirtyRows(p.shape[0]))
         self._store.groups = self._groups_summary()
+
+    def _share_budget(self) -> None:
+        """Give each row file a share of the memory budget in proportion to its size."""
+        files = self._store.files.values()
+        total = sum(f.spec.file_bytes for f in files) or 1
+        for row_file in files:
+            row_file.set_budget(self.memory_budget * row_file.spec.file_bytes // total)
+
+    def residency(self) -> dict[str, int]:
+        """The memory budget and what the changed rows hold of it now, in bytes:
+        ``{"memory_budget", "resident_bytes"}``."""
+        files = self._open_store().files.values()
+        return {"memory_budget": self.memory_budget, "resident_bytes": sum(f.resident_bytes() for f in files)}
 
     def _groups_summary(self) -> list[dict]:
         return [
@@ -289,6 +319,15 @@ class DiskSparseAdam(Optimizer):
             # Some parameters may be updated and others not: the directory stays unclean.
             store.broken = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             raise
+        try:
+            for _, p in work:
+                store.files[self._keys[p]].settle()  # past the budget, the coldest rows leave
+        except OSError as e:
+            raise StateError(
+                f"could not write rows leaving memory to '{store.path}': {e.strerror or e}; they stay "
+                "in memory and the step is complete",
+                hint="free disk space (or raise memory_budget) and continue; flush() writes them",
+            ) from e
         return loss
 
     @torch.no_grad()
@@ -312,6 +351,7 @@ class DiskSparseAdam(Optimizer):
         self._dirty[key].mark(rows)
         moments.m[rows] = exp_avg.to(moments.m.dtype)
         moments.v[rows] = exp_avg_sq[:, : moments.v.shape[1]].to(moments.v.dtype)
+        moments.settle()
         self.state[param]["step"] = step
         store.steps[key] = step
 

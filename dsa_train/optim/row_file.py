@@ -2,17 +2,17 @@
 
 An optimizer's row file has the slots ``m|v``; a disk embedding table ``w|m|v``. Only the rows
 a step touches are ever read or written. The mapping is advised ``MADV_RANDOM``: a row that
-is not in the page cache costs one page read, not the kernel's readahead window, and a
-row's update dirties one page. A writable file's cached pages are dropped when it is opened
-(:func:`~dsa_train.fsutil.drop_cached`): whatever wrote it whole left large folios there,
-which would be written back whole for every row updated in them.
+is not in the page cache costs one page read, not the kernel's readahead window. A writable
+file is mapped copy-on-write, so the rows a step changes stay in this process's memory and
+reach the file only when it is flushed, or when the memory budget makes them leave (see
+:mod:`.residency`); where the kernel cannot tell this process which pages it changed (no
+``/proc/self/pagemap``) it is mapped shared, and the kernel writes it back when it likes.
+A writable file's cached pages are dropped when it is opened
+(:func:`~dsa_train.fsutil.drop_cached`): whatever wrote it whole left large folios there.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import functools
 import mmap
 import os
 import threading
@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from ..errors import StateError
-from ..fsutil import drop_cached, libc, write_back
+from ..fsutil import drop_cached, write_back
+from .residency import PageResidency, pagemap_readable
 from .format import HEADER_BYTES, LAYOUT, TABLE_LAYOUT, RowSpec, read_row_header
 
 DTYPES = {
@@ -60,22 +61,29 @@ class RowFile:
         self._fd = os.open(self.path, os.O_RDWR if writable else os.O_RDONLY)
         self._map: mmap.mmap | None = None
         self._base = 0  # the mapping's address
-        # byte ranges mapped copy-on-write (held partitions) -> which of their pages were written
-        self._private: dict[tuple[int, int], np.ndarray] = {}
-        self._private_lock = threading.Lock()
+        #: The changed pages this process holds and their write-back (``None``: a read-only
+        #: or shared mapping, whose pages the kernel writes back).
+        self.residency: PageResidency | None = None
+        self._lock = threading.Lock()  # the residency's bookkeeping: steps, flushes and the IO thread
+        self._owner = os.getpid()  # a forked child (a DataLoader worker) holds copies of our pages: never its to write
         if spec.num_rows * spec.row_width == 0:
             raw = torch.zeros((spec.num_rows, spec.row_bytes), dtype=torch.uint8)
         else:
             if writable and not keep_cache:
                 drop_cached(self._fd)
-            access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-            self._map = mmap.mmap(self._fd, spec.file_bytes, access=access)
+            private = writable and pagemap_readable()
+            if private:
+                self._map = mmap.mmap(self._fd, spec.file_bytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            else:
+                self._map = mmap.mmap(self._fd, spec.file_bytes, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
             self._map.madvise(mmap.MADV_RANDOM)
             with warnings.catch_warnings():  # a read-only mapping gives a read-only tensor: fine
                 warnings.simplefilter("ignore", UserWarning)
                 flat = torch.frombuffer(self._map, dtype=torch.uint8, count=spec.num_rows * spec.row_bytes, offset=HEADER_BYTES)
             raw = flat.view(spec.num_rows, spec.row_bytes)
             self._base = flat.data_ptr() - HEADER_BYTES
+            if private:
+                self.residency = PageResidency(self._base, spec.file_bytes, self._fd)
         fields = {slot.name: raw[:, slot.offset : slot.offset + slot.nbytes].view(DTYPES[slot.dtype]) for slot in spec.fields}
         self.m, self.v = fields["m"], fields["v"]
         self.records = self.moments = None
@@ -121,8 +129,9 @@ class RowFile:
         with ``posix_fallocate``, which fails cleanly with ENOSPC. With room to spare this
         costs one ``statvfs``.
 
-        Every write to the file's records comes after this call, so it is also where the
-        pages of held rows (see :meth:`hold_rows`) are marked written.
+        Every write a step makes to the file's records comes after this call, so it is also
+        where their pages are marked for the memory budget and the held ranges (see
+        :mod:`.residency`).
         """
         self._mark_written(lookups)
         page = mmap.PAGESIZE
@@ -143,11 +152,49 @@ class RowFile:
                 hint="free some space (or move state_dir to a bigger disk) and continue; the state is intact",
             ) from e
 
+    def set_budget(self, budget: int | None) -> None:
+        """Let at most ``budget`` bytes of changed pages stay in memory (``None``: no limit)."""
+        if self.residency is not None:
+            with self._lock:
+                self.residency.budget = budget
+
+    def settle(self) -> int:
+        """After a step: if the changed pages exceed the budget, write the coldest out and drop
+        them, down to 97% of it (so that a step does not evict again at once). Returns the
+        bytes that left memory."""
+        if self.residency is None:
+            return 0
+        with self._lock:
+            if not self.residency.over_budget():
+                return 0
+            return self.residency.trim(int(self.residency.budget * SETTLE_TO))
+
+    def write_out_rows(self, first: int, stop: int) -> None:
+        """Write the changed pages of rows ``[first, stop)`` to the file and drop their copies
+        (no fsync): for a writer that fills a table range by range outside any step (loading
+        weights), so that memory holds one range at a time, not the table."""
+        if self.residency is not None:
+            start, end = self._byte_range(first, stop, inside=False)
+            with self._lock:
+                self.residency.write_out(start // mmap.PAGESIZE, -(-end // mmap.PAGESIZE))
+
+    def resident_bytes(self) -> int:
+        """Bytes of changed pages held in this process's memory (0 for a shared mapping)."""
+        if self.residency is None:
+            return 0
+        with self._lock:
+            return self.residency.changed_bytes()
+
     def flush(self) -> None:
-        """Write the dirty pages back to disk and wait for them (``msync(MS_SYNC)``), held
-        partitions' rows first (see :meth:`hold_rows`)."""
-        self._write_private()
-        if self._map is not None:
+        """Write every changed row to the file and wait for the disk (``fsync``): the changed
+        pages of a copy-on-write mapping in sequential runs (held ranges stay held), else
+        the dirty pages of the shared mapping (``msync``)."""
+        if self.residency is not None:
+            if os.getpid() != self._owner:
+                return
+            with self._lock:
+                self.residency.write_out()
+        elif self._map is not None and self.writable:
             self._map.flush()
         os.fsync(self._fd)
 
@@ -155,7 +202,10 @@ class RowFile:
         """Write the file back, then drop its pages from this mapping and the page cache, as
         if the machine had needed the memory (benchmarks use it to start from a cold cache)."""
         self.flush()
-        if self._map is not None:
+        if self.residency is not None:
+            with self._lock:
+                self.residency.drop_all()
+        elif self._map is not None:
             self._map.madvise(mmap.MADV_DONTNEED)  # unmap our pages, or the cache keeps them
         drop_cached(self._fd)
 
@@ -184,38 +234,33 @@ class RowFile:
 
     def hold_rows(self, first: int, stop: int) -> int:
         """Read rows ``[first, stop)`` in (:meth:`read_rows`) and hold them: their pages are
-        mapped copy-on-write and copied into this process's memory at once
-        (``MADV_POPULATE_WRITE``), so the rows a step updates are this process's own memory
-        instead of dirty pages of the file. Dirty file pages past the kernel's limits
-        (``vm.dirty_ratio``) are written back while training, a page at a time, and throttle
-        the steps that dirty them; and a copy-on-write page copied at its first write costs a
-        fault inside the step (7 us each here, three times the step's own work when each row
-        is on a page of its own). A held range is written back only when it is dropped or
-        the file flushed: the pages :meth:`reserve` saw rows written on, in sequential runs.
-        Pages shared with rows outside the range stay mapped as before. Returns the bytes read."""
+        copied into this process's memory at once (``MADV_POPULATE_WRITE``) and pinned there
+        (the memory budget never evicts them), so a step's first write to a row faults
+        nothing (a copy-on-write fault costs 7 us here, three times the step's own work when
+        each row is on a page of its own). A held range is written back when it is dropped or
+        the file flushed: only the pages a step wrote, in sequential runs. Pages shared with
+        rows outside the range are left as they are. Returns the bytes read."""
         done = self.read_rows(first, stop)
         start, end = self._byte_range(first, stop, inside=True)
-        if self.writable and self._map is not None and end > start:
-            with self._private_lock:
-                if (start, end) not in self._private:
-                    _remap(self._base, start, end, self._fd, private=True)
-                    self._private[(start, end)] = np.zeros((end - start) // mmap.PAGESIZE, dtype=bool)
-                    _populate(self._base + start, end - start)
+        if self.residency is not None and end > start:
+            with self._lock:
+                self.residency.hold(start // mmap.PAGESIZE, end // mmap.PAGESIZE)
             drop_cached(self._fd, start, end - start)  # the copies are ours: the cache's can go
         return done
 
     def _mark_written(self, rows: torch.Tensor) -> None:
-        """Mark the pages of ``rows`` that lie in held ranges as written."""
-        if not self._private:
+        """Mark the pages of ``rows`` as written by a step (for the budget and held ranges)."""
+        if self.residency is None or (self.residency.unbounded and not self.residency.pinned):
             return
         page, row = mmap.PAGESIZE, self.spec.row_bytes
         rows = rows.reshape(-1).cpu().numpy().astype(np.int64, copy=False)
-        ends = (HEADER_BYTES + rows * row - 1 + row) // page
-        pages = np.concatenate([(HEADER_BYTES + rows * row) // page, ends])
-        with self._private_lock:
-            for (start, end), written in self._private.items():
-                inside = pages[(pages >= start // page) & (pages < end // page)]
-                written[inside - start // page] = True
+        first = (HEADER_BYTES + rows * row) // page
+        last = (HEADER_BYTES + rows * row + row - 1) // page
+        with self._lock:
+            if row <= page:
+                self.residency.mark(first, last)
+            else:
+                self.residency.mark_ranges(first, last)
 
     def drop_rows(self, first: int, stop: int) -> int:
         """Write rows ``[first, stop)`` back in one sequential write-out and drop their pages
@@ -225,27 +270,22 @@ class RowFile:
         start, end = self._byte_range(first, stop, inside=True)
         if end <= start:
             return 0
-        with self._private_lock:
-            if (start, end) in self._private:
-                _write_pages(self._base, start, self._private.pop((start, end)), self._fd)
-                _remap(self._base, start, end, self._fd, private=False)  # the copies go, the file's pages come back
-            elif self._map is not None:
-                self._map.madvise(mmap.MADV_DONTNEED, start, end - start)  # our page tables go; their dirty bits pass to the cache
+        if self.residency is not None:
+            with self._lock:
+                self.residency.release(start // mmap.PAGESIZE, end // mmap.PAGESIZE)
+        elif self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)  # our page tables go; their dirty bits pass to the cache
         if self.writable:
             write_back(self._fd, start, end - start)
         drop_cached(self._fd, start, end - start)
         return end - start
 
-    def _write_private(self) -> None:
-        """Write every held range's rows to the file (they stay held)."""
-        with self._private_lock:
-            for start, written in sorted((start, written) for (start, _), written in self._private.items()):
-                _write_pages(self._base, start, written, self._fd)
-
     def close(self) -> None:
         if self._fd < 0:
             return
-        self._write_private()  # held rows reach the file as a shared mapping's would
+        if self.residency is not None and os.getpid() == self._owner:  # changed rows reach the file as a shared mapping's would
+            with self._lock:
+                self.residency.write_out()
         # Drop our views and the map, but never unmap by hand: tensors made from the mapping
         # (a DiskEmbedding's weight, a prefetch in flight) hold the map object, and unmapping
         # under them would crash the process. The kernel unmaps when the last one is gone.
@@ -255,57 +295,7 @@ class RowFile:
         self._fd = -1
 
 
-MAP_SHARED, MAP_PRIVATE, MAP_FIXED = 0x01, 0x02, 0x10
-MADV_POPULATE_WRITE = 23
-PROT_READ, PROT_WRITE = 0x1, 0x2
-WRITE_CHUNK = 8 << 20
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    """libc with ``mmap`` and ``madvise`` typed for addresses."""
-    found = libc()
-    found.mmap.restype = ctypes.c_void_p
-    found.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    found.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return found
-
-
-def _remap(base: int, start: int, end: int, fd: int, *, private: bool) -> None:
-    """Map bytes ``[start, end)`` of the file again at the same addresses of the mapping at
-    ``base`` (``MAP_FIXED``: every tensor viewing them stays valid), copy-on-write or shared.
-    Replacing a mapping passes its dirty pages' state to the page cache, as unmapping does."""
-    typed, address = _libc(), base + start
-    flags = (MAP_PRIVATE if private else MAP_SHARED) | MAP_FIXED
-    got = typed.mmap(address, end - start, PROT_READ | PROT_WRITE, flags, fd, start)
-    if got != address:
-        error = ctypes.get_errno()
-        raise OSError(error, f"remapping bytes {start}-{end} of a row file failed: {os.strerror(error)}")
-    typed.madvise(address, end - start, mmap.MADV_RANDOM)  # a new mapping forgets the advice
-
-
-def _populate(address: int, length: int) -> None:
-    """Copy a copy-on-write range's pages into this process's memory now
-    (``MADV_POPULATE_WRITE``, Linux 5.14), instead of one fault per page at its first write
-    inside a step. An older kernel refuses the advice; its pages are then copied at first write."""
-    if _libc().madvise(address, length, MADV_POPULATE_WRITE) != 0 and ctypes.get_errno() != errno.EINVAL:
-        error = ctypes.get_errno()
-        raise OSError(error, f"copying a held range of a row file into memory failed: {os.strerror(error)}")
-
-
-def _write_pages(base: int, start: int, written: np.ndarray, fd: int) -> None:
-    """``pwrite`` the pages marked ``written`` of the copy-on-write mapping's bytes from
-    ``start`` to the same bytes of the file, run by run; a page never written holds the
-    file's bytes and is skipped."""
-    page = mmap.PAGESIZE
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], written.view(np.int8), [0]])))  # runs: [edges[0], edges[1]), ...
-    memory = memoryview((ctypes.c_char * (len(written) * page)).from_address(base + start)).cast("B")
-    for a, b in zip(edges[0::2] * page, edges[1::2] * page):
-        done = a
-        while done < b:
-            done += os.pwrite(fd, memory[done : min(b, done + WRITE_CHUNK)], start + done)
-
-
+SETTLE_TO = 0.97  # an eviction leaves the changed pages at this share of the budget
 SPARE_BYTES = 64 << 20  # room kept free for manifests, metadata and the file system's own needs
 
 

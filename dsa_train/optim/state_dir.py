@@ -218,6 +218,10 @@ class StateDirectory:
         self._manifest.pop("checksum", None)
         atomic_write_bytes(self.path / MANIFEST, manifest_bytes(self._manifest))
 
+    def record_budget(self, memory_budget: int) -> None:
+        """Record the opener's memory budget (bytes) in the manifest, for ``inspect-state``."""
+        self._manifest["memory_budget"] = memory_budget
+
     def mark_dirty(self) -> None:
         """Record, before the first write after a flush, that the files are about to change."""
         self._manifest["clean"] = False
