@@ -164,6 +164,7 @@ def _document(inspector: StateInspector, names: list[str], *, stats: bool, check
         "version": inspector.manifest["version"],
         "clean": inspector.manifest["clean"],
         "held_by": holder,
+        "memory_budget": inspector.manifest.get("memory_budget"),
         "checkpoint": str(inspector.checkpoint) if inspector.checkpoint is not None else None,
         "params": {},
     }
@@ -296,6 +297,11 @@ def _print(document: dict, inspector: StateInspector, selected: list[tuple[int, 
         stderr.print(f"held by a live training, {holder}: read without its lock; values may move while read", highlight=False)
     elif not document["clean"]:
         stderr.print("not closed cleanly: its moments may be ahead of its step counters", highlight=False)
+    if document["memory_budget"] is not None:
+        stdout.print(
+            f"memory budget {_bytes(document['memory_budget'])}: the changed rows its last writer could keep in memory between flushes",
+            highlight=False,
+        )
     if document["checkpoint"]:
         stdout.print(f"the optimizer state of checkpoint {document['checkpoint']}: rows are read as it holds them", highlight=False)
     table = Table()

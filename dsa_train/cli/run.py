@@ -138,6 +138,7 @@ def run(
         f"{summary['step']:,} steps, {summary['epochs']} epochs in {summary['seconds']:,.0f} s; peak RSS "
         f"{summary['peak_rss_mib']:,.0f} MiB (anonymous {summary['peak_rss_anon_mib']:,.0f} MiB), optimizer RAM {summary['optimizer_ram_mib']:,.1f} MiB, "
         f"optimizer state on disk {summary['optimizer_state_on_disk_mib']:,.1f} MiB"
+        + (f" (memory budget {summary['optimizer_memory_budget_mib']:,.0f} MiB)" if summary.get("optimizer_memory_budget_mib") is not None else "")
         + (f", disk tables {summary['tables_on_disk_mib']:,.1f} MiB" if summary["tables_on_disk_mib"] else "")
         + _buffer_line(summary.get("buffer"))
         + f"\nrun folder: {folder.path}",

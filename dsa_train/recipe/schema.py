@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ..optim.residency import DEFAULT_BUDGET, resolve_budget
+
 MAX_NAME_BYTES = 200  # the run folder <name>-<YYYYmmdd-HHMMSS> stays under NAME_MAX (255 bytes)
 SEED_MAX = 2**63 - 1  # torch and numpy take seeds as 64-bit integers
 
@@ -32,6 +34,14 @@ def _non_negative(v):
 
 def _fraction(v):
     return None if 0 <= v < 1 else "must be in [0, 1)"
+
+
+def _memory_budget(v):
+    try:
+        resolve_budget(v)
+    except ValueError as e:
+        return str(e).removeprefix("Invalid memory_budget: ")
+    return None
 
 
 def _betas(v):
@@ -387,6 +397,12 @@ class OptimizerConfig:
     second_moment: Literal["full", "row"] = _help(
         "dsa: one v per element (full, exact SparseAdam) or one per row, the mean of the squared gradient", default="full"
     )
+    memory_budget: str = _help(
+        "dsa: memory the rows changed since the last checkpoint may hold (a size such as 4GiB, or a share of the free "
+        "memory at start such as 75%); within it nothing is written to disk between checkpoints, past it the least "
+        "recently written rows are written out once and leave memory",
+        _memory_budget, default=DEFAULT_BUDGET,
+    )  # fmt: skip
 
     def problems(self) -> list[tuple[str, str]]:
         found = []
@@ -412,6 +428,8 @@ class OptimizerConfig:
         for key in ("first_moment", "second_moment"):
             if getattr(self, key) != "full" and self.kind != "dsa":
                 found.append((key, f"{getattr(self, key)!r} needs kind 'dsa' (torch's SparseAdam keeps full moments)"))
+        if self.memory_budget != DEFAULT_BUDGET and self.kind != "dsa":
+            found.append(("memory_budget", "needs kind 'dsa' (torch's SparseAdam keeps all its state in memory)"))
         return found
 
 

@@ -298,6 +298,7 @@ class Training:
             "optimizer_state_on_disk_mib": round(_allocated_bytes(self.run.state_dir(self.recipe)) / MiB, 1),
             "tables_on_disk_mib": round(_allocated_bytes(self.run.tables_dir) / MiB, 1),
             "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
+            "optimizer_memory_budget_mib": _mib_or_none(getattr(self.optimizer, "memory_budget", None)),
             "final": final,
         }
         if hasattr(self.task, "buffer_summary"):
@@ -454,6 +455,10 @@ def _check_trainer_state(checkpoint: Path, trainer: dict, run_id: str) -> None:
             f"checkpoint '{checkpoint}' has missing or invalid trainer fields: {', '.join(bad)}",
             hint="resume from an older checkpoint",
         )
+
+
+def _mib_or_none(size: int | None) -> float | None:
+    return None if size is None else round(size / MiB, 1)
 
 
 def _allocated_bytes(folder: Path) -> int:

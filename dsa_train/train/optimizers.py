@@ -39,7 +39,8 @@ def build_optimizer(config: OptimizerConfig, named_parameters: list[tuple[str, t
     if config.kind == "dsa":
         return DiskSparseAdam(
             named_parameters, state_dir=state_dir, nonfinite=config.nonfinite,
-            first_moment=config.first_moment, second_moment=config.second_moment, **kwargs,
+            first_moment=config.first_moment, second_moment=config.second_moment,
+            memory_budget=config.memory_budget, **kwargs,
         )  # fmt: skip
     return torch.optim.SparseAdam([p for _, p in named_parameters], **kwargs)
 
