@@ -59,7 +59,7 @@ optimizer: {kind: dsa, lr: 0.01}
 eval: {every_epochs: 1, final_splits: [valid, test]}
 """
 MOMENTS = {"memory": ("step", "checkpoint", "evaluation"), "disk": ("step", "checkpoint", "compaction", "evaluation")}
-TIMINGS = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib")
+TIMINGS = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib", "optimizer_memory_budget_mib")
 
 
 def dsa_train() -> list[str]:

@@ -1,0 +1,179 @@
+"""The memory budget: changed rows stay in memory between flushes, leave past the budget
+(written once each), and the results never differ from torch.optim.SparseAdam's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dsa_train import DiskEmbedding, DiskSparseAdam
+from dsa_train.errors import ConfigError
+from dsa_train.optim.format import HEADER_BYTES
+from dsa_train.optim.residency import PAGE, pagemap_readable, resolve_budget
+from dsa_train.recipe import load_recipe
+
+pytestmark = pytest.mark.skipif(not pagemap_readable(), reason="this kernel hides /proc/self/pagemap: row files are mapped shared")
+
+N, D, LOOKUPS = 6000, 16, 400
+
+
+def grads(seed: int, steps: int, rows: int = N, dim: int = D):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        index = torch.randint(0, rows, (LOOKUPS,), generator=g)
+        yield torch.sparse_coo_tensor(index[None], torch.randn(LOOKUPS, dim, generator=g), (rows, dim), check_invariants=False)
+
+
+@pytest.mark.parametrize("budget", [0, 3 * PAGE, 40 * PAGE, None])
+def test_any_budget_is_sparse_adam_bit_for_bit(tmp_path, budget):
+    """Weights and moments after every step, across a flush and a reopen, whatever leaves memory."""
+    ours = torch.nn.Parameter(torch.randn(N, D))
+    theirs = torch.nn.Parameter(ours.detach().clone())
+    reference = torch.optim.SparseAdam([theirs], lr=1e-2)
+    opt = DiskSparseAdam([("w", ours)], lr=1e-2, state_dir=tmp_path / "s", memory_budget=budget)
+    for i, grad in enumerate(grads(1, 30)):
+        for p in (ours, theirs):
+            p.grad = grad
+        reference.step()
+        opt.step()
+        assert torch.equal(ours, theirs), i
+        if budget is not None:
+            assert opt.residency()["resident_bytes"] <= max(budget, 0)
+        if i == 12:
+            opt.close()
+            opt = DiskSparseAdam([("w", ours)], lr=1e-2, state_dir=tmp_path / "s", memory_budget=budget)
+    moments = opt._store.files["w"]
+    assert torch.equal(moments.m, reference.state[theirs]["exp_avg"])
+    assert torch.equal(moments.v, reference.state[theirs]["exp_avg_sq"])
+    opt.close()
+
+
+def _file_moments(path, rows: int, dim: int) -> torch.Tensor:
+    """The ``(rows, 2, dim)`` m|v records as the file on disk holds them (read, not mapped)."""
+    with open(path, "rb") as f:
+        f.seek(HEADER_BYTES)
+        raw = f.read(rows * 2 * dim * 4)
+    return torch.frombuffer(bytearray(raw), dtype=torch.float32).view(rows, 2, dim)
+
+
+def test_nothing_reaches_the_file_between_flushes_within_the_budget(tmp_path):
+    w = torch.nn.Parameter(torch.randn(N, D))
+    opt = DiskSparseAdam([("w", w)], lr=1e-2, state_dir=tmp_path / "s", memory_budget="1GiB")
+    path = tmp_path / "s" / "w.rows"
+    for grad in grads(2, 5):
+        w.grad = grad
+        opt.step()
+    assert not _file_moments(path, N, D).any()  # the kernel wrote nothing back: the file is as created
+    assert opt.residency()["resident_bytes"] > 0
+    opt.flush()
+    on_disk = _file_moments(path, N, D)
+    assert torch.equal(on_disk, opt._store.files["w"].moments)
+    assert opt.residency()["resident_bytes"] == 0  # written once, the copies dropped
+    opt.close()
+
+
+def test_past_the_budget_pages_leave_memory_written_once(tmp_path):
+    w = torch.nn.Parameter(torch.randn(N, D))
+    budget = 8 * PAGE
+    opt = DiskSparseAdam([("w", w)], lr=1e-2, state_dir=tmp_path / "s", memory_budget=budget)
+    residency = opt._store.files["w"].residency
+    for grad in grads(3, 10):
+        w.grad = grad
+        opt.step()
+        assert residency.resident_bytes() <= budget
+    stats = residency.stats
+    assert stats["evicted_bytes"] > 0
+    assert stats["written_bytes"] <= stats["evicted_bytes"]  # each page that left was written once, no more
+    # What left memory is on the file; what stayed is in memory: together, the optimizer's moments.
+    opt.flush()
+    assert torch.equal(_file_moments(tmp_path / "s" / "w.rows", N, D), opt._store.files["w"].moments)
+    opt.close()
+
+
+def test_a_write_through_the_mapping_outside_a_step_reaches_the_file(tmp_path):
+    """Found by the kernel's page tables, not by the optimizer's marks: nothing is lost."""
+    emb = DiskEmbedding(N, D, path=tmp_path / "table", seed=0)
+    opt = DiskSparseAdam([("emb", emb.weight)], lr=1e-2, state_dir=tmp_path / "s")
+    with torch.no_grad():
+        emb.weight[17] = 42.0
+        emb.weight[N - 1] = -1.0
+    opt.close()
+    emb.table.close()
+    again = DiskEmbedding(N, D, path=tmp_path / "table")
+    assert torch.equal(again.weight[17], torch.full((D,), 42.0))
+    assert torch.equal(again.weight[N - 1], torch.full((D,), -1.0))
+    again.table.close()
+
+
+def test_disk_table_under_a_small_budget_is_sparse_adam(tmp_path):
+    emb = DiskEmbedding(N, D, path=tmp_path / "table", seed=0)
+    theirs = torch.nn.Parameter(emb.weight.detach().clone())
+    reference = torch.optim.SparseAdam([theirs], lr=1e-2)
+    opt = DiskSparseAdam([("emb", emb.weight)], lr=1e-2, state_dir=tmp_path / "s", memory_budget=5 * PAGE)
+    for grad in grads(4, 12):
+        emb.weight.grad = grad
+        theirs.grad = grad
+        opt.step()
+        reference.step()
+    assert torch.equal(emb.weight, theirs)
+    opt.close()
+    emb.table.close()
+    again = DiskEmbedding(N, D, path=tmp_path / "table")
+    assert torch.equal(again.weight, theirs)
+    again.table.close()
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [(0, 0), (4096, 4096), ("2GiB", 2 << 30), ("512MB", 512 * 10**6), ("64 KiB", 64 << 10), ("1.5GiB", 3 << 29), ("100", 100)],
+)
+def test_budget_sizes(given, expected):
+    assert resolve_budget(given) == expected
+
+
+@pytest.mark.parametrize("given", [-1, "lots", "2 parsecs", "150%", "-5%", 1.5, True, "%"])
+def test_budget_refused(given):
+    with pytest.raises(ValueError, match="Invalid memory_budget"):
+        resolve_budget(given)
+
+
+def test_share_of_free_memory_is_split_among_local_ranks(monkeypatch):
+    monkeypatch.setattr("dsa_train.optim.residency.host_available_bytes", lambda: 8 << 30)
+    assert resolve_budget("50%") == 4 << 30
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert resolve_budget("50%") == 1 << 30
+    assert resolve_budget(None) == (8 << 30) * 3 // 4 // 4
+
+
+def test_recipe_key():
+    recipe = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"
+    assert load_recipe(recipe, ["optimizer.memory_budget=2GiB"]).optimizer.memory_budget == "2GiB"
+    with pytest.raises(ConfigError, match="optimizer.memory_budget"):
+        load_recipe(recipe, ["optimizer.memory_budget=lots"])
+    with pytest.raises(ConfigError, match="memory_budget"):
+        load_recipe(recipe, ["optimizer.kind=sparse_adam", "optimizer.memory_budget=1GiB"])
+
+
+def test_file_on_disk_untouched_by_a_killed_writer(tmp_path):
+    """A writer killed between flushes leaves the file as the last flush wrote it (the kernel
+    never wrote the changed pages back), so the files are never a torn mix of two steps'
+    pages beyond what the manifest already calls unclean."""
+    script = f"""
+import os, signal, torch
+from dsa_train import DiskSparseAdam
+w = torch.nn.Parameter(torch.zeros({N}, {D}))
+opt = DiskSparseAdam([("w", w)], lr=1e-2, state_dir={str(tmp_path / "s")!r})
+w.grad = torch.sparse_coo_tensor(torch.arange(100)[None], torch.ones(100, {D}), ({N}, {D}))
+opt.step(); opt.flush()
+w.grad = torch.sparse_coo_tensor(torch.arange(200, 300)[None], torch.ones(100, {D}), ({N}, {D}))
+opt.step()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    subprocess.run([sys.executable, "-c", script], check=False)
+    on_disk = _file_moments(tmp_path / "s" / "w.rows", N, D)
+    assert on_disk[:100].any(dim=(1, 2)).all()  # the flushed step is there
+    assert not on_disk[100:].any()  # the step after it never reached the file
