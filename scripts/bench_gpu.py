@@ -10,6 +10,10 @@ speed   median optimizer step at ``--rows`` x ``--dim``, ``--lookups`` lookups p
         a warm-up epoch that touches every row (SparseAdam's moments exist, DiskSparseAdam's
         sit in the page cache), steps alternate between the optimizers on the same gradients;
         the ratio is of the same run, and the weights are compared bit for bit at the end.
+share   the host step's share of a whole GPU training step: a lookup of the batch's rows, a
+        dense layer over them and the loss (forward and backward on the GPU), then the
+        optimizer step, each phase timed between ``torch.cuda.synchronize()`` calls, for both
+        optimizers after the same warm-up epoch; DiskSparseAdam's step runs on the host.
 train   with ``--data-root``: training triples/s of ``--recipe`` (FB15k-237) on the GPU, by
         ``scripts/bench_throughput.py`` (the project's ``Training``, each optimizer in a fresh
         process, rounds alternating which goes first).
@@ -133,6 +137,46 @@ def bench_speed(distribution: str, args) -> dict:
     }
 
 
+def bench_share(args) -> dict:
+    """Forward + backward on the GPU against the optimizer step, median ms of each, per optimizer."""
+    rows, dim, lookups = args.rows, args.dim, args.lookups
+    table = torch.randn(rows, dim, device="cuda") * 0.01
+    dense = torch.randn(dim, dim, device="cuda") / dim**0.5
+    params = {"sparse_adam": torch.nn.Parameter(table.clone()), "dsa": torch.nn.Parameter(table)}
+    generator = torch.Generator().manual_seed(2)
+    batches = [sample(rows, lookups, "uniform", generator).cuda() for _ in range(args.distinct_batches)]
+    phases = {kind: {"model_ms": [], "optimizer_ms": []} for kind in KINDS}
+    with tempfile.TemporaryDirectory(dir=args.state_dir) as tmp:
+        opts = {kind: optimizer(kind, p, tmp) for kind, p in params.items()}
+        try:
+            order = torch.randperm(rows, generator=generator)
+            for start in range(0, rows, lookups):  # the same warm-up epoch as the speed regime
+                grad = gradient(rows, dim, order[start : start + lookups], scale=1e-3)
+                for kind in KINDS:
+                    timed_step(opts[kind], params[kind], grad)
+            for k in range(args.steps):
+                for kind in list(KINDS)[:: 1 if k % 2 == 0 else -1]:
+                    param, ids = params[kind], batches[k % len(batches)]
+                    torch.cuda.synchronize()
+                    began = time.perf_counter()
+                    rows_out = torch.nn.functional.embedding(ids, param, sparse=True)
+                    (rows_out @ dense).tanh().pow(2).mean().backward()
+                    torch.cuda.synchronize()
+                    middle = time.perf_counter()
+                    opts[kind].step()
+                    torch.cuda.synchronize()
+                    phases[kind]["model_ms"].append((middle - began) * 1e3)
+                    phases[kind]["optimizer_ms"].append((time.perf_counter() - middle) * 1e3)
+                    param.grad = None
+        finally:
+            opts["dsa"].close()
+    result = {}
+    for kind, times in phases.items():
+        model, step = statistics.median(times["model_ms"]), statistics.median(times["optimizer_ms"])
+        result[kind] = {"model_ms": model, "optimizer_ms": step, "optimizer_share": step / (model + step)}
+    return result
+
+
 def bench_training(args) -> dict:
     """FB15k-237 on the GPU through the throughput benchmark's own processes and loop."""
     command = [sys.executable, str(SCRIPTS / "bench_throughput.py"), str(args.recipe), "--json",
@@ -165,6 +209,10 @@ def show(result: dict) -> None:
     for r in result["speed"]:
         print(f"{r['distribution']:10}  {r['unique_rows']:>11,.0f}  {r['sparse_adam_ms']:>8.2f}ms  {r['dsa_ms']:>12.2f}ms  "
               f"{r['ratio']:>6.2f}  {'bit for bit' if r['weights_equal'] else 'NO'}")  # fmt: skip
+    print(f"\nthe optimizer's share of a GPU step ({result['rows']:,} x {result['dim']}, uniform rows, median of {result['steps']} steps)")
+    for kind, r in result["share"].items():
+        print(f"{KINDS[kind]:14}  forward+backward {r['model_ms']:>8.2f} ms  optimizer step {r['optimizer_ms']:>8.2f} ms  "
+              f"share {100 * r['optimizer_share']:>5.1f}%")  # fmt: skip
     t = result["training"]
     if t is not None:
         print(f"\ntraining {t['recipe']} on cuda ({t['steps']} timed steps, median of {t['repeats']} rounds): "
@@ -200,6 +248,7 @@ def main() -> None:
         **{key: getattr(args, key) for key in ("rows", "dim", "lookups", "steps", "vram_steps")},
         "vram": [vram_row(kind, rows, args) for rows in (args.rows, args.big_rows) for kind in KINDS],
         "speed": [bench_speed(distribution, args) for distribution in ("uniform", "power-law")],
+        "share": bench_share(args),
         "training": bench_training(args) if args.data_root else None,
     }
     if args.json:

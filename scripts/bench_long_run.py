@@ -1,0 +1,241 @@
+#!/usr/bin/env python
+"""A long run of one optimizer per process: per-minute step times and the disk bytes written.
+
+Short step benchmarks time a few hundred steps while the pages just written are still dirty
+in memory; what a user meets is the hour after that. Each optimizer here runs alone in a
+fresh process for its whole window, on uniformly random or power-law rows (65,536 lookups a
+step by default, a gradient of random values), and reports per minute: the median step, the
+disk bytes written (the block device's sectors written, from ``/sys/dev/block``, so the
+kernel's write-back is counted whoever starts it) and the process's anonymous memory.
+
+dsa          DiskSparseAdam, state in ``--state-dir``, flushed every ``--checkpoint-minutes``
+             (what a checkpoint does to the state; its time and bytes are reported apart)
+sparse_adam  torch.optim.SparseAdam, table and state in RAM: the baseline of the ratios
+floor        the step's memory-traffic floor: torch gathers the touched rows of w, m and v
+             (all in RAM), does the Adam arithmetic and scatters them back
+
+The three run one after another in the same invocation, on the same machine state, and the
+ratios are of their steady-state medians (the minutes after the first). ``--table disk``
+makes the weight a DiskEmbedding (records ``[w | m | v]`` on disk, prefetch of the next
+batch on), for a table larger than RAM; SparseAdam and the floor are then skipped unless
+they fit.
+
+    python scripts/bench_long_run.py --rows 10000000 --dim 64 --minutes 10
+    python scripts/bench_long_run.py --rows 2000000 --dim 128 --minutes 10 --distribution power
+    python scripts/bench_long_run.py --rows 10000000 --dim 64 --state-dir /dev/shm --minutes 10
+    python scripts/bench_long_run.py --rows 100000000 --dim 64 --table disk --minutes 10 --only dsa
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dsa_train import DiskEmbedding, DiskSparseAdam
+from dsa_train.data.synthetic import power_law_ids
+from dsa_train.memory import host_available_bytes, rss_anon_bytes
+from dsa_train.optim.prefetch import shared_prefetcher
+
+MiB, GiB = 1 << 20, 1 << 30
+KINDS = ("sparse_adam", "dsa", "floor")
+
+
+def block_device_stat(path: Path) -> Path | None:
+    """``/sys/dev/block/M:m/stat`` of the device holding ``path`` (None on tmpfs and the like)."""
+    dev = os.stat(path).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+    return stat if stat.exists() else None
+
+
+def sectors_written(stat: Path | None) -> int | None:
+    return int(stat.read_text().split()[6]) if stat is not None else None
+
+
+def batches(args, seed: int):
+    """Endless uncoalesced sparse gradients shaped like ``nn.Embedding(sparse=True)``'s."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (args.rows, args.dim)
+    while True:
+        if args.distribution == "uniform":
+            rows = torch.randint(0, args.rows, (args.lookups,), generator=generator)
+        else:
+            rows = power_law_ids(args.rows, args.lookups, generator, args.zipf)
+        yield torch.sparse_coo_tensor(rows[None], torch.randn(args.lookups, args.dim, generator=generator), shape)
+
+
+class FloorStep:
+    """The memory-traffic floor of a sparse Adam step: gather the touched rows of w, m, v,
+    the Adam arithmetic (bias correction included), scatter them back."""
+
+    def __init__(self, weight: torch.Tensor, lr=1e-3, betas=(0.9, 0.999), eps=1e-8) -> None:
+        self.w, self.lr, self.betas, self.eps, self.t = weight, lr, betas, eps, 0
+        self.m, self.v = torch.zeros_like(weight), torch.zeros_like(weight)
+
+    def step(self, grad: torch.Tensor) -> None:
+        self.t += 1
+        grad = grad.coalesce()
+        rows, g = grad.indices()[0], grad.values()
+        (b1, b2), t = self.betas, self.t
+        m = self.m.index_select(0, rows).lerp_(g, 1 - b1)
+        v = self.v.index_select(0, rows).mul_(b2).addcmul_(g, g, value=1 - b2)
+        step_size = self.lr * (1 - b2**t) ** 0.5 / (1 - b1**t)
+        w = self.w.index_select(0, rows).addcdiv_(m, v.sqrt().add_(self.eps), value=-step_size)
+        self.m.index_copy_(0, rows, m)
+        self.v.index_copy_(0, rows, v)
+        self.w.index_copy_(0, rows, w)
+
+
+def run_child(args) -> dict:
+    """One optimizer, alone in this process, for ``--minutes``."""
+    kind = args.child
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(dir=args.state_dir, prefix="bench-long-") as tmp:
+        stat = block_device_stat(Path(tmp))
+        table = None
+        if args.table == "disk":
+            table = DiskEmbedding(args.rows, args.dim, path=Path(tmp) / "table", std=1.0, seed=0)
+            weight = table.weight
+        else:
+            weight = torch.nn.Parameter(torch.randn(args.rows, args.dim))
+        budget = {} if args.memory_budget is None else {"memory_budget": args.memory_budget}
+        opt = None
+        if kind == "dsa":
+            opt = DiskSparseAdam([("weight", weight)], lr=1e-3, state_dir=Path(tmp) / "state", **budget)
+        elif kind == "sparse_adam":
+            opt = torch.optim.SparseAdam([weight], lr=1e-3)
+        floor = FloorStep(weight.data) if kind == "floor" else None
+        prefetch = shared_prefetcher() if table is not None else None
+        grads = batches(args, seed=1)
+        minutes = []  # per minute: step times (s), sectors written at its start
+        checkpoints = []
+        start = time.perf_counter()
+        minute_start, sectors = start, sectors_written(stat)
+        steps = []
+        last_checkpoint = start
+        grad = next(grads)
+        while True:
+            now = time.perf_counter()
+            if now - minute_start >= 60 or now - start >= args.minutes * 60:
+                sectors_now = sectors_written(stat)
+                minutes.append(_minute(steps, sectors, sectors_now, now - minute_start))
+                steps, minute_start, sectors = [], now, sectors_now
+                if now - start >= args.minutes * 60:
+                    break
+            if opt is not None and kind == "dsa" and args.checkpoint_minutes and now - last_checkpoint >= args.checkpoint_minutes * 60:
+                before = sectors_written(stat)
+                t0 = time.perf_counter()
+                opt.flush()
+                os.sync()  # what the flush made dirty elsewhere (the manifest) counts here too
+                checkpoints.append({"at_min": round((t0 - start) / 60, 2), "s": round(time.perf_counter() - t0, 2),
+                                    "MiB": _mib(before, sectors_written(stat))})  # fmt: skip
+                last_checkpoint = minute_start = time.perf_counter()
+                sectors = sectors_written(stat)
+            nxt = next(grads)  # made before the step, so the prefetch of the next batch can overlap it
+            if prefetch is not None:
+                prefetch.submit(table.table.rows, nxt._indices()[0], claim=True)
+            t0 = time.perf_counter()
+            if floor is not None:
+                floor.step(grad)
+            else:
+                weight.grad = grad
+                opt.step()
+                weight.grad = None
+            steps.append(time.perf_counter() - t0)
+            grad = nxt
+        if prefetch is not None:
+            prefetch.wait()
+        rss = rss_anon_bytes()
+        if opt is not None and kind == "dsa":
+            opt.close()
+        if table is not None:
+            table.table.close()
+    steady = [m["median_ms"] for m in minutes[1:]] or [m["median_ms"] for m in minutes]
+    written = sum(m["MiB_written"] or 0 for m in minutes)
+    hours = sum(m["seconds"] for m in minutes) / 3600
+    return {
+        "kind": kind, "minutes": minutes, "checkpoints": checkpoints,
+        "steady_median_ms": round(statistics.median(steady), 1),
+        "best_minute_ms": min(steady), "worst_minute_ms": max(steady),
+        "GB_written_per_hour_between_checkpoints": round(written / 1024 * 1.073741824 / hours, 2) if stat else None,
+        "rss_anon_MiB_at_end": round(rss / MiB),
+    }  # fmt: skip
+
+
+def _mib(before, after) -> float | None:
+    return None if before is None else round((after - before) * 512 / MiB, 1)
+
+
+def _minute(steps: list[float], sectors, sectors_now, seconds: float) -> dict:
+    return {
+        "steps": len(steps),
+        "median_ms": round(statistics.median(steps) * 1e3, 1) if steps else None,
+        "MiB_written": _mib(sectors, sectors_now),
+        "seconds": round(seconds, 1),
+        "rss_anon_MiB": round(rss_anon_bytes() / MiB),
+    }
+
+
+def child(args, kind: str, minutes: float) -> dict:
+    cmd = [sys.executable, __file__, "--child", kind, "--minutes", str(minutes)]
+    for flag in ("rows", "dim", "lookups", "distribution", "zipf", "state_dir", "table", "checkpoint_minutes", "memory_budget"):
+        value = getattr(args, flag)
+        if value is not None:
+            cmd += [f"--{flag.replace('_', '-')}", str(value)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"kind": kind, "error": f"exit {out.returncode}: {out.stderr.strip()[-500:]}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def fits_in_ram(args) -> bool:
+    room = host_available_bytes()
+    return room is None or 3 * 4 * args.rows * args.dim * 1.2 < room
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--lookups", type=int, default=65_536)
+    parser.add_argument("--distribution", choices=("uniform", "power"), default="uniform")
+    parser.add_argument("--zipf", type=float, default=1.1)
+    parser.add_argument("--minutes", type=float, default=10.0, help="DiskSparseAdam's window")
+    parser.add_argument("--reference-minutes", type=float, default=3.0, help="SparseAdam's and the floor's windows")
+    parser.add_argument("--checkpoint-minutes", type=float, default=5.0, help="flush DiskSparseAdam this often (0: never)")
+    parser.add_argument("--state-dir", default=None, help="where the state lives (default: the temp dir)")
+    parser.add_argument("--table", choices=("memory", "disk"), default="memory")
+    parser.add_argument("--memory-budget", default=None, help="DiskSparseAdam's memory_budget (default: its own)")
+    parser.add_argument("--only", choices=KINDS, action="append", help="run only these (repeatable)")
+    parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_child(args)))
+        return
+    kinds = args.only or [k for k in KINDS if k == "dsa" or args.table == "memory" or fits_in_ram(args)]
+    print(f"# {args.rows:,} x {args.dim}, {args.lookups:,} {args.distribution} lookups a step, table in {args.table}, "
+          f"state in {args.state_dir or tempfile.gettempdir()}, memory_budget {args.memory_budget or 'default'}", flush=True)  # fmt: skip
+    results = {}
+    for kind in kinds:
+        results[kind] = child(args, kind, args.minutes if kind == "dsa" else args.reference_minutes)
+        print(json.dumps(results[kind]), flush=True)
+    dsa = results.get("dsa", {})
+    if "steady_median_ms" in dsa:
+        print(f"DiskSparseAdam: steady {dsa['steady_median_ms']} ms a step, worst minute / best minute "
+              f"{dsa['worst_minute_ms'] / dsa['best_minute_ms']:.2f}, GB written an hour between checkpoints "
+              f"{dsa['GB_written_per_hour_between_checkpoints']}, checkpoints {dsa['checkpoints']}")  # fmt: skip
+        for other in ("sparse_adam", "floor"):
+            if "steady_median_ms" in results.get(other, {}):
+                print(f"DiskSparseAdam / {other}: {dsa['steady_median_ms'] / results[other]['steady_median_ms']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
