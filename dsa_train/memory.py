@@ -153,6 +153,16 @@ def host_available_bytes() -> int | None:
     return available
 
 
+def host_total_bytes() -> int | None:
+    """The machine's memory (``MemTotal``), capped by a memory cgroup's limit; ``None`` if unknown."""
+    total = _meminfo().get("MemTotal")
+    limits = [_read_int(f) for f in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")]
+    limit = min((n for n in limits if n is not None and n < 1 << 60), default=None)  # "max", or v1's "no limit"
+    if limit is not None:
+        total = limit if total is None else min(total, limit)
+    return total
+
+
 def _address_space_room() -> int | None:
     """What ``ulimit -v`` (``RLIMIT_AS``) still lets this process map, or ``None`` without a limit."""
     try:

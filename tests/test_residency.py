@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 from dsa_train import DiskEmbedding, DiskSparseAdam
-from dsa_train.errors import ConfigError
+from dsa_train.errors import ConfigError, StateError
+from dsa_train.optim import disk_sparse_adam, residency
 from dsa_train.optim.format import HEADER_BYTES
 from dsa_train.optim.residency import PAGE, pagemap_readable, resolve_budget
 from dsa_train.recipe import load_recipe
@@ -177,3 +180,87 @@ os.kill(os.getpid(), signal.SIGKILL)
     on_disk = _file_moments(tmp_path / "s" / "w.rows", N, D)
     assert on_disk[:100].any(dim=(1, 2)).all()  # the flushed step is there
     assert not on_disk[100:].any()  # the step after it never reached the file
+
+
+def test_a_full_disk_while_rows_leave_memory_is_named_and_loses_nothing(tmp_path, monkeypatch):
+    """ENOSPC from an eviction's write: a StateError, the rows stay in memory, and once the
+    disk has room again training goes on to SparseAdam's exact result."""
+    ours = torch.nn.Parameter(torch.randn(N, D))
+    theirs = torch.nn.Parameter(ours.detach().clone())
+    reference = torch.optim.SparseAdam([theirs], lr=1e-2)
+    opt = DiskSparseAdam([("w", ours)], lr=1e-2, state_dir=tmp_path / "s", memory_budget=4 * PAGE)
+    real_pwrite, full = residency.os.pwrite, [True]
+
+    def pwrite(fd, data, offset):
+        if full[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(residency.os, "pwrite", pwrite)
+    refused = 0
+    for i, grad in enumerate(grads(5, 12)):
+        for p in (ours, theirs):
+            p.grad = grad
+        reference.step()
+        if i < 6:
+            with pytest.raises(StateError, match="could not write rows leaving memory") as err:
+                opt.step()
+            assert "No space left" in str(err.value) and "flush() writes them" in err.value.hint
+            refused += 1
+        else:
+            full[0] = False  # room again
+            opt.step()
+        assert torch.equal(ours, theirs), i  # every step was complete, refused eviction or not
+    assert refused == 6
+    opt.close()
+    reopened = DiskSparseAdam([("w", ours)], lr=1e-2, state_dir=tmp_path / "s")
+    moments = reopened._store.files["w"]
+    assert torch.equal(moments.m, reference.state[theirs]["exp_avg"])
+    assert torch.equal(moments.v, reference.state[theirs]["exp_avg_sq"])
+    reopened.close()
+
+
+@pytest.mark.parametrize("budget", [None, 400 * PAGE])
+def test_short_memory_sends_changed_rows_out_whatever_the_budget(tmp_path, monkeypatch, budget):
+    """Free memory below its floor: the step writes that much of its changed pages out (with a
+    warning, once) and the results stay SparseAdam's."""
+    ours = torch.nn.Parameter(torch.randn(N, D))
+    theirs = torch.nn.Parameter(ours.detach().clone())
+    reference = torch.optim.SparseAdam([theirs], lr=1e-2)
+    opt = DiskSparseAdam([("w", ours)], lr=1e-2, state_dir=tmp_path / "s", memory_budget=budget)
+    short = [0]
+    monkeypatch.setattr(disk_sparse_adam, "memory_shortfall", lambda: short[0])
+    monkeypatch.setattr(disk_sparse_adam, "PRESSURE_CHECK_SECONDS", 0.0)
+    steps = iter(grads(6, 8))
+
+    def step():
+        grad = next(steps)
+        for p in (ours, theirs):
+            p.grad = grad
+        reference.step()
+        opt.step()
+        assert torch.equal(ours, theirs)
+
+    for _ in range(3):
+        step()
+    held = opt.residency()["resident_bytes"]
+    assert held > 100 * PAGE
+    short[0] = 50 * PAGE
+    pages = -(-opt._store.files["w"].spec.file_bytes // PAGE)
+    with pytest.warns(UserWarning, match="memory is short .* wrote .* out of memory early"):
+        step()
+    after = opt.residency()
+    assert after["evicted_bytes"] >= 50 * PAGE
+    assert after["resident_bytes"] <= (pages - 50) * PAGE  # whatever the step brought in, 50 pages left
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        step()
+        assert opt.residency()["evicted_bytes"] >= 100 * PAGE
+        short[0] = 0
+        step()
+    opt.close()
+    reopened = DiskSparseAdam([("w", ours)], lr=1e-2, state_dir=tmp_path / "s")
+    moments = reopened._store.files["w"]
+    assert torch.equal(moments.m, reference.state[theirs]["exp_avg"])
+    assert torch.equal(moments.v, reference.state[theirs]["exp_avg_sq"])
+    reopened.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -26,11 +27,13 @@ from .functional import (
 )
 from .deltas import DirtyRows
 from .format import LAYOUT, TABLE_LAYOUT
-from .residency import resolve_budget
+from .residency import memory_shortfall, resolve_budget
 from .row_file import DTYPES, RowFile, dtype_name
 from .staging import CudaStaging
 from .state_dir import StateDirectory
 from .table import Table, table_of
+
+PRESSURE_CHECK_SECONDS = 1.0  # how often a step looks at the machine's free memory
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -130,6 +133,8 @@ class DiskSparseAdam(Optimizer):
         parts = ["m:bfloat16" if first_moment == "bfloat16" else "m", "v:row" if second_moment == "row" else "v"]
         self._layout = "|".join(parts)  # "m|v" unless a smaller state was asked for
         self.memory_budget = resolve_budget(memory_budget)  # bytes
+        self._pressure_checked = 0.0  # monotonic time free memory was last looked at
+        self._pressure_warned = False
         self.nonfinite = nonfinite
         self.skipped_steps = 0  # steps skipped for a non-finite gradient (nonfinite="skip")
         self._store: StateDirectory | None = None
@@ -246,11 +251,42 @@ class DiskSparseAdam(Optimizer):
         for row_file in files:
             row_file.set_budget(self.memory_budget * row_file.spec.file_bytes // total)
 
+    def _give_way_to_memory_pressure(self, store: StateDirectory) -> None:
+        """At most once every ``PRESSURE_CHECK_SECONDS``: if free memory is below its floor
+        (:func:`~.residency.memory_shortfall`), write that much of the changed rows out of
+        memory now, whatever the budget, and say so once."""
+        now = time.monotonic()
+        if now - self._pressure_checked < PRESSURE_CHECK_SECONDS:
+            return
+        self._pressure_checked = now
+        short = memory_shortfall()
+        if not short:
+            return
+        files = list(store.files.values())
+        total = sum(f.spec.file_bytes for f in files) or 1
+        shed = sum(f.shed(-(-short * f.spec.file_bytes // total)) for f in files)
+        if shed and not self._pressure_warned:
+            self._pressure_warned = True
+            warnings.warn(
+                f"memory is short ({short / 2**20:,.0f} MiB below the free floor): DiskSparseAdam wrote "
+                f"{shed / 2**20:,.0f} MiB of changed rows out of memory early, and will again whenever memory is "
+                f"short; pass a smaller memory_budget (now {self.memory_budget / 2**20:,.0f} MiB) to keep room",
+                stacklevel=3,
+            )
+
     def residency(self) -> dict[str, int]:
-        """The memory budget and what the changed rows hold of it now, in bytes:
-        ``{"memory_budget", "resident_bytes"}``."""
-        files = self._open_store().files.values()
-        return {"memory_budget": self.memory_budget, "resident_bytes": sum(f.resident_bytes() for f in files)}
+        """The memory budget and what the changed rows hold of it now, in bytes, with what
+        the state files were written since they were opened: ``{"memory_budget",
+        "resident_bytes", "written_bytes", "evicted_bytes"}`` (evicted: changed pages the
+        budget sent out of memory, each written once as it left)."""
+        files = list(self._open_store().files.values())
+        stats = [f.write_stats() for f in files]
+        return {
+            "memory_budget": self.memory_budget,
+            "resident_bytes": sum(f.resident_bytes() for f in files),
+            "written_bytes": sum(s["written_bytes"] for s in stats),
+            "evicted_bytes": sum(s["evicted_bytes"] for s in stats),
+        }
 
     def _groups_summary(self) -> list[dict]:
         return [
@@ -322,6 +358,7 @@ class DiskSparseAdam(Optimizer):
         try:
             for _, p in work:
                 store.files[self._keys[p]].settle()  # past the budget, the coldest rows leave
+            self._give_way_to_memory_pressure(store)
         except OSError as e:
             raise StateError(
                 f"could not write rows leaving memory to '{store.path}': {e.strerror or e}; they stay "

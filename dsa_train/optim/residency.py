@@ -13,6 +13,9 @@ here:
 - Past the memory budget, :meth:`PageResidency.trim` picks pages to leave memory by CLOCK
   (a reference bit per page, set when a step writes it, cleared as the hand passes) and writes
   each once as it leaves.
+- When the machine runs short of memory anyway (other processes, an evaluation), the
+  optimizer writes changed pages out early (:func:`memory_shortfall`, :meth:`PageResidency.shed`):
+  anonymous pages cannot be dropped by the kernel without swap, so the budget gives way first.
 - Held ranges (the partition buffer) are copied in whole and pinned: the budget never evicts
   them, and only their pages a step wrote are written back.
 
@@ -29,7 +32,7 @@ import re
 
 import numpy as np
 
-from ..memory import host_available_bytes
+from ..memory import host_available_bytes, host_total_bytes
 
 PAGE = mmap.PAGESIZE
 RESIDENT, REFERENCED, PINNED, CLEAN = 1, 2, 4, 8
@@ -41,6 +44,7 @@ MADV_POPULATE_WRITE = 23
 DEFAULT_BUDGET = "75%"
 BUDGET_FORMS = "give bytes such as 2147483648, a size such as '2GiB' or '512MB', or a share of free memory such as '50%'"
 _PRESENT, _SWAPPED, _FILE = 1 << 63, 1 << 62, 1 << 61
+FREE_FLOOR_SHARE, FREE_FLOOR_MIN = 0.05, 256 << 20  # free memory the budget gives way to keep
 
 
 @functools.cache
@@ -87,6 +91,15 @@ def resolve_budget(budget: int | str | None) -> int:
     if match is None:
         raise ValueError(f"Invalid memory_budget: {budget!r} ({BUDGET_FORMS})")
     return int(float(match.group(1)) * _UNITS[(match.group(2) or "b").lower()])
+
+
+def memory_shortfall() -> int:
+    """Bytes by which the memory this process can still take is below the floor it keeps free
+    (5% of the machine's memory, at least 256 MiB); 0 when there is enough, or when unknown."""
+    room, total = host_available_bytes(), host_total_bytes()
+    if room is None or total is None:
+        return 0
+    return max(0, max(FREE_FLOOR_MIN, int(total * FREE_FLOOR_SHARE)) - room)
 
 
 class PageResidency:
@@ -182,6 +195,25 @@ class PageResidency:
         self._resident -= len(pages)
         self.stats["evicted_bytes"] += len(pages) * PAGE
         return len(pages) * PAGE
+
+    def shed(self, nbytes: int) -> int:
+        """Evict at least ``nbytes`` of changed pages now, whatever the budget (memory is short):
+        by CLOCK where the steps' marks are kept, else the kernel's page tables are walked from
+        the hand. Returns the bytes evicted."""
+        if not self.unbounded or self.pinned:
+            return self.trim(max(0, self.resident_bytes() - nbytes))
+        needed, evicted = -(-nbytes // PAGE), 0
+        for _ in range(-(-self.pages // PAGEMAP_CHUNK) + 1):  # once round the file at most
+            if evicted >= needed:
+                break
+            stop = min(self.hand + PAGEMAP_CHUNK, self.pages)
+            pages = self.changed_pages(self.hand, stop)[: needed - evicted]
+            self._write(pages)
+            self._drop(pages)
+            evicted += len(pages)
+            self.hand = 0 if stop >= self.pages else stop
+        self.stats["evicted_bytes"] += evicted * PAGE
+        return evicted * PAGE
 
     # -- write-back ---------------------------------------------------------------------
     def changed_pages(self, first: int = 0, stop: int | None = None) -> np.ndarray:

@@ -169,6 +169,14 @@ class RowFile:
                 return 0
             return self.residency.trim(int(self.residency.budget * SETTLE_TO))
 
+    def shed(self, nbytes: int) -> int:
+        """Memory is short: write at least ``nbytes`` of changed pages out of memory now, whatever
+        the budget. Returns the bytes that left memory."""
+        if self.residency is None or nbytes <= 0:
+            return 0
+        with self._lock:
+            return self.residency.shed(nbytes)
+
     def write_out_rows(self, first: int, stop: int) -> None:
         """Write the changed pages of rows ``[first, stop)`` to the file and drop their copies
         (no fsync): for a writer that fills a table range by range outside any step (loading
@@ -184,6 +192,13 @@ class RowFile:
             return 0
         with self._lock:
             return self.residency.changed_bytes()
+
+    def write_stats(self) -> dict[str, int]:
+        """Bytes this mapping wrote to the file so far (``written_bytes``: flushes and evictions)
+        and the bytes of changed pages the budget sent out of memory (``evicted_bytes``)."""
+        if self.residency is None:
+            return {"written_bytes": 0, "evicted_bytes": 0}
+        return dict(self.residency.stats)
 
     def flush(self) -> None:
         """Write every changed row to the file and wait for the disk (``fsync``): the changed
