@@ -154,7 +154,9 @@ def run_child(args) -> dict:
         if prefetch is not None:
             prefetch.wait()
         rss = rss_anon_bytes()
+        residency = None
         if opt is not None and kind == "dsa":
+            residency = {k.replace("_bytes", "") + "_MiB": round(v / MiB) for k, v in opt.residency().items()}
             opt.close()
         if table is not None:
             table.table.close()
@@ -166,7 +168,7 @@ def run_child(args) -> dict:
         "steady_median_ms": round(statistics.median(steady), 1),
         "best_minute_ms": min(steady), "worst_minute_ms": max(steady),
         "GB_written_per_hour_between_checkpoints": round(written / 1024 * 1.073741824 / hours, 2) if stat else None,
-        "rss_anon_MiB_at_end": round(rss / MiB),
+        "rss_anon_MiB_at_end": round(rss / MiB), "residency_MiB": residency,
     }  # fmt: skip
 
 
@@ -232,6 +234,11 @@ def main() -> None:
         print(f"DiskSparseAdam: steady {dsa['steady_median_ms']} ms a step, worst minute / best minute "
               f"{dsa['worst_minute_ms'] / dsa['best_minute_ms']:.2f}, GB written an hour between checkpoints "
               f"{dsa['GB_written_per_hour_between_checkpoints']}, checkpoints {dsa['checkpoints']}")  # fmt: skip
+        evicted = (dsa["residency_MiB"] or {}).get("evicted_MiB")
+        between = sum(m["MiB_written"] or 0 for m in dsa["minutes"])
+        if evicted:
+            print(f"past the budget: {evicted:,} MiB of changed pages left memory, {between:,.0f} MiB reached the disk "
+                  f"between checkpoints ({between / evicted:.2f}x)")  # fmt: skip
         for other in ("sparse_adam", "floor"):
             if "steady_median_ms" in results.get(other, {}):
                 print(f"DiskSparseAdam / {other}: {dsa['steady_median_ms'] / results[other]['steady_median_ms']:.2f}")
