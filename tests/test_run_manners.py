@@ -5,6 +5,7 @@ nothing (until asked for more epochs). References: the file system and the metri
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -98,5 +99,5 @@ def test_the_summary_line_is_never_broken_inside_a_value(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, ["run", str(recipe), "-o", str(run)])
     assert result.exit_code == 0, result.output
     summary = next(line for line in result.stdout.splitlines() if " steps, " in line)
-    assert "optimizer state on disk" in summary and summary.rstrip().endswith("MiB")
+    assert re.search(r"optimizer state on disk [\d.,]+ MiB \(memory budget [\d,]+ MiB\)$", summary.rstrip()), summary
     assert f"run folder: {run}" in result.stdout.splitlines()

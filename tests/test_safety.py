@@ -138,7 +138,8 @@ def test_clean_takes_the_lock_so_a_run_started_after_the_plan_is_left_alone(run)
 def test_clean_of_unreadable_places_is_not_a_leaked_error(root):
     result = invoke("clean", root, "--dry-run")
     assert "PermissionError" not in result.stderr and "Traceback" not in result.stderr
-    assert result.exit_code == 0 or result.stderr.startswith("Error: '/proc/1' is not a run folder")
+    # Whether the machine holds any run or state directory decides between a plan and this error.
+    assert result.exit_code == 0 or result.stderr.startswith(f"Error: '{root}' is not a run folder")
 
 
 # -- 3, 14: locks ---------------------------------------------------------------------------------
