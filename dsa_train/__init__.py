@@ -13,6 +13,7 @@ __all__ = [
     "StateError",
     "TrainingError",
     "__version__",
+    "open_run",
 ]
 
 
@@ -27,4 +28,8 @@ def __getattr__(name: str):
         from . import nn
 
         return getattr(nn, name)
+    if name == "open_run":
+        from .results import open_run
+
+        return open_run
     raise AttributeError(f"module 'dsa_train' has no attribute {name!r}")

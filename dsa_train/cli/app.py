@@ -13,6 +13,7 @@ from ..fsutil import require_linux
 from ..threads import prefer_sleeping_threads
 from .clean import clean
 from .eval import eval_
+from .export import export
 from .import_data import import_
 from .inspect_state import inspect_state
 from .recipes import recipes, validate
@@ -39,6 +40,7 @@ app = typer.Typer(
 )
 app.command("run")(run)
 app.command("eval")(eval_)
+app.command("export")(export)
 app.command("import")(import_)
 app.command("inspect-state")(inspect_state)
 app.command("clean")(clean)

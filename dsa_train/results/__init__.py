@@ -1,0 +1,7 @@
+"""What a finished run gives back: its tables, names, scores and neighbours
+(:func:`open_run`), and files other tools read (:func:`export_run`)."""
+
+from .export import FORMATS, export_run
+from .reader import Answer, TrainedRun, open_run
+
+__all__ = ["FORMATS", "Answer", "TrainedRun", "export_run", "open_run"]

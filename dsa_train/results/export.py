@@ -1,0 +1,182 @@
+"""Write a run's tables to files other tools read: ``.npy``, TSV, word2vec text.
+
+Every table becomes a weights file and a names file (``<table>.names.tsv``: ``id<TAB>name``,
+one line a row, in row order), with ``export.json`` saying what each file holds (the model,
+its settings, the checkpoint step, each table's shape and the meaning of its columns). Tables
+are streamed a chunk of rows at a time, so a table larger than RAM exports in bounded memory.
+The folder is written under a temporary name next to the target, fsynced and renamed: a
+failed or interrupted export leaves no folder under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DsaError
+from ..fsutil import fsync_directory
+from .reader import CHUNK_ROWS, INVERSE, TrainedRun
+
+FORMATS = ("npy", "tsv", "word2vec")
+EXPORT_FORMAT = "dsa-train/export"
+MANIFEST = "export.json"
+PARTIAL = ".partial-export-"
+MEANINGS = {
+    ("transe", "entities"): "entity vectors e; a triple scores -||e_h + r - e_t||_p",
+    ("transe", "relations"): "translations r",
+    ("distmult", "entities"): "entity vectors e; a triple scores sum_i e_h,i r_i e_t,i",
+    ("distmult", "relations"): "diagonals r of the bilinear form",
+    ("complex", "entities"): "complex vectors, columns [real parts | imaginary parts]; a triple scores Re<e_h, r, conj(e_t)>",
+    ("complex", "relations"): "complex vectors, columns [real parts | imaginary parts]",
+    ("rotate", "entities"): "complex vectors, columns [real parts | imaginary parts]; a triple scores -||e_h o r - e_t||",
+    ("rotate", "relations"): "phases in radians, one per complex coordinate: r = cos(phase) + i sin(phase)",
+    ("node2vec", "nodes"): "node vectors (skip-gram input embeddings)",
+    ("sage", "nodes"): "the learnable node features GraphSAGE aggregates",
+}
+
+
+def export_run(
+    trained: TrainedRun, out: Path, fmt: str, *, force: bool = False, chunk_rows: int = CHUNK_ROWS,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:  # fmt: skip
+    """Write every table of ``trained`` to folder ``out`` in format ``fmt`` and return the
+    manifest. ``force`` replaces ``out`` only if it is an earlier export (its ``export.json``
+    says so); anything else there is refused. ``progress(table, rows_done, rows)``."""
+    if fmt not in FORMATS:
+        raise DsaError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", hint="e.g. --format npy")
+    out = Path(out)
+    _check_target(out, force)
+    partial = out.parent / f"{PARTIAL}{out.name}-{uuid.uuid4().hex[:8]}"
+    partial.mkdir()
+    try:
+        tables = {}
+        for table, (rows, dim) in trained.tables.items():
+            tables[table] = _export_table(trained, table, partial, fmt, chunk_rows, progress)
+            meaning = MEANINGS.get((trained.kind, table), "embedding rows")
+            if table == "relations" and rows > trained.task.kg.num_relations:
+                meaning += f"; rows {trained.task.kg.num_relations:,} on are the inverse relations head queries use, named {INVERSE}<name>"
+            tables[table].update(rows=rows, dim=dim, dtype="float32", meaning=meaning)
+        manifest = {
+            "format": EXPORT_FORMAT, "version": 1, "run": str(trained.run.path.resolve()), "checkpoint": trained.step,
+            "model": trained.kind, "settings": trained.settings, "dataset": trained.recipe.dataset.kind, "file_format": fmt,
+            "tables": tables,
+        }  # fmt: skip
+        _write_file(partial / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+        fsync_directory(partial)
+        _commit(partial, out)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _check_target(out: Path, force: bool) -> None:
+    if out.is_symlink():
+        raise DsaError(f"output '{out}' is a symbolic link: export never writes through one", hint="give a real folder path with -o")
+    if not out.parent.is_dir():
+        raise DsaError(f"the folder of output '{out}' does not exist", hint=f"create {out.parent} first, or pick another -o")
+    if out.exists():
+        if not force:
+            raise DsaError(f"output '{out}' already exists", hint="pick a new folder, or pass --force to replace an earlier export")
+        if not _is_export(out):
+            raise DsaError(
+                f"output '{out}' exists and is not an earlier export (no {MANIFEST} of format {EXPORT_FORMAT}): --force replaces only those",
+                hint="pick a new folder; nothing in it was changed",
+            )
+
+
+def _is_export(folder: Path) -> bool:
+    try:
+        with open(folder / MANIFEST, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as f:
+            return json.loads(f.read(1 << 20)).get("format") == EXPORT_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _commit(partial: Path, out: Path) -> None:
+    """Rename ``partial`` to ``out``; an earlier export there goes only once the new one is in place."""
+    old = None
+    if out.exists():
+        old = out.parent / f"{PARTIAL}{out.name}-old-{uuid.uuid4().hex[:8]}"
+        os.rename(out, old)
+    os.rename(partial, out)
+    fsync_directory(out.parent)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk_rows: int, progress) -> dict:
+    rows, dim = trained.tables[table]
+    names_file, weights_file = f"{table}.names.tsv", {"npy": f"{table}.npy", "tsv": f"{table}.tsv", "word2vec": f"{table}.w2v.txt"}[fmt]
+    names = _open_new(folder / names_file)
+    weights = None if fmt == "npy" else _open_new(folder / weights_file)
+    array = np.lib.format.open_memmap(folder / weights_file, mode="w+", dtype=np.float32, shape=(rows, dim)) if fmt == "npy" else None
+    try:
+        if fmt == "word2vec":
+            weights.write(f"{rows} {dim}\n".encode())
+        for start, block in trained.chunks(table, chunk_rows):
+            labels = trained.names(table, range(start, start + len(block)))
+            bad = next((n for n in labels if "\t" in n or "\n" in n or "\r" in n), None)
+            if bad is not None:
+                raise DsaError(f"{table} name {bad!r} holds a tab or a line break, which a names file cannot hold", hint="rename it in the dataset")
+            names.write("".join(f"{start + i}\t{n}\n" for i, n in enumerate(labels)).encode("utf-8"))
+            values = block.numpy()
+            if array is not None:
+                array[start : start + len(block)] = values
+            elif fmt == "tsv":
+                weights.write(_text_rows(values, "\t").encode())
+            else:
+                spaced = next((n for n in labels if not n or any(c.isspace() for c in n)), None)
+                if spaced is not None:
+                    raise DsaError(
+                        f"{table} name {spaced!r} is empty or holds white space, which word2vec text cannot hold",
+                        hint="export --format npy or tsv (names go to a names file there)",
+                    )
+                lines = _text_rows(values, " ").splitlines()
+                weights.write("".join(f"{n} {line}\n" for n, line in zip(labels, lines)).encode("utf-8"))
+            if progress is not None:
+                progress(table, start + len(block), rows)
+        if array is not None:
+            array.flush()
+            del array
+            _fsync(folder / weights_file)
+        for f in (names, weights):
+            if f is not None:
+                f.flush()
+                os.fsync(f.fileno())
+    finally:
+        for f in (names, weights):
+            if f is not None:
+                f.close()
+    return {"weights": weights_file, "names": names_file}
+
+
+def _text_rows(values: np.ndarray, sep: str) -> str:
+    """Rows of float32 values as text that reads back to the same bits (9 significant digits)."""
+    line = sep.join(["%.9g"] * values.shape[1]) + "\n"
+    return "".join(line % tuple(row) for row in values.tolist())
+
+
+def _open_new(path: Path):
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb")
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with _open_new(path) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,214 @@
+"""What a finished run gives back (dsa_train.open_run, dsa-train export), checked against the
+checkpoint's own tensors and brute-force answers computed here from the weights."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dsa_train import DsaError, open_run
+from dsa_train.cli.app import app
+from dsa_train.nn import DiskEmbedding
+from dsa_train.results import export_run
+
+ENTITIES, RELATIONS = 60, 4
+RECIPE = """\
+name: named
+dataset: {kind: tsv, path: %(data)s}
+model: {kind: %(model)s, dim: 8, init_std: 0.1, embedding_storage: %(storage)s}
+train: {epochs: 2, batch_size: 64, negatives: 16, checkpoint_every: 3, keep_checkpoints: 2, log_every: 100}
+optimizer: {kind: dsa, lr: 0.05}
+eval: {every_epochs: 0, final_splits: []}
+"""
+
+
+def entity_name(i: int) -> str:
+    return f"ñandú/{i:03d}" if i % 7 else f"Q{i}"
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    """A small named TSV graph: (folder, every true triple as names)."""
+    folder = tmp_path_factory.mktemp("named-kg")
+    g = torch.Generator().manual_seed(3)
+    triples = set()
+    for i in range(ENTITIES):  # every entity in train
+        triples.add((i, i % RELATIONS, (i * 7 + 1) % ENTITIES))
+    while len(triples) < 600:
+        h, r, t = torch.randint(0, ENTITIES, (1,), generator=g).item(), torch.randint(0, RELATIONS, (1,), generator=g).item(), torch.randint(0, ENTITIES, (1,), generator=g).item()
+        triples.add((h, r, t))
+    ordered = sorted(triples)
+    splits = {"train": ordered[:520], "valid": ordered[520:560], "test": ordered[560:]}
+    for split, rows in splits.items():
+        (folder / f"{split}.txt").write_text("".join(f"{entity_name(h)}\tr{r}\t{entity_name(t)}\n" for h, r, t in rows), encoding="utf-8")
+    return folder, {(entity_name(h), f"r{r}", entity_name(t)) for h, r, t in ordered}
+
+
+@pytest.fixture(scope="module")
+def runs(graph, tmp_path_factory):
+    """One finished run per (model, storage), trained once for the module."""
+    made = {}
+
+    def run(model="transe", storage="memory"):
+        if (model, storage) not in made:
+            folder = tmp_path_factory.mktemp(f"run-{model}-{storage}")
+            recipe = folder / "recipe.yaml"
+            recipe.write_text(RECIPE % {"data": graph[0], "model": model, "storage": storage})
+            result = CliRunner().invoke(app, ["run", str(recipe), "-o", str(folder / "run")])
+            assert result.exit_code == 0, result.output
+            made[(model, storage)] = folder / "run"
+        return made[(model, storage)]
+
+    return run
+
+
+def newest_checkpoint(run):
+    return sorted(p for p in (run / "checkpoints").iterdir() if p.name.isdigit())[-1]
+
+
+def test_memory_tables_are_the_checkpoints_tensors(runs):
+    run = runs("transe", "memory")
+    trained = open_run(run)
+    saved = torch.load(newest_checkpoint(run) / "model.pt", weights_only=True)
+    assert trained.step == int(newest_checkpoint(run).name)
+    assert torch.equal(trained.weights("entities"), saved["node_emb.weight"])
+    assert torch.equal(trained.weights("relations"), saved["rel_emb.weight"])
+    assert trained.tables == {"entities": (ENTITIES, 8), "relations": (2 * RELATIONS, 8)}  # reciprocal: inverse rows too
+    pieces = [rows for _, rows in trained.chunks("entities", chunk_rows=7)]
+    assert torch.equal(torch.cat(pieces), saved["node_emb.weight"])
+
+
+def test_disk_tables_read_through_delta_chains_equal_the_live_table(runs):
+    """The run ended with a checkpoint, so its newest checkpoint (a delta on an earlier version)
+    holds the live table's final weights."""
+    run = runs("transe", "disk")
+    trained = open_run(run)
+    live = DiskEmbedding(ENTITIES, 8, path=run / "tables" / "entities.table", writable=False)
+    assert torch.equal(trained.weights("entities"), live.weight)
+    older = sorted(p for p in (run / "checkpoints").iterdir() if p.name.isdigit())[0]
+    assert not torch.equal(open_run(run, checkpoint=int(older.name)).weights("entities"), live.weight)
+
+
+def test_names_round_trip(runs, graph):
+    trained = open_run(runs())
+    names = trained.names("entities")
+    assert sorted(names) == sorted(entity_name(i) for i in range(ENTITIES))
+    assert trained.ids("entities", names) == list(range(ENTITIES))
+    relations = trained.names("relations")
+    assert sorted(relations[:RELATIONS]) == [f"r{i}" for i in range(RELATIONS)]
+    assert relations[RELATIONS:] == ["inverse:" + name for name in relations[:RELATIONS]]
+    assert trained.ids("relations", relations) == list(range(2 * RELATIONS))
+    with pytest.raises(DsaError, match="entity 'Q14x' is not in this run's entities") as err:
+        trained.ids("entities", ["Q14x"])
+    assert err.value.hint.startswith("did you mean 'Q14'")
+
+
+def brute_scores(trained, head, relation) -> torch.Tensor:
+    """TransE by hand: -||e_h + r - e_t||_2 for every tail."""
+    e, r = trained.weights("entities"), trained.weights("relations")
+    h, rel = trained.ids("entities", [head])[0], trained.ids("relations", [relation])[0]
+    return -(e[h] + r[rel] - e).norm(dim=1)
+
+
+def test_score_and_predict_against_brute_force(runs, graph):
+    trained = open_run(runs())
+    head, relation = entity_name(5), "r1"
+    everything = brute_scores(trained, head, relation)
+    names = trained.names("entities")
+    tails = [names[i] for i in range(ENTITIES)]
+    assert torch.allclose(trained.score([head] * ENTITIES, [relation] * ENTITIES, tails), everything, atol=1e-5)
+    expected = torch.topk(everything, 10).indices.tolist()
+    got = trained.predict(head=head, relation=relation, k=10, chunk_rows=7)
+    assert [a.id for a in got] == expected and [a.name for a in got] == [names[i] for i in expected]
+    # Filtered: every known (head, relation, ?) answer of any split is left out, or marked.
+    known = {names.index(t) for h, r, t in graph[1] if h == head and r == relation}
+    assert known
+    masked = everything.clone()
+    masked[list(known)] = float("-inf")
+    assert [a.id for a in trained.predict(head=head, relation=relation, k=10, filter=True, chunk_rows=7)] == torch.topk(masked, 10).indices.tolist()
+    marked = trained.predict(head=head, relation=relation, k=ENTITIES, filter="mark")
+    assert {a.id for a in marked if a.known} == known
+
+
+def test_neighbors_against_brute_force(runs):
+    trained = open_run(runs())
+    e = trained.weights("entities")
+    query = trained.ids("entities", [entity_name(9)])[0]
+    cosine = torch.nn.functional.normalize(e, dim=1) @ torch.nn.functional.normalize(e[query], dim=0)
+    cosine[query] = float("-inf")
+    got = trained.neighbors(entity_name(9), k=5, chunk_rows=8)
+    assert [a.id for a in got] == torch.topk(cosine, 5).indices.tolist()
+    l2 = -(e - e[query]).norm(dim=1)
+    l2[query] = float("-inf")
+    assert [a.id for a in trained.neighbors(entity_name(9), k=5, metric="l2")] == torch.topk(l2, 5).indices.tolist()
+    with pytest.raises(DsaError, match="metric must be one of"):
+        trained.neighbors(entity_name(9), metric="manhattan")
+
+
+@pytest.mark.parametrize("storage", ["memory", "disk"])
+def test_export_round_trips_bit_for_bit(runs, tmp_path, storage):
+    trained = open_run(runs("complex", storage))
+    out = export_run(trained, tmp_path / "npy", "npy", chunk_rows=7)
+    assert out["tables"]["entities"]["meaning"].startswith("complex vectors, columns [real parts | imaginary parts]")
+    for table in ("entities", "relations"):
+        assert np.array_equal(np.load(tmp_path / "npy" / f"{table}.npy"), trained.weights(table).numpy())
+        lines = (tmp_path / "npy" / f"{table}.names.tsv").read_text(encoding="utf-8").splitlines()
+        assert lines == [f"{i}\t{n}" for i, n in enumerate(trained.names(table))]
+    manifest = json.loads((tmp_path / "npy" / "export.json").read_text())
+    assert manifest["checkpoint"] == trained.step and manifest["model"] == "complex" and manifest["tables"]["entities"]["rows"] == ENTITIES
+    export_run(trained, tmp_path / "tsv", "tsv")
+    text = np.loadtxt(tmp_path / "tsv" / "entities.tsv", delimiter="\t", dtype=np.float32)
+    assert np.array_equal(text, trained.weights("entities").numpy())  # 9 digits read back to the same bits
+
+
+def test_word2vec_text_follows_the_format(runs, tmp_path):
+    """gensim's load_word2vec_format reads: a header 'count dim', then 'word v1 ... vdim' lines
+    (https://radimrehurek.com/gensim/models/keyedvectors.html); names here hold no white space."""
+    trained = open_run(runs())
+    export_run(trained, tmp_path / "w2v", "word2vec")
+    lines = (tmp_path / "w2v" / "entities.w2v.txt").read_text(encoding="utf-8").splitlines()
+    assert lines[0] == f"{ENTITIES} 8"
+    words = [line.split(" ")[0] for line in lines[1:]]
+    vectors = np.array([[np.float32(x) for x in line.split(" ")[1:]] for line in lines[1:]])
+    assert words == trained.names("entities")
+    assert np.array_equal(vectors, trained.weights("entities").numpy())
+
+
+def test_export_refuses_what_is_not_its_own(runs, tmp_path):
+    run = runs()
+    target = tmp_path / "vectors"
+    target.mkdir()
+    (target / "precious.txt").write_text("mine")
+    result = CliRunner().invoke(app, ["export", str(run), "-o", str(target)])
+    assert result.exit_code == 1 and "already exists" in result.stderr and "Traceback" not in result.stderr
+    result = CliRunner().invoke(app, ["export", str(run), "-o", str(target), "--force"])
+    assert result.exit_code == 1 and "is not an earlier export" in result.stderr
+    assert (target / "precious.txt").read_text() == "mine" and len(os.listdir(target)) == 1
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    result = CliRunner().invoke(app, ["export", str(run), "-o", str(link), "--force"])
+    assert result.exit_code == 1 and "symbolic link" in result.stderr
+    # An earlier export is replaced with --force, and nothing else is left beside it.
+    fresh = tmp_path / "fresh"
+    assert CliRunner().invoke(app, ["export", str(run), "-o", str(fresh)]).exit_code == 0
+    result = CliRunner().invoke(app, ["export", str(run), "-o", str(fresh), "--force", "--format", "tsv"])
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(fresh)) == ["entities.names.tsv", "entities.tsv", "export.json", "relations.names.tsv", "relations.tsv"]
+    assert sorted(os.listdir(tmp_path)) == ["fresh", "link", "vectors"]  # no partial or old folder left
+
+
+def test_a_failed_export_leaves_nothing_under_the_name(runs, tmp_path, monkeypatch):
+    from dsa_train.results import export as export_module
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export_module, "_text_rows", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        export_run(open_run(runs()), tmp_path / "out", "tsv")
+    assert os.listdir(tmp_path) == []
