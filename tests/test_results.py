@@ -141,11 +141,12 @@ def test_neighbors_against_brute_force(runs):
     query = trained.ids("entities", [entity_name(9)])[0]
     cosine = torch.nn.functional.normalize(e, dim=1) @ torch.nn.functional.normalize(e[query], dim=0)
     cosine[query] = float("-inf")
-    got = trained.neighbors(entity_name(9), k=5, chunk_rows=8)
+    got = trained.neighbors(entity_name(9), k=5, metric="cosine", chunk_rows=8)
     assert [a.id for a in got] == torch.topk(cosine, 5).indices.tolist()
     l2 = -(e - e[query]).norm(dim=1)
     l2[query] = float("-inf")
-    assert [a.id for a in trained.neighbors(entity_name(9), k=5, metric="l2")] == torch.topk(l2, 5).indices.tolist()
+    assert trained.default_metric == "l2"  # TransE with p_norm 2 scores distances
+    assert [a.id for a in trained.neighbors(entity_name(9), k=5)] == torch.topk(l2, 5).indices.tolist()
     with pytest.raises(DsaError, match="metric must be one of"):
         trained.neighbors(entity_name(9), metric="manhattan")
 
@@ -212,3 +213,45 @@ def test_a_failed_export_leaves_nothing_under_the_name(runs, tmp_path, monkeypat
     with pytest.raises(OSError, match="No space left"):
         export_run(open_run(runs()), tmp_path / "out", "tsv")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_predicted_rank_is_evals_filtered_rank(runs, tmp_path):
+    """For every test triple, both sides: 1 + the answers not known in any split that predict
+    puts above the true one equals the rank `eval --save-ranks` wrote."""
+    run = runs("distmult")
+    saved = tmp_path / "ranks.tsv"
+    result = CliRunner().invoke(app, ["eval", str(run), "--save-ranks", str(saved)])
+    assert result.exit_code == 0, result.output
+    lines = [line.split("\t") for line in saved.read_text().splitlines()[1:]]
+    trained = open_run(run)
+    queries = [(int(h), int(r), None) if side == "tail" else (None, int(r), int(t)) for side, h, r, t, _ in lines]
+    answers = trained.predict_many(queries, k=ENTITIES, filter="mark", chunk_rows=16)
+    for (side, h, r, t, rank), ranked in zip(lines, answers):
+        target = int(t) if side == "tail" else int(h)
+        position = [a.id for a in ranked].index(target)
+        assert 1 + sum(not a.known for a in ranked[:position]) == float(rank), (side, h, r, t)
+
+
+def test_predict_and_neighbors_from_the_command_line(runs, tmp_path):
+    run = runs()
+    trained = open_run(run)
+    head = entity_name(5)
+    result = CliRunner().invoke(app, ["predict", str(run), "--head", head, "--relation", "r1", "-k", "3", "--filter", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    expected = trained.predict(head=head, relation="r1", k=3, filter=True)
+    assert [a["name"] for a in document["queries"][0]["answers"]] == [a.name for a in expected]
+    queries = tmp_path / "q.tsv"
+    queries.write_text(f"{head}\tr1\t?\n?\tr2\t{entity_name(7)}\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["predict", str(run), "--queries", str(queries), "-k", "2"])
+    assert result.exit_code == 0, result.output
+    assert f"({head}, r1, ?)" in result.stdout and f"(?, r2, {entity_name(7)})" in result.stdout
+    queries.write_text(f"{head}\tr1\t{head}\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["predict", str(run), "--queries", str(queries)])
+    assert result.exit_code == 1 and "line 1 of" in result.stderr and "exactly one ?" in result.stderr
+    result = CliRunner().invoke(app, ["predict", str(run), "--head", "Q14x", "--relation", "r1"])
+    assert result.exit_code == 1 and "entity 'Q14x' is not in this run's entities" in result.stderr and "did you mean 'Q14'" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = CliRunner().invoke(app, ["neighbors", str(run), head, "-k", "4", "--metric", "cosine", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [a["id"] for a in json.loads(result.stdout)["neighbors"]] == [a.id for a in trained.neighbors(head, k=4, metric="cosine")]

@@ -16,6 +16,7 @@ from .eval import eval_
 from .export import export
 from .import_data import import_
 from .inspect_state import inspect_state
+from .predict import neighbors, predict
 from .recipes import recipes, validate
 from .run import run
 
@@ -41,6 +42,8 @@ app = typer.Typer(
 app.command("run")(run)
 app.command("eval")(eval_)
 app.command("export")(export)
+app.command("predict")(predict)
+app.command("neighbors")(neighbors)
 app.command("import")(import_)
 app.command("inspect-state")(inspect_state)
 app.command("clean")(clean)

@@ -27,7 +27,7 @@ from ..train.tables import TableSite
 from ..train.tasks import make_task
 
 CHUNK_ROWS = 1 << 16  # rows read at once when a table is streamed
-METRICS = ("cosine", "dot", "l2")
+METRICS = ("cosine", "dot", "l1", "l2")
 SINGULAR = {"entities": "entity", "relations": "relation", "nodes": "node"}
 INVERSE = "inverse:"  # the name of relation r's inverse, row r + R of a reciprocal model's table
 
@@ -163,54 +163,90 @@ class TrainedRun:
 
     def predict(
         self, *, head: str | int | None = None, relation: str | int, tail: str | int | None = None, k: int = 10,
-        filter: bool | str = False, chunk_rows: int = 1 << 20,
+        filter: bool | str = False, chunk_rows: int = CHUNK_ROWS,
     ) -> list[Answer]:  # fmt: skip
-        """The ``k`` best answers of ``(head, relation, ?)`` or ``(?, relation, tail)``, exact,
-        scoring every entity in chunks of ``chunk_rows``. ``filter=True`` leaves out answers
-        known in train, valid or test (the filter of filtered ranking); ``filter="mark"``
-        keeps them, marked ``known``."""
+        """The ``k`` best answers of ``(head, relation, ?)`` or ``(?, relation, tail)``: exact,
+        every entity scored, a chunk of ``chunk_rows`` rows at a time. ``filter=True`` leaves
+        out answers known in train, valid or test (the filter of filtered ranking);
+        ``filter="mark"`` keeps them, marked ``known``."""
+        return self.predict_many([(head, relation, tail)], k=k, filter=filter, chunk_rows=chunk_rows)[0]
+
+    def predict_many(
+        self, queries: Sequence[tuple], *, k: int = 10, filter: bool | str = False, chunk_rows: int = CHUNK_ROWS,
+    ) -> list[list[Answer]]:  # fmt: skip
+        """:meth:`predict` for many ``(head, relation, None)`` / ``(None, relation, tail)``
+        queries at once: one pass over the entity table answers all of them."""
         self._require_kg("predict")
-        if (head is None) == (tail is None):
-            raise DsaError("predict needs exactly one of head= and tail=", hint="e.g. predict(head='/m/027rn', relation='/film/film/country')")
         if k < 1:
             raise DsaError(f"k must be at least 1, got {k}", hint="e.g. k=10")
         if filter not in (False, True, "mark"):
             raise DsaError(f"filter must be False, True or 'mark', got {filter!r}", hint="filter=True drops known answers")
-        side = "tail" if tail is None else "head"
-        anchor = self._as_ids("entities", [head if side == "tail" else tail])
-        rel = self._as_ids("relations", [relation])
-        known = torch.zeros(0, dtype=torch.long)
-        if filter:
-            _, known = self.task.kg.filter_index().known(anchor, rel, side)
-        total = self.task.kg.num_entities
-        best_scores, best_ids = torch.empty(0), torch.empty(0, dtype=torch.long)
+        for head, _, tail in queries:
+            if (head is None) == (tail is None):
+                raise DsaError(
+                    f"a query needs exactly one of its head and its tail, got head {head!r} and tail {tail!r}",
+                    hint="ask (head, relation, ?) or (?, relation, tail), e.g. predict(head='/m/027rn', relation='/film/film/country')",
+                )
+        answers: list[list[Answer]] = [[] for _ in queries]
+        for side in ("tail", "head"):
+            picked = [i for i, (_, _, tail) in enumerate(queries) if (tail is None) == (side == "tail")]
+            if not picked:
+                continue
+            anchors = self._as_ids("entities", [queries[i][0] if side == "tail" else queries[i][2] for i in picked])
+            relations = self._as_ids("relations", [queries[i][1] for i in picked])
+            known = self.task.kg.filter_index().known(anchors, relations, side) if filter else (torch.zeros(0, dtype=torch.long),) * 2
+            scores, ids = self._top_k(anchors, relations, side, k, known if filter is True else None, chunk_rows)
+            for row, i in enumerate(picked):
+                marked = set(known[1][known[0] == row].tolist()) if filter == "mark" else set()
+                keep = torch.isfinite(scores[row])
+                top_ids, top_scores = ids[row][keep].tolist(), scores[row][keep].tolist()
+                names = self.names("entities", top_ids)
+                answers[i] = [Answer(n, e, s, e in marked) for n, e, s in zip(names, top_ids, top_scores)]
+        return answers
+
+    def _top_k(self, anchors: Tensor, relations: Tensor, side: str, k: int, drop, chunk_rows: int) -> tuple[Tensor, Tensor]:
+        """``(B, k)`` best scores and entity ids of ``B`` queries asking for ``side``, with a
+        running top-k over the entity table read in chunks; ``drop``: ``(query, entity)`` pairs
+        scored as ``-inf``."""
+        model, batch = self.model, len(anchors)
+        best_scores, best_ids = torch.empty(batch, 0), torch.empty(batch, 0, dtype=torch.long)
         with torch.no_grad():
-            for start in range(0, total, chunk_rows):
-                candidates = torch.arange(start, min(start + chunk_rows, total))
-                scores = self.model.score_entities(anchor, rel, candidates, side)[0]
-                if filter is True and len(known):
-                    inside = known[(known >= start) & (known < start + len(candidates))]
-                    scores[inside - start] = float("-inf")
-                scores, order = torch.cat([best_scores, scores]), torch.cat([best_ids, candidates])
-                top = torch.topk(scores, min(k, len(scores)))
-                best_scores, best_ids = top.values, order[top.indices]
-        keep = torch.isfinite(best_scores)
-        best_scores, best_ids = best_scores[keep], best_ids[keep]
-        names = self.names("entities", best_ids)
-        known_set = set(known.tolist()) if filter == "mark" else set()
-        return [Answer(n, int(i), float(s), int(i) in known_set) for n, i, s in zip(names, best_ids, best_scores)]
+            anchor_rows = model.entities(anchors)
+            for start, block in self.chunks("entities", chunk_rows):
+                scores = model.score_candidates(anchor_rows, relations, model.constrain(block), side)
+                if drop is not None:
+                    inside = (drop[1] >= start) & (drop[1] < start + len(block))
+                    scores[drop[0][inside], drop[1][inside] - start] = float("-inf")
+                ids = torch.arange(start, start + len(block)).expand(batch, -1)
+                scores, ids = torch.cat([best_scores, scores], 1), torch.cat([best_ids, ids], 1)
+                top = torch.topk(scores, min(k, scores.shape[1]), dim=1)
+                best_scores, best_ids = top.values, ids.gather(1, top.indices)
+        return best_scores, best_ids
 
     # -- neighbours ---------------------------------------------------------------------
-    def neighbors(self, name: str | int, *, k: int = 10, metric: str = "cosine", table: str | None = None, chunk_rows: int = 1 << 20) -> list[Answer]:
-        """The ``k`` rows nearest to ``name``'s (itself left out), exact, in chunks: by
-        ``cosine`` similarity, ``dot`` product, or ``l2`` distance (scores are then the
-        negative distances, so that higher is nearer)."""
+    @property
+    def default_metric(self) -> str:
+        """The geometry the model scored with: L1 or L2 distance for TransE (its ``p_norm``) and
+        RotatE, the dot product for DistMult, ComplEx and skip-gram or GraphSAGE node vectors."""
+        if self.kind == "transe":
+            return f"l{self.recipe.model.p_norm}"
+        return "l2" if self.kind == "rotate" else "dot"
+
+    def neighbors(
+        self, name: str | int, *, k: int = 10, metric: str | None = None, table: str | None = None, chunk_rows: int = CHUNK_ROWS,
+    ) -> list[Answer]:  # fmt: skip
+        """The ``k`` rows of ``table`` (default: entities or nodes) nearest to ``name``'s, itself
+        left out; exact, a chunk of rows at a time. ``metric``: ``cosine`` similarity, ``dot``
+        product, or ``l1``/``l2`` distance, whose scores are the negative distances so that
+        higher is nearer (default: :attr:`default_metric`). Rows are compared as stored (a
+        model with ``normalize_entities`` scores their unit vectors: use ``cosine``)."""
+        metric = metric or self.default_metric
         if metric not in METRICS:
-            raise DsaError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}", hint="metric='cosine' compares directions, 'l2' positions")
+            raise DsaError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}", hint="cosine compares directions, l2 positions")
         if k < 1:
             raise DsaError(f"k must be at least 1, got {k}", hint="e.g. k=10")
         table = table or next(iter(self._tables))
-        row = self._as_ids(table, [name])[0]
+        row = int(self._as_ids(table, [name])[0])
         query = self.rows(table, row, row + 1)[0]
         if metric == "cosine":
             query = F.normalize(query, dim=0)
@@ -221,15 +257,16 @@ class TrainedRun:
             elif metric == "dot":
                 scores = block @ query
             else:
-                scores = -(block - query).norm(dim=1)
+                scores = -(block - query).norm(p=int(metric[1]), dim=1)
             ids = torch.arange(start, start + len(block))
-            scores[ids == row] = float("-inf")
-            scores, order = torch.cat([best_scores, scores]), torch.cat([best_ids, ids])
+            if start <= row < start + len(block):
+                scores[row - start] = float("-inf")
+            scores, ids = torch.cat([best_scores, scores]), torch.cat([best_ids, ids])
             top = torch.topk(scores, min(k, len(scores)))
-            best_scores, best_ids = top.values, order[top.indices]
+            best_scores, best_ids = top.values, ids[top.indices]
         keep = torch.isfinite(best_scores)
-        best_scores, best_ids = best_scores[keep], best_ids[keep]
-        return [Answer(n, int(i), float(s)) for n, i, s in zip(self.names(table, best_ids), best_ids, best_scores)]
+        best_scores, best_ids = best_scores[keep].tolist(), best_ids[keep].tolist()
+        return [Answer(n, i, s) for n, i, s in zip(self.names(table, best_ids), best_ids, best_scores)]
 
     # -- helpers ------------------------------------------------------------------------
     def _find_tables(self) -> dict[str, nn.Module]:

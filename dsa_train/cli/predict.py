@@ -1,0 +1,154 @@
+"""``dsa-train predict`` and ``dsa-train neighbors``: answers from a trained run, by name."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from ..errors import DsaError
+from ._errors import handle_errors
+from ._output import stderr, stdout
+
+UNKNOWN = "?"
+
+
+class Metric(str, Enum):
+    cosine = "cosine"
+    dot = "dot"
+    l1 = "l1"
+    l2 = "l2"
+
+
+@handle_errors
+def predict(
+    run_dir: Path = typer.Argument(..., help="A run folder of a knowledge-graph model.", show_default=False),
+    head: str | None = typer.Option(None, "--head", help="Ask for tails of (HEAD, RELATION, ?).", show_default=False),
+    relation: str | None = typer.Option(None, "--relation", help="The relation's name.", show_default=False),
+    tail: str | None = typer.Option(None, "--tail", help="Ask for heads of (?, RELATION, TAIL).", show_default=False),
+    queries: Path | None = typer.Option(
+        None, "--queries", metavar="FILE", help="Many queries at once: TSV lines head<TAB>relation<TAB>? or ?<TAB>relation<TAB>tail.",
+        show_default=False,
+    ),
+    k: int = typer.Option(10, "-k", min=1, help="Answers per query."),
+    filter_known: bool = typer.Option(False, "--filter", help="Leave out answers known in train, valid or test."),
+    mark_known: bool = typer.Option(False, "--mark-known", help="Keep known answers, marked (instead of --filter)."),
+    checkpoint: int | None = typer.Option(None, "--checkpoint", help="The step of the checkpoint. Default: the newest intact one.", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:  # fmt: skip
+    """The best answers to (head, relation, ?) or (?, relation, tail) queries, by name, exact.
+
+    Every entity is scored with the model's own score function, the table read a chunk at a
+    time (one pass answers all the queries of a --queries file). Names are as in the dataset;
+    an unknown name is an error that suggests the closest known ones.
+
+    Examples:
+
+      dsa-train predict runs/fb15k237-complex-20261202-141500 --head /m/027rn --relation /location/country/form_of_government
+
+      dsa-train predict runs/umls-transe-20261202-141500 --tail virus --relation causes -k 5 --filter
+
+      dsa-train predict runs/umls-transe-20261202-141500 --queries questions.tsv --json
+    """
+    from ..results import open_run  # torch and PyG: imported only when predicting
+
+    if filter_known and mark_known:
+        raise DsaError("--filter and --mark-known exclude each other", hint="--filter drops known answers, --mark-known keeps them marked")
+    asked = _read_queries(queries) if queries is not None else []
+    if head is not None or tail is not None or relation is not None:
+        if relation is None or (head is None) == (tail is None):
+            raise DsaError("a query needs --relation and exactly one of --head and --tail", hint="e.g. --head NAME --relation NAME")
+        asked.append((head, relation, tail))
+    if not asked:
+        raise DsaError("no query given", hint="pass --head/--tail with --relation, or --queries FILE")
+    trained = open_run(run_dir, checkpoint)
+    for text in trained.warnings:
+        stderr.print(text, highlight=False)
+    answers = trained.predict_many(asked, k=k, filter="mark" if mark_known else filter_known)
+    if as_json:
+        document = {
+            "run": str(trained.run.path), "checkpoint": trained.step, "filter": "mark" if mark_known else filter_known,
+            "queries": [
+                {"head": h, "relation": r, "tail": t, "answers": [{"name": a.name, "id": a.id, "score": a.score, "known": a.known} for a in found]}
+                for (h, r, t), found in zip(asked, answers)
+            ],
+        }  # fmt: skip
+        typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
+        return
+    for (h, r, t), found in zip(asked, answers):
+        title = f"({h}, {r}, ?)" if t is None else f"(?, {r}, {t})"
+        stdout.print(_answers_table(title, found, mark_known))
+
+
+@handle_errors
+def neighbors(
+    run_dir: Path = typer.Argument(..., help="A run folder that `dsa-train run` made.", show_default=False),
+    name: str = typer.Argument(..., help="The entity's or node's name (a node's id where the graph has no names).", show_default=False),
+    k: int = typer.Option(10, "-k", min=1, help="How many neighbours."),
+    metric: Metric | None = typer.Option(
+        None, "--metric", help="cosine, dot, l1 or l2. Default: the model's own (l1/l2 for TransE and RotatE, dot otherwise).",
+        show_default=False,
+    ),
+    table: str | None = typer.Option(None, "--table", help="entities, relations or nodes. Default: entities or nodes.", show_default=False),
+    checkpoint: int | None = typer.Option(None, "--checkpoint", help="The step of the checkpoint. Default: the newest intact one.", show_default=False),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+) -> None:  # fmt: skip
+    """The rows nearest to NAME's vector, exact, the table read a chunk at a time.
+
+    Examples:
+
+      dsa-train neighbors runs/cora-node2vec-20261202-141500 42 -k 5
+
+      dsa-train neighbors runs/fb15k237-distmult-20261202-141500 /m/027rn --metric cosine --json
+    """
+    from ..results import open_run
+
+    trained = open_run(run_dir, checkpoint)
+    for text in trained.warnings:
+        stderr.print(text, highlight=False)
+    chosen = metric.value if metric else trained.default_metric
+    found = trained.neighbors(name, k=k, metric=chosen, table=table)
+    if as_json:
+        document = {
+            "run": str(trained.run.path), "checkpoint": trained.step, "name": name, "metric": chosen,
+            "neighbors": [{"name": a.name, "id": a.id, "score": a.score} for a in found],
+        }  # fmt: skip
+        typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
+        return
+    stdout.print(_answers_table(f"nearest to {name} ({chosen}{', negative distance' if chosen in ('l1', 'l2') else ''})", found, False))
+
+
+def _answers_table(title: str, answers, mark: bool) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("name")
+    table.add_column("score", justify="right")
+    if mark:
+        table.add_column("known")
+    for number, answer in enumerate(answers, 1):
+        cells = [str(number), answer.name, f"{answer.score:.4f}"] + (["yes" if answer.known else ""] if mark else [])
+        table.add_row(*cells)
+    return table
+
+
+def _read_queries(path: Path) -> list[tuple]:
+    """``(head, relation, None)`` or ``(None, relation, tail)`` from a TSV file of queries."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DsaError(f"--queries: cannot read '{path}': {e}", hint="give a UTF-8 text file of head<TAB>relation<TAB>? lines") from None
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        cells = line.split("\t")
+        if len(cells) != 3 or (cells[0] == UNKNOWN) == (cells[2] == UNKNOWN) or UNKNOWN in (cells[1],) or not all(cells):
+            raise DsaError(
+                f"--queries: line {number} of '{path}' is {line!r}",
+                hint="each line is head<TAB>relation<TAB>? or ?<TAB>relation<TAB>tail, with exactly one ?",
+            )
+        found.append((None if cells[0] == UNKNOWN else cells[0], cells[1], None if cells[2] == UNKNOWN else cells[2]))
+    return found
