@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from ..errors import DsaError
 from ..recipe import with_data_root
 from ..train.checkpoint import TABLES, find_checkpoint, load_model_state, table_versions
+from ..train.partitioned import SlotTable
 from ..train.run_folder import RunFolder, is_job
 from ..train.tables import TableSite
 from ..train.tasks import make_task
@@ -65,11 +66,6 @@ class TrainedRun:
             )
         self.run = run
         self.recipe = with_data_root(run.read_config(["train.device=cpu"]), stored=True, note=self.warnings.append)
-        if self.recipe.train.order == "partitioned":
-            raise DsaError(
-                f"'{run.path}' was trained in partition order: open_run does not map its partitions' slots back to ids yet",
-                hint="dsa-train eval scores it; export of partition-ordered runs is planned",
-            )
         if self.recipe.is_recsys:
             raise DsaError(
                 f"'{run.path}' is a click model (model.kind {self.recipe.model.kind!r}): open_run reads embedding models so far",
@@ -91,12 +87,15 @@ class TrainedRun:
     @property
     def tables(self) -> dict[str, tuple[int, int]]:
         """Each table's name and ``(rows, dim)``."""
-        return {name: (module.num_embeddings, module.embedding_dim) for name, module in self._tables.items()}
+        return {name: _shape(module) for name, module in self._tables.items()}
 
     def rows(self, table: str, start: int = 0, stop: int | None = None) -> Tensor:
         """Rows ``[start, stop)`` of ``table``'s weights (float32 CPU tensor; a copy)."""
         module = self._table(table)
-        stop = module.num_embeddings if stop is None else min(stop, module.num_embeddings)
+        total = _shape(module)[0]
+        stop = total if stop is None else min(stop, total)
+        if isinstance(module, SlotTable):  # partition order: rows lie by slot, looked up by id
+            return module(torch.arange(start, stop)).detach().cpu().clone()
         reader = getattr(module, "rows", None)
         if reader is not None and hasattr(reader, "range"):  # a disk table's checkpoint version
             return reader.range(start, stop).clone()
@@ -104,7 +103,7 @@ class TrainedRun:
 
     def chunks(self, table: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[tuple[int, Tensor]]:
         """``(first_row, rows)`` pieces of ``table`` in order, ``chunk_rows`` at a time."""
-        total = self._table(table).num_embeddings
+        total = _shape(self._table(table))[0]
         for start in range(0, total, chunk_rows):
             yield start, self.rows(table, start, start + chunk_rows)
 
@@ -116,7 +115,7 @@ class TrainedRun:
     def names(self, table: str, ids: Sequence[int] | Tensor | None = None) -> list[str]:
         """The names of rows ``ids`` of ``table`` (all rows if ``None``); a graph without names
         gives its ids as text."""
-        total = self._table(table).num_embeddings
+        total = _shape(self._table(table))[0]
         ids = range(total) if ids is None else [int(i) for i in ids]
         space = self._space(table)
         if space is None:
@@ -133,13 +132,13 @@ class TrainedRun:
         closest known names."""
         space = self._space(table)
         if space is None:
-            found = [int(n) if str(n).isdigit() and int(n) < self._table(table).num_embeddings else None for n in names]
+            found = [int(n) if str(n).isdigit() and int(n) < _shape(self._table(table))[0] else None for n in names]
         else:
             graph = self.task.kg
             if space == "entities":
                 found = graph.entity_ids(list(names))
             else:
-                inverse = [str(n).startswith(INVERSE) and self._table(table).num_embeddings > graph.num_relations for n in names]
+                inverse = [str(n).startswith(INVERSE) and _shape(self._table(table))[0] > graph.num_relations for n in names]
                 bare = graph.relation_ids([str(n)[len(INVERSE) :] if flip else n for n, flip in zip(names, inverse)])
                 found = [None if row is None else row + graph.num_relations * flip for row, flip in zip(bare, inverse)]
         for name, row in zip(names, found):
@@ -287,7 +286,7 @@ class TrainedRun:
 
     def _as_ids(self, table: str, values: Sequence | Tensor) -> Tensor:
         values = list(values.tolist() if isinstance(values, Tensor) else values)
-        total = self._table(table).num_embeddings
+        total = _shape(self._table(table))[0]
         if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             bad = [v for v in values if not 0 <= v < total]
             if bad:
@@ -296,7 +295,7 @@ class TrainedRun:
         return torch.tensor(self.ids(table, [str(v) for v in values]), dtype=torch.long)
 
     def _closest(self, table: str, name: str) -> str:
-        total = self._table(table).num_embeddings
+        total = _shape(self._table(table))[0]
         sample = self.names(table, range(min(total, 200_000)))  # a bounded look: names are in fingerprint order
         close = difflib.get_close_matches(str(name), sample, n=3, cutoff=0.6)
         return f"did you mean {', '.join(map(repr, close))}?" if close else f"names look like {', '.join(map(repr, sample[:3]))}"
@@ -304,3 +303,9 @@ class TrainedRun:
     def _require_kg(self, what: str) -> None:
         if not self.recipe.is_kge:
             raise DsaError(f"{what} scores knowledge-graph triples; model.kind {self.kind!r} has none", hint="use neighbors() for node embeddings")
+
+
+def _shape(module: nn.Module) -> tuple[int, int]:
+    """``(rows, dim)`` of a table module (a partition-ordered run's slot table: its table's)."""
+    module = module.table if isinstance(module, SlotTable) else module
+    return module.num_embeddings, module.embedding_dim
