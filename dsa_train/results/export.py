@@ -21,7 +21,8 @@ import numpy as np
 
 from ..errors import DsaError
 from ..fsutil import fsync_directory
-from .reader import CHUNK_ROWS, INVERSE, TrainedRun
+from .names import INVERSE
+from .reader import CHUNK_ROWS, TrainedRun
 
 FORMATS = ("npy", "tsv", "word2vec")
 EXPORT_FORMAT = "dsa-train/export"

@@ -26,11 +26,11 @@ from ..train.partitioned import SlotTable
 from ..train.run_folder import RunFolder, is_job
 from ..train.tables import TableSite
 from ..train.tasks import make_task
+from .names import TableNames, table_shape, task_tables
 
 CHUNK_ROWS = 1 << 16  # rows read at once when a table is streamed
 METRICS = ("cosine", "dot", "l1", "l2")
 SINGULAR = {"entities": "entity", "relations": "relation", "nodes": "node"}
-INVERSE = "inverse:"  # the name of relation r's inverse, row r + R of a reciprocal model's table
 
 
 @dataclass(frozen=True)
@@ -81,18 +81,19 @@ class TrainedRun:
         self.model: nn.Module = self.task.model.eval()
         self.kind: str = self.recipe.model.kind
         self.settings: dict = dataclasses.asdict(self.recipe.model)
-        self._tables = self._find_tables()
+        self._tables = task_tables(self.task, self.recipe)
+        self._names = TableNames(self.task, self.recipe, self._tables)
 
     # -- tables -------------------------------------------------------------------------
     @property
     def tables(self) -> dict[str, tuple[int, int]]:
         """Each table's name and ``(rows, dim)``."""
-        return {name: _shape(module) for name, module in self._tables.items()}
+        return {name: table_shape(module) for name, module in self._tables.items()}
 
     def rows(self, table: str, start: int = 0, stop: int | None = None) -> Tensor:
         """Rows ``[start, stop)`` of ``table``'s weights (float32 CPU tensor; a copy)."""
         module = self._table(table)
-        total = _shape(module)[0]
+        total = table_shape(module)[0]
         stop = total if stop is None else min(stop, total)
         if isinstance(module, SlotTable):  # partition order: rows lie by slot, looked up by id
             return module(torch.arange(start, stop)).detach().cpu().clone()
@@ -103,7 +104,7 @@ class TrainedRun:
 
     def chunks(self, table: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[tuple[int, Tensor]]:
         """``(first_row, rows)`` pieces of ``table`` in order, ``chunk_rows`` at a time."""
-        total = _shape(self._table(table))[0]
+        total = table_shape(self._table(table))[0]
         for start in range(0, total, chunk_rows):
             yield start, self.rows(table, start, start + chunk_rows)
 
@@ -115,36 +116,24 @@ class TrainedRun:
     def names(self, table: str, ids: Sequence[int] | Tensor | None = None) -> list[str]:
         """The names of rows ``ids`` of ``table`` (all rows if ``None``); a graph without names
         gives its ids as text."""
-        total = _shape(self._table(table))[0]
-        ids = range(total) if ids is None else [int(i) for i in ids]
-        space = self._space(table)
-        if space is None:
-            return [str(i) for i in ids]
-        graph = self.task.kg
-        if space == "entities":
-            return graph.entity_names(ids)
-        base = graph.num_relations  # rows past it: the inverse relations of a reciprocal model
-        names = graph.relation_names([i % base for i in ids])
-        return [INVERSE + name if i >= base else name for i, name in zip(ids, names)]
+        rows = table_shape(self._table(table))[0]
+        ids = range(rows) if ids is None else ids
+        return self._names.names(table, ids.tolist() if isinstance(ids, Tensor) else ids)
 
     def ids(self, table: str, names: Sequence[str]) -> list[int]:
         """The rows of ``names`` in ``table``; an unknown name is a ``DsaError`` listing the
         closest known names."""
-        space = self._space(table)
-        if space is None:
-            found = [int(n) if str(n).isdigit() and int(n) < _shape(self._table(table))[0] else None for n in names]
-        else:
-            graph = self.task.kg
-            if space == "entities":
-                found = graph.entity_ids(list(names))
-            else:
-                inverse = [str(n).startswith(INVERSE) and _shape(self._table(table))[0] > graph.num_relations for n in names]
-                bare = graph.relation_ids([str(n)[len(INVERSE) :] if flip else n for n, flip in zip(names, inverse)])
-                found = [None if row is None else row + graph.num_relations * flip for row, flip in zip(bare, inverse)]
+        self._table(table)
+        found = self._names.lookup(table, names)
         for name, row in zip(names, found):
             if row is None:
                 raise DsaError(f"{SINGULAR.get(table, 'row')} {name!r} is not in this run's {table}", hint=self._closest(table, name))
         return [int(row) for row in found]
+
+    def gather(self, table: str, ids: Tensor) -> Tensor:
+        """Rows ``ids`` (any order) of ``table``'s weights, as a float32 CPU tensor."""
+        with torch.no_grad():
+            return self._table(table)(ids.long()).detach().cpu().float().clone()
 
     # -- knowledge graphs ---------------------------------------------------------------
     def score(self, heads: Sequence, relations: Sequence, tails: Sequence) -> Tensor:
@@ -268,25 +257,14 @@ class TrainedRun:
         return [Answer(n, i, s) for n, i, s in zip(self.names(table, best_ids), best_ids, best_scores)]
 
     # -- helpers ------------------------------------------------------------------------
-    def _find_tables(self) -> dict[str, nn.Module]:
-        model = self.model
-        if self.recipe.is_kge:
-            return {"entities": model.node_emb, "relations": model.rel_emb}
-        return {"nodes": model.embedding}
-
     def _table(self, table: str) -> nn.Module:
         if table not in self._tables:
             raise DsaError(f"this run has no table {table!r}", hint=f"its tables: {', '.join(self._tables)}")
         return self._tables[table]
 
-    def _space(self, table: str) -> str | None:
-        """Where ``table``'s names live in the dataset (``None``: rows are their own names)."""
-        self._table(table)
-        return table if self.recipe.is_kge else None
-
     def _as_ids(self, table: str, values: Sequence | Tensor) -> Tensor:
         values = list(values.tolist() if isinstance(values, Tensor) else values)
-        total = _shape(self._table(table))[0]
+        total = table_shape(self._table(table))[0]
         if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             bad = [v for v in values if not 0 <= v < total]
             if bad:
@@ -295,7 +273,7 @@ class TrainedRun:
         return torch.tensor(self.ids(table, [str(v) for v in values]), dtype=torch.long)
 
     def _closest(self, table: str, name: str) -> str:
-        total = _shape(self._table(table))[0]
+        total = table_shape(self._table(table))[0]
         sample = self.names(table, range(min(total, 200_000)))  # a bounded look: names are in fingerprint order
         close = difflib.get_close_matches(str(name), sample, n=3, cutoff=0.6)
         return f"did you mean {', '.join(map(repr, close))}?" if close else f"names look like {', '.join(map(repr, sample[:3]))}"
@@ -304,8 +282,3 @@ class TrainedRun:
         if not self.recipe.is_kge:
             raise DsaError(f"{what} scores knowledge-graph triples; model.kind {self.kind!r} has none", hint="use neighbors() for node embeddings")
 
-
-def _shape(module: nn.Module) -> tuple[int, int]:
-    """``(rows, dim)`` of a table module (a partition-ordered run's slot table: its table's)."""
-    module = module.table if isinstance(module, SlotTable) else module
-    return module.num_embeddings, module.embedding_dim

@@ -1,0 +1,55 @@
+"""The names of a task's table rows, and the rows of names: entities and relations by the
+dataset's names (a reciprocal model's inverse relation ``r + R`` is ``inverse:<name>``), nodes
+by their ids written as text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from ..train.partitioned import SlotTable
+
+INVERSE = "inverse:"  # the name of relation r's inverse, row r + R of a reciprocal model's table
+
+
+def task_tables(task, recipe) -> dict[str, nn.Module]:
+    """A task's embedding tables by name: entities and relations, or nodes."""
+    if recipe.is_kge:
+        return {"entities": task.model.node_emb, "relations": task.model.rel_emb}
+    return {"nodes": task.model.embedding}
+
+
+def table_shape(module: nn.Module) -> tuple[int, int]:
+    """``(rows, dim)`` of a table module (a partition-ordered run's slot table: its table's)."""
+    module = module.table if isinstance(module, SlotTable) else module
+    return module.num_embeddings, module.embedding_dim
+
+
+class TableNames:
+    """Names for the rows of ``tables`` (see :func:`task_tables`) of ``task``."""
+
+    def __init__(self, task, recipe, tables: dict[str, nn.Module]) -> None:
+        self.graph = task.kg if recipe.is_kge else None  # a graph of nodes: ids are the names
+        self.rows = {name: table_shape(module)[0] for name, module in tables.items()}
+
+    def names(self, table: str, ids: Sequence[int]) -> list[str]:
+        ids = [int(i) for i in ids]
+        if self.graph is None:
+            return [str(i) for i in ids]
+        if table == "entities":
+            return self.graph.entity_names(ids)
+        base = self.graph.num_relations  # rows past it: the inverse relations of a reciprocal model
+        names = self.graph.relation_names([i % base for i in ids])
+        return [INVERSE + name if i >= base else name for i, name in zip(ids, names)]
+
+    def lookup(self, table: str, names: Sequence[str]) -> list[int | None]:
+        """The rows of ``names`` (``None`` for a name this table does not have)."""
+        if self.graph is None:
+            return [int(n) if str(n).isdigit() and int(n) < self.rows[table] else None for n in names]
+        if table == "entities":
+            return self.graph.entity_ids([str(n) for n in names])
+        base = self.graph.num_relations
+        inverse = [str(n).startswith(INVERSE) and self.rows[table] > base for n in names]
+        bare = self.graph.relation_ids([str(n)[len(INVERSE) :] if flip else str(n) for n, flip in zip(names, inverse)])
+        return [None if row is None else row + base * flip for row, flip in zip(bare, inverse)]
