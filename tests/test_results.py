@@ -271,3 +271,104 @@ def test_predict_and_neighbors_from_the_command_line(runs, tmp_path):
     result = CliRunner().invoke(app, ["neighbors", str(run), head, "-k", "4", "--metric", "cosine", "--json"])
     assert result.exit_code == 0, result.output
     assert [a["id"] for a in json.loads(result.stdout)["neighbors"]] == [a.id for a in trained.neighbors(head, k=4, metric="cosine")]
+
+
+@pytest.fixture(scope="module")
+def grown(graph, tmp_path_factory):
+    """The graph plus 20 new entities and a new relation, in new triples of every split."""
+    folder = tmp_path_factory.mktemp("grown-kg")
+    for split in ("train", "valid", "test"):
+        lines = (graph[0] / f"{split}.txt").read_text(encoding="utf-8")
+        if split == "train":
+            lines += "".join(f"new/{i:03d}\tr{i % 5}\t{entity_name(i)}\n" for i in range(20))  # r4 is new
+        (folder / f"{split}.txt").write_text(lines, encoding="utf-8")
+    return folder
+
+
+def setup_fresh(graph_folder, run_folder, storage, init_from=None):
+    """A new run's Training, set up (step 0), with or without a warm start."""
+    from dsa_train.recipe import load_recipe
+    from dsa_train.results.warm_start import carry_over
+    from dsa_train.train.loop import Training
+    from dsa_train.train.run_folder import RunFolder
+
+    text = RECIPE % {"data": graph_folder, "model": "transe", "storage": storage}
+    path = run_folder.parent / f"{run_folder.name}.yaml"
+    path.write_text(text)
+    recipe = load_recipe(path, [f"model.init_from={init_from}"] if init_from else [])
+    training = Training(recipe, RunFolder.create(recipe, run_folder), warm_start=carry_over)
+    training.setup(resume=False)
+    return training
+
+
+@pytest.mark.parametrize("storage", ["memory", "disk"])
+def test_warm_start_carries_rows_by_name_bit_for_bit(runs, grown, tmp_path, storage):
+    old = open_run(runs("transe", storage))
+    warm = setup_fresh(grown, tmp_path / "warm", storage, init_from=old.run.path)
+    cold = setup_fresh(grown, tmp_path / "cold", storage)
+    try:
+        assert warm.warm_started == {"entities": {"carried": ENTITIES, "new": 20}, "relations": {"carried": 2 * RELATIONS, "new": 2}}
+        new = TrainedRunView(warm)
+        drawn = TrainedRunView(cold)
+        for table in ("entities", "relations"):
+            names = new.names(table)
+            rows = new.weights(table)
+            for i, name in enumerate(names):
+                found = old.lookup(table, [name])[0]
+                expected = old.weights(table)[found] if found is not None else drawn.weights(table)[i]
+                assert torch.equal(rows[i], expected), (table, name)
+    finally:
+        warm.close()
+        cold.close()
+
+
+class TrainedRunView:
+    """Weights and names of a Training's task at step 0, through the reader's own helpers."""
+
+    def __init__(self, training) -> None:
+        from dsa_train.results.names import TableNames, task_tables
+
+        self.tables = task_tables(training.task, training.recipe)
+        self.names_of = TableNames(training.task, training.recipe, self.tables)
+
+    def names(self, table):
+        return self.names_of.names(table, range(self.names_of.rows[table]))
+
+    def weights(self, table):
+        module = self.tables[table]
+        return module(torch.arange(self.names_of.rows[table])).detach().clone()
+
+
+def test_init_from_on_the_command_line_says_what_it_carried(runs, grown, tmp_path):
+    recipe = tmp_path / "grown.yaml"
+    recipe.write_text(RECIPE % {"data": grown, "model": "transe", "storage": "memory"})
+    result = CliRunner().invoke(app, ["run", str(recipe), "-o", str(tmp_path / "run"), "--init-from", str(runs())])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())  # notes wrap at the console's width
+    assert f"entities {ENTITIES} carried over, 20 new; relations {2 * RELATIONS} carried over, 2 new; Adam's moments start at zero" in said
+    summary = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"summary"' in line][-1]
+    assert summary["warm_start"]["entities"] == {"carried": ENTITIES, "new": 20}
+    result = CliRunner().invoke(app, ["run", str(recipe), "-o", str(tmp_path / "other"), "--init-from", str(tmp_path / "nowhere")])
+    assert result.exit_code == 1 and "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_warm_started_disk_run_resumes_exactly(runs, grown, tmp_path):
+    """Its rows were written before the first step, so its first checkpoint holds whole tables,
+    not deltas on the table as drawn: a crash after it resumes to the uninterrupted run's bytes."""
+    from .helpers import power_cut_at
+
+    recipe = tmp_path / "grown.yaml"
+    recipe.write_text(RECIPE % {"data": grown, "model": "transe", "storage": "disk"})
+    source = str(runs("transe", "disk"))
+    small = ["--set", "train.batch_size=2", "--set", "train.negatives=1", "--set", "train.max_steps=8"]  # few rows touched by step 3
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    assert CliRunner().invoke(app, ["run", str(recipe), "-o", str(whole), "--init-from", source, *small]).exit_code == 0
+    with power_cut_at(5):  # after the checkpoint of step 3
+        crashed = CliRunner().invoke(app, ["run", str(recipe), "-o", str(broken), "--init-from", source, *small])
+        assert crashed.exit_code == 1 and "power cut" in crashed.stderr
+    resumed = CliRunner().invoke(app, ["run", str(recipe), "-o", str(broken), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    for rows in ("tables/entities.table", "optimizer_state/rel_emb.weight.rows"):
+        x = np.fromfile(whole / rows, dtype=np.float32, offset=4096)  # past the header, which names the run
+        y = np.fromfile(broken / rows, dtype=np.float32, offset=4096)
+        assert np.array_equal(x, y), rows

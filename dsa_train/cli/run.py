@@ -39,6 +39,10 @@ def run(
     ),
     device: Device | None = typer.Option(None, "--device", help="Where the model computes. Default: the recipe's train.device."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the recipe and show what would run; train nothing."),
+    init_from: Path | None = typer.Option(
+        None, "--init-from", metavar="RUN", show_default=False,
+        help="Start the rows from a finished run's, matched by name (model.init_from); rows it lacks start as drawn.",
+    ),
     nproc: int | None = typer.Option(
         None, "--nproc", min=1, show_default=False, metavar="N",
         help="Train over this many processes on this machine, the entity table split between them "
@@ -57,11 +61,13 @@ def run(
 
       dsa-train run recipes/fb15k237-distmult.yaml --resume
 
+      dsa-train run recipes/grown-graph.yaml --init-from runs/fb15k237-distmult-20261202-141500
+
       dsa-train run recipes/fb15k237-distmult.yaml --nproc 2
 
       torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m dsa_train run recipes/x.yaml
     """
-    overrides = list(set_) + ([f"train.device={device.value}"] if device else [])
+    overrides = list(set_) + ([f"train.device={device.value}"] if device else []) + ([f"model.init_from={init_from.resolve()}"] if init_from else [])
     config = with_data_root(load_recipe(find_recipe(recipe), overrides))  # stored resolved: eval needs no environment
     if nproc is not None and not dry_run:
         raise typer.Exit(launch_local(nproc))
@@ -106,7 +112,9 @@ def run(
                 return
         reporter = ProgressReporter()
         reporter.note(f"run folder: {folder.path}")
-        training = Training(config, folder, reporter=reporter)
+        from ..results.warm_start import carry_over
+
+        training = Training(config, folder, reporter=reporter, warm_start=carry_over)
         try:
             training.setup(resume=resume)
             summary = training.train()

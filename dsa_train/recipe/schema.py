@@ -294,6 +294,12 @@ class ModelConfig:
         "a memory-mapped table file in the run folder holding weights and moments (tables larger than RAM)",
         default="memory",
     )
+    init_from: str | None = _help(
+        "warm start: a finished run folder whose rows this run starts from, matched by entity, relation or node name "
+        "(rows it lacks start as drawn; Adam's moments start at zero); the same kind and dim",
+        lambda v: None if v is None or v.strip() else "must name a run folder",
+        default=None,
+    )
     node2vec: Node2VecConfig = _help("node2vec: walks and skip-gram", default_factory=Node2VecConfig)
     sage: SageConfig = _help("sage: the encoder and its task", default_factory=SageConfig)
     recsys: RecsysConfig = _help("dlrm: the feature table and the MLPs", default_factory=RecsysConfig)
@@ -519,6 +525,8 @@ class Recipe:
                 "'sparse_adam' cannot train a disk table: torch's SparseAdam updates the weight in place, and a disk table's "
                 "weight is a view of its file; use 'dsa' (DiskSparseAdam), or model.embedding_storage: memory",
             )]  # fmt: skip
+        if self.is_recsys and self.model.init_from:
+            return [("model.init_from", "starts knowledge-graph and node-embedding models from a run, not 'dlrm' yet; leave it out")]
         if self.is_recsys and self.train.order == "partitioned":
             return [("train.order", "'partitioned' trains knowledge-graph models and node2vec, not 'dlrm'; use 'random'")]
         if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:

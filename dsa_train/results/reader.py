@@ -120,6 +120,11 @@ class TrainedRun:
         ids = range(rows) if ids is None else ids
         return self._names.names(table, ids.tolist() if isinstance(ids, Tensor) else ids)
 
+    def lookup(self, table: str, names: Sequence[str]) -> list[int | None]:
+        """The rows of ``names`` in ``table``, ``None`` for a name it does not have."""
+        self._table(table)
+        return self._names.lookup(table, names)
+
     def ids(self, table: str, names: Sequence[str]) -> list[int]:
         """The rows of ``names`` in ``table``; an unknown name is a ``DsaError`` listing the
         closest known names."""

@@ -146,8 +146,12 @@ def step_seed(seed: int, step: int) -> int:
 
 
 class Training:
-    def __init__(self, recipe: Recipe, run: RunFolder, *, reporter: Reporter | None = None, world=None) -> None:
+    def __init__(self, recipe: Recipe, run: RunFolder, *, reporter: Reporter | None = None, world=None, warm_start=None) -> None:
         self.recipe = recipe
+        #: ``warm_start(task, recipe, note) -> {table: {"carried", "new"}}``: a fresh run's rows
+        #: from a finished run's (``model.init_from``; results.warm_start.carry_over)
+        self.warm_start = warm_start
+        self.warm_started: dict | None = None
         self.world = world  # this rank's place in a torchrun job (distributed.group.World), or None
         self.commit = None  # called with the step after each checkpoint (a torchrun job's manifest)
         self.interrupted = False  # Ctrl-C during train(): stop after the step, with a checkpoint
@@ -190,6 +194,13 @@ class Training:
         site = TableSite(tables, progress=WorkProgress(self.reporter, "writing the new disk table"))
         self.task: Task = make_task(recipe, self.device, site, progress=WorkProgress(self.reporter), note=self.reporter.note, world=self.world)
         self.reporter.note(self.task.description)
+        if checkpoint is None and recipe.model.init_from:
+            if self.warm_start is None or self.world is not None:
+                raise DsaError(
+                    "model.init_from starts a run in one process from `dsa-train run`; a torchrun job cannot yet",
+                    hint="train the first run's successor in one process, or leave out model.init_from",
+                )
+            self.warm_started = self.warm_start(self.task, recipe, self.reporter.note)
         if checkpoint is not None:
             load_model_state(checkpoint, self.task.model)
             self.step_count, self.epoch, self.batch = trainer["step"], trainer["epoch"], trainer["batch"]
@@ -206,8 +217,9 @@ class Training:
         dense = self.task.dense_parameters()
         if dense:
             self.dense_optimizer = torch.optim.Adam(dense, lr=recipe.optimizer.dense_lr)
-        if checkpoint is None:  # its tables and row files were just made: checkpoints start as deltas on them
-            count_from_creation(self.optimizer)
+        if checkpoint is None:
+            if self.warm_started is None:  # its tables and row files as made: checkpoints start as deltas on them
+                count_from_creation(self.optimizer)  # (a warm start wrote rows no delta would hold: bases first)
         else:
             load_optimizer_state(self.optimizer, checkpoint, recipe.optimizer)
             if hasattr(self.optimizer, "skipped_steps"):
@@ -299,6 +311,7 @@ class Training:
             "tables_on_disk_mib": round(_allocated_bytes(self.run.tables_dir) / MiB, 1),
             "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
             "optimizer_memory_budget_mib": _mib_or_none(getattr(self.optimizer, "memory_budget", None)),
+            "warm_start": self.warm_started,
             "final": final,
         }
         if hasattr(self.task, "buffer_summary"):
