@@ -1,0 +1,178 @@
+#!/usr/bin/env python
+"""What taking results out of a large run costs: export, exact top-k, a single query.
+
+Trains a generated knowledge graph's TransE for one step (the weights are what they are: only
+their size matters here) into ``--folder``, once per size, then measures, each in a fresh
+process:
+
+export    ``dsa-train export --format npy`` of the entity table: wall time, MB/s, peak
+          anonymous memory (sampled every 20 ms), against writing the same bytes sequentially
+          (``numpy.tofile`` in 64 MiB pieces and an fsync) in the same process: the disk's rate
+predict   ``predict_many`` of ``--queries`` tail queries, top 10, exact, against the floor of that
+          work measured in the same process: one pass over the entity rows (``chunks``) and
+          the matrix product of the queries with each chunk
+single    one query at ``--single-entities`` rows (default 10^6), after the run is open
+
+    python scripts/bench_results.py                                     # 10^7 x 64 and 10^6 x 64
+    python scripts/bench_results.py --entities 1000000 --queries 100    # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+RECIPE = """\
+name: bench-results-{entities}
+dataset:
+  kind: synthetic
+  synthetic: {{entities: {entities}, relations: 50, triples: {triples}, valid: 100, test: 100, clusters: 100, seed: 0}}
+model: {{kind: transe, dim: {dim}, init_std: 0.1}}
+train: {{epochs: 1, max_steps: 1, batch_size: 1024, negatives: 64, checkpoint_every: 0}}
+optimizer: {{kind: dsa, lr: 0.01}}
+eval: {{every_epochs: 0, final_splits: []}}
+"""
+MiB = 1 << 20
+
+
+def make_run(folder: Path, entities: int, dim: int) -> Path:
+    run = folder / f"run-{entities}x{dim}"
+    if (run / "checkpoints").is_dir():
+        return run
+    recipe = folder / f"bench-results-{entities}.yaml"
+    recipe.write_text(RECIPE.format(entities=entities, triples=2 * entities, dim=dim))
+    env = dict(os.environ, DSA_DATA_ROOT=str(folder / "data"))
+    subprocess.run([sys.executable, "-m", "dsa_train", "run", str(recipe), "-o", str(run)], check=True, env=env)
+    return run
+
+
+class PeakAnon:
+    """Peak RssAnon of this process, sampled every 20 ms."""
+
+    def __init__(self) -> None:
+        self.peak, self._stop = 0, threading.Event()
+
+    def _read(self) -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:"))
+
+    def __enter__(self):
+        self.base = self._read()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self._read())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def child_export(run: Path, out: Path) -> dict:
+    import numpy as np
+
+    from dsa_train import open_run
+    from dsa_train.results import export_run
+
+    trained = open_run(run)
+    rows, dim = trained.tables["entities"]
+    with PeakAnon() as anon:
+        t0 = time.perf_counter()
+        export_run(trained, out / "export", "npy")
+        export_s = time.perf_counter() - t0
+    size = rows * dim * 4
+    piece = np.random.default_rng(0).standard_normal((64 * MiB) // 4, dtype=np.float32)
+    pieces = -(-size // piece.nbytes)
+    t0 = time.perf_counter()
+    with open(out / "sequential.bin", "wb") as f:
+        for _ in range(pieces):
+            piece.tofile(f)
+        f.flush()
+        os.fsync(f.fileno())
+    sequential_s = (time.perf_counter() - t0) * size / (pieces * piece.nbytes)  # the time for the table's bytes
+    return {
+        "rows": rows, "dim": dim, "export_s": round(export_s, 1), "export_MBps": round(size / export_s / 1e6),
+        "sequential_write_MBps": round(size / sequential_s / 1e6), "export_vs_sequential": round(export_s / sequential_s, 2),
+        "peak_anon_growth_MiB": round((anon.peak - anon.base) / MiB),
+    }  # fmt: skip
+
+
+def child_predict(run: Path, queries: int) -> dict:
+    import torch
+
+    from dsa_train import open_run
+
+    trained = open_run(run)
+    rows, _ = trained.tables["entities"]
+    g = torch.Generator().manual_seed(0)
+    heads = torch.randint(0, rows, (queries,), generator=g).tolist()
+    relations = torch.randint(0, trained.tables["relations"][0] // 2, (queries,), generator=g).tolist()
+    t0 = time.perf_counter()
+    trained.predict_many([(h, r, None) for h, r in zip(heads, relations)], k=10)
+    predict_s = time.perf_counter() - t0
+    query = torch.randn(queries, trained.tables["entities"][1])
+    t0 = time.perf_counter()
+    for _, block in trained.chunks("entities"):
+        query @ block.T
+    floor_s = time.perf_counter() - t0
+    return {"rows": rows, "queries": queries, "predict_s": round(predict_s, 2), "pass_and_matmul_s": round(floor_s, 2),
+            "predict_vs_floor": round(predict_s / floor_s, 2)}  # fmt: skip
+
+
+def child_single(run: Path) -> dict:
+    t0 = time.perf_counter()
+    from dsa_train import open_run
+
+    trained = open_run(run)
+    open_s = time.perf_counter() - t0
+    times = []
+    for head in range(3):
+        t0 = time.perf_counter()
+        trained.predict(head=head, relation=0, k=10)
+        times.append(time.perf_counter() - t0)
+    return {"rows": trained.tables["entities"][0], "open_s": round(open_s, 2), "single_query_s": [round(t, 3) for t in times]}
+
+
+def child(*args: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip()[-800:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--entities", type=int, default=10_000_000)
+    parser.add_argument("--single-entities", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--queries", type=int, default=1000)
+    parser.add_argument("--folder", type=Path, default=Path(tempfile.gettempdir()) / "dsa-bench-results")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        kind, run, *rest = args.child
+        result = {"export": lambda: child_export(Path(run), Path(rest[0])), "predict": lambda: child_predict(Path(run), int(rest[0])),
+                  "single": lambda: child_single(Path(run))}[kind]()  # fmt: skip
+        print(json.dumps(result))
+        return
+    args.folder.mkdir(parents=True, exist_ok=True)
+    big = make_run(args.folder, args.entities, args.dim)
+    small = make_run(args.folder, args.single_entities, args.dim)
+    with tempfile.TemporaryDirectory(dir=args.folder) as scratch:
+        print(json.dumps({"export": child("export", str(big), scratch)}), flush=True)
+    print(json.dumps({"predict": child("predict", str(big), str(args.queries))}), flush=True)
+    print(json.dumps({"single": child("single", str(small))}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
