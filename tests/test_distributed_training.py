@@ -411,3 +411,23 @@ def test_fast_mode_sends_fewer_bytes_and_stays_within_its_tolerance(tmp_path):
         records = (tmp_path / mode / "ranks" / "00000-of-00003" / "metrics.jsonl").read_text().splitlines()
         sent[mode] = next(json.loads(r) for r in records if '"exchange"' in r)["sent_bytes"]
     assert sent["fast"] < 0.7 * sent["exact"]
+
+
+@pytest.mark.parametrize("storage", ["memory", "disk"])
+def test_open_run_and_export_bring_a_jobs_rows_together_by_global_id(tmp_path, storage):
+    """open_run on a torchrun job's folder reads every rank's shard of its newest complete
+    checkpoint: the whole table by global id, as the ranks held it at the end."""
+    from dsa_train import open_run
+    from dsa_train.results import export_run
+
+    whole = train_job(2, tmp_path / "job", recipe_text(steps=6, storage=storage))  # checkpoints at 3 and 6
+    trained = open_run(tmp_path / "job")
+    assert trained.step == 6
+    assert torch.equal(trained.weights("entities"), whole["weights"])
+    assert torch.equal(trained.weights("relations"), whole["relations"])
+    export_run(trained, tmp_path / "out", "npy", chunk_rows=64)
+    assert np.array_equal(np.load(tmp_path / "out" / "entities.npy"), whole["weights"].numpy())
+    assert not torch.equal(open_run(tmp_path / "job", checkpoint=3).weights("entities"), whole["weights"])
+    top = trained.predict(head=0, relation=1, k=5)
+    scores = -(whole["weights"][0] + whole["relations"][1] - whole["weights"]).norm(dim=1)  # TransE, p = 2
+    assert [a.id for a in top] == torch.topk(scores, 5).indices.tolist()

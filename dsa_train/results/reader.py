@@ -22,10 +22,11 @@ from torch import Tensor, nn
 from ..errors import DsaError
 from ..recipe import with_data_root
 from ..train.checkpoint import TABLES, find_checkpoint, load_model_state, table_versions
-from ..train.partitioned import SlotTable
+from ..nn import DiskTable
 from ..train.run_folder import RunFolder, is_job
 from ..train.tables import TableSite
 from ..train.tasks import make_task
+from .job import open_job
 from .names import TableNames, table_shape, task_tables
 
 CHUNK_ROWS = 1 << 16  # rows read at once when a table is streamed
@@ -59,11 +60,6 @@ class TrainedRun:
     def __init__(self, run_dir: Path, checkpoint: int | None = None) -> None:
         self.warnings: list[str] = []
         run = RunFolder.find(run_dir)
-        if is_job(run.path):
-            raise DsaError(
-                f"'{run.path}' was trained over several processes: open_run reads one-process runs so far",
-                hint="evaluate it with dsa-train eval (which starts its processes); reading its rows by global id is planned",
-            )
         self.run = run
         self.recipe = with_data_root(run.read_config(["train.device=cpu"]), stored=True, note=self.warnings.append)
         if self.recipe.is_recsys:
@@ -71,13 +67,17 @@ class TrainedRun:
                 f"'{run.path}' is a click model (model.kind {self.recipe.model.kind!r}): open_run reads embedding models so far",
                 hint="dsa-train eval scores it",
             )
-        self.path, _, damaged = find_checkpoint(run.checkpoints, checkpoint)
-        self.warnings += [f"warning: {text}" for text in damaged]
-        self.step = int(self.path.name)
         torch.manual_seed(self.recipe.train.seed)
-        site = TableSite(self.path / TABLES, writable=False, versions=table_versions(self.path))
-        self.task = make_task(self.recipe, torch.device("cpu"), site, note=self.warnings.append)
-        load_model_state(self.path, self.task.model)
+        if is_job(run.path):  # a torchrun job: the ranks' shards, read by global id
+            paths, self.step, self.task = open_job(run, self.recipe, checkpoint, self.warnings.append)
+            self.path = paths[0]
+        else:
+            self.path, _, damaged = find_checkpoint(run.checkpoints, checkpoint)
+            self.warnings += [f"warning: {text}" for text in damaged]
+            self.step = int(self.path.name)
+            site = TableSite(self.path / TABLES, writable=False, versions=table_versions(self.path))
+            self.task = make_task(self.recipe, torch.device("cpu"), site, note=self.warnings.append)
+            load_model_state(self.path, self.task.model)
         self.model: nn.Module = self.task.model.eval()
         self.kind: str = self.recipe.model.kind
         self.settings: dict = dataclasses.asdict(self.recipe.model)
@@ -95,12 +95,12 @@ class TrainedRun:
         module = self._table(table)
         total = table_shape(module)[0]
         stop = total if stop is None else min(stop, total)
-        if isinstance(module, SlotTable):  # partition order: rows lie by slot, looked up by id
-            return module(torch.arange(start, stop)).detach().cpu().clone()
         reader = getattr(module, "rows", None)
         if reader is not None and hasattr(reader, "range"):  # a disk table's checkpoint version
             return reader.range(start, stop).clone()
-        return module.weight.detach()[start:stop].clone()
+        if isinstance(module, (nn.Embedding, DiskTable)):
+            return module.weight.detach()[start:stop].cpu().clone()
+        return module(torch.arange(start, stop)).detach().cpu().clone()  # looked up by id: a slot table, a job's shards
 
     def chunks(self, table: str, chunk_rows: int = CHUNK_ROWS) -> Iterator[tuple[int, Tensor]]:
         """``(first_row, rows)`` pieces of ``table`` in order, ``chunk_rows`` at a time."""
