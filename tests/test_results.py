@@ -372,3 +372,16 @@ def test_a_warm_started_disk_run_resumes_exactly(runs, grown, tmp_path):
         x = np.fromfile(whole / rows, dtype=np.float32, offset=4096)  # past the header, which names the run
         y = np.fromfile(broken / rows, dtype=np.float32, offset=4096)
         assert np.array_equal(x, y), rows
+
+
+def test_parquet_export_round_trips(runs, tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    trained = open_run(runs("rotate", "disk"))
+    manifest = export_run(trained, tmp_path / "pq", "parquet", chunk_rows=7)
+    assert manifest["tables"]["relations"]["meaning"].startswith("phases in radians")
+    for table in ("entities", "relations"):
+        read = pq.read_table(tmp_path / "pq" / f"{table}.parquet")
+        assert read.column("id").to_pylist() == list(range(trained.tables[table][0]))
+        assert read.column("name").to_pylist() == trained.names(table)
+        vectors = np.array(read.column("vector").to_pylist(), dtype=np.float32)
+        assert np.array_equal(vectors, trained.weights(table).numpy())

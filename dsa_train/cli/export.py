@@ -15,13 +15,14 @@ class Format(str, Enum):
     npy = "npy"
     tsv = "tsv"
     word2vec = "word2vec"
+    parquet = "parquet"
 
 
 @handle_errors
 def export(
     run_dir: Path = typer.Argument(..., help="A run folder that `dsa-train run` made.", show_default=False),
     out: Path = typer.Option(..., "--output", "-o", help="The folder to create; it must not exist (see --force).", show_default=False),
-    fmt: Format = typer.Option(Format.npy, "--format", help="npy: numpy arrays; tsv: one row a line; word2vec: text gensim loads."),
+    fmt: Format = typer.Option(Format.npy, "--format", help="npy: numpy arrays; tsv: one row a line; word2vec: text gensim loads; parquet: id, name, vector columns (needs pyarrow)."),
     checkpoint: int | None = typer.Option(None, "--checkpoint", help="The step of the checkpoint. Default: the newest intact one.", show_default=False),
     force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it is an earlier export (never anything else)."),
 ) -> None:  # fmt: skip

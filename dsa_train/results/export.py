@@ -1,4 +1,4 @@
-"""Write a run's tables to files other tools read: ``.npy``, TSV, word2vec text.
+"""Write a run's tables to files other tools read: ``.npy``, TSV, word2vec text, parquet.
 
 Every table becomes a weights file and a names file (``<table>.names.tsv``: ``id<TAB>name``,
 one line a row, in row order), with ``export.json`` saying what each file holds (the model,
@@ -24,7 +24,7 @@ from ..fsutil import fsync_directory
 from .names import INVERSE
 from .reader import CHUNK_ROWS, TrainedRun
 
-FORMATS = ("npy", "tsv", "word2vec")
+FORMATS = ("npy", "tsv", "word2vec", "parquet")
 EXPORT_FORMAT = "dsa-train/export"
 MANIFEST = "export.json"
 PARTIAL = ".partial-export-"
@@ -113,6 +113,8 @@ def _commit(partial: Path, out: Path) -> None:
 
 
 def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk_rows: int, progress) -> dict:
+    if fmt == "parquet":
+        return _export_parquet(trained, table, folder, chunk_rows, progress)
     rows, dim = trained.tables[table]
     names_file, weights_file = f"{table}.names.tsv", {"npy": f"{table}.npy", "tsv": f"{table}.tsv", "word2vec": f"{table}.w2v.txt"}[fmt]
     names = _open_new(folder / names_file)
@@ -155,6 +157,38 @@ def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk
         for f in (names, weights):
             if f is not None:
                 f.close()
+    return {"weights": weights_file, "names": names_file}
+
+
+def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: int, progress) -> dict:
+    """``TABLE.parquet``: columns ``id`` (int64), ``name`` (string), ``vector`` (a fixed-size
+    list of ``dim`` float32), one row group a chunk; the names file as for the other formats."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DsaError("--format parquet needs pyarrow, which is not installed", hint='pip install "dsa-train[parquet]" (or pip install pyarrow)') from None
+    rows, dim = trained.tables[table]
+    names_file, weights_file = f"{table}.names.tsv", f"{table}.parquet"
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("vector", pa.list_(pa.float32(), dim))])
+    names = _open_new(folder / names_file)
+    sink = _open_new(folder / weights_file)
+    try:
+        with pq.ParquetWriter(sink, schema) as writer:
+            for start, block in trained.chunks(table, chunk_rows):
+                labels = trained.names(table, range(start, start + len(block)))
+                names.write("".join(f"{start + i}\t{n}\n" for i, n in enumerate(labels)).encode("utf-8"))
+                vectors = pa.FixedSizeListArray.from_arrays(pa.array(block.numpy().reshape(-1)), dim)
+                ids = pa.array(range(start, start + len(block)), pa.int64())
+                writer.write_table(pa.Table.from_arrays([ids, pa.array(labels, pa.string()), vectors], schema=schema))
+                if progress is not None:
+                    progress(table, start + len(block), rows)
+        names.flush()
+        os.fsync(names.fileno())
+    finally:
+        names.close()
+        sink.close()  # (a no-op if the writer closed it)
+    _fsync(folder / weights_file)
     return {"weights": weights_file, "names": names_file}
 
 
