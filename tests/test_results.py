@@ -385,3 +385,43 @@ def test_parquet_export_round_trips(runs, tmp_path):
         assert read.column("name").to_pylist() == trained.names(table)
         vectors = np.array(read.column("vector").to_pylist(), dtype=np.float32)
         assert np.array_equal(vectors, trained.weights(table).numpy())
+
+
+CLICKS = """\
+name: clicks
+dataset: {kind: click_log, path: %(path)s, columns: {holdout: [0.1, 0.1]}}
+model: {kind: dlrm, dim: 4, init_std: 0.1, recsys: {rows: 64, bottom: [8], top: [8]}}
+train: {epochs: 1, batch_size: 64, checkpoint_every: 0, log_every: 100}
+optimizer: {kind: dsa, lr: 0.01, dense_lr: 0.01}
+eval: {every_epochs: 0, final_splits: []}
+"""
+
+
+def test_click_probabilities_are_the_models_on_the_held_out_lines(tmp_path):
+    """The test split's last lines, written again without their labels, get the probabilities
+    the run's own evaluation path computes for them from the imported arrays."""
+    g = np.random.default_rng(0)
+    rows = [f"{int(g.random() < 0.3)}\t{g.integers(0, 50)}\tc{g.integers(0, 30)}\t{'|'.join(f'v{g.integers(0, 9)}' for _ in range(g.integers(0, 3)))}" for _ in range(400)]
+    log = tmp_path / "log.tsv"
+    log.write_text("label\tI1\tC1\tC2\n" + "".join(r + "\n" for r in rows))
+    recipe = tmp_path / "clicks.yaml"
+    recipe.write_text(CLICKS % {"path": log})
+    assert CliRunner().invoke(app, ["run", str(recipe), "-o", str(tmp_path / "run")]).exit_code == 0
+    trained = open_run(tmp_path / "run")
+    assert trained.tables == {"features": (128, 4)}  # two features' tables of 64 rows
+    unlabeled = tmp_path / "today.tsv"
+    unlabeled.write_text("I1\tC1\tC2\n" + "".join(r.split("\t", 1)[1] + "\n" for r in rows[-40:]))
+    ours = torch.cat(list(trained.click_probabilities(unlabeled)))
+    with torch.no_grad():
+        theirs = torch.sigmoid(trained.task.logits("test", torch.arange(40))[0])
+    assert torch.allclose(ours, theirs, rtol=0, atol=1e-6)
+    out = tmp_path / "p.txt"
+    result = CliRunner().invoke(app, ["predict", str(tmp_path / "run"), "--clicks", str(unlabeled), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert np.allclose(np.loadtxt(out), ours.numpy(), rtol=0, atol=1e-7)
+    result = CliRunner().invoke(app, ["predict", str(tmp_path / "run"), "--clicks", str(unlabeled), "-o", str(out)])
+    assert result.exit_code == 1 and "already exists" in result.stderr
+    other = tmp_path / "other.tsv"
+    other.write_text("I1\tC1\n1\ta\n")
+    result = CliRunner().invoke(app, ["predict", str(tmp_path / "run"), "--clicks", str(other)])
+    assert result.exit_code == 1 and "the run trained on ['C1', 'C2']" in result.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from enum import Enum
 from pathlib import Path
 
@@ -36,6 +37,11 @@ def predict(
     k: int = typer.Option(10, "-k", min=1, help="Answers per query."),
     filter_known: bool = typer.Option(False, "--filter", help="Leave out answers known in train, valid or test."),
     mark_known: bool = typer.Option(False, "--mark-known", help="Keep known answers, marked (instead of --filter)."),
+    clicks: Path | None = typer.Option(
+        None, "--clicks", metavar="FILE", help="A click model's run: the click probability of each impression of FILE, a click log "
+        "in the run's format (the label column may be left out), one a line.", show_default=False,
+    ),
+    output: Path | None = typer.Option(None, "--output", "-o", help="With --clicks: write the probabilities to this new file instead of stdout.", show_default=False),
     checkpoint: int | None = typer.Option(None, "--checkpoint", help="The step of the checkpoint. Default: the newest intact one.", show_default=False),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:  # fmt: skip
@@ -52,8 +58,18 @@ def predict(
       dsa-train predict runs/umls-transe-20261202-141500 --tail virus --relation causes -k 5 --filter
 
       dsa-train predict runs/umls-transe-20261202-141500 --queries questions.tsv --json
+
+      dsa-train predict runs/recsys-quickstart-20261202-141500 --clicks today.tsv -o today.probabilities
     """
     from ..results import open_run  # torch and PyG: imported only when predicting
+
+    if clicks is not None:
+        if head or tail or relation or queries:
+            raise DsaError("--clicks scores a click log; it takes no --head, --tail, --relation or --queries", hint="give one kind of query")
+        _predict_clicks(open_run(run_dir, checkpoint), clicks, output)
+        return
+    if output is not None:
+        raise DsaError("--output writes the probabilities of --clicks", hint="use --json and a shell redirection for queries")
 
     if filter_known and mark_known:
         raise DsaError("--filter and --mark-known exclude each other", hint="--filter drops known answers, --mark-known keeps them marked")
@@ -119,6 +135,32 @@ def neighbors(
         typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
         return
     stdout.print(_answers_table(f"nearest to {name} ({chosen}{', negative distance' if chosen in ('l1', 'l2') else ''})", found, False))
+
+
+def _predict_clicks(trained, clicks: Path, output: Path | None) -> None:
+    """One probability a line, to stdout or to a new file written under a temporary name."""
+    for text in trained.warnings:
+        stderr.print(text, highlight=False)
+    if output is None:
+        for probabilities in trained.click_probabilities(clicks):
+            typer.echo("".join(f"{p:.9g}\n" for p in probabilities.tolist()), nl=False)
+        return
+    if os.path.lexists(output):
+        raise DsaError(f"--output '{output}' already exists", hint="give a new file name; nothing was written")
+    partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    lines = 0
+    try:
+        with open(partial, "x", encoding="utf-8") as f:
+            for probabilities in trained.click_probabilities(clicks):
+                f.write("".join(f"{p:.9g}\n" for p in probabilities.tolist()))
+                lines += len(probabilities)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(partial, output)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    stderr.print(f"{lines:,} click probabilities written to {output}", highlight=False)
 
 
 def _answers_table(title: str, answers, mark: bool) -> Table:

@@ -55,13 +55,15 @@ def _reader(stream, delimiter: str):
     return csv.reader(stream, delimiter=delimiter, quoting=quoting, strict=True)
 
 
-def columns_of(path: Path, header: list[str], config: ClickColumnsConfig) -> tuple[int, list[int], list[int]]:
+def columns_of(path: Path, header: list[str], config: ClickColumnsConfig, *, need_label: bool = True) -> tuple[int | None, list[int], list[int]]:
     """Positions of the label, dense and categorical columns named by the config (defaults:
-    ``I<n>`` dense, ``C<n>`` categorical) in the header; a ``DatasetError`` names any missing."""
+    ``I<n>`` dense, ``C<n>`` categorical) in the header; a ``DatasetError`` names any missing
+    (the label's position is ``None`` when it is missing and not ``need_label``)."""
     position = {name: i for i, name in enumerate(header)}
     dense = config.dense if config.dense is not None else [h for h in header if re.fullmatch(r"I\d+", h)]
     sparse = config.sparse if config.sparse is not None else [h for h in header if re.fullmatch(r"C\d+", h)]
-    missing = [name for name in [config.label, *dense, *sparse] if name not in position]
+    label = [config.label] if need_label or config.label in position else []
+    missing = [name for name in [*label, *dense, *sparse] if name not in position]
     shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
     if missing:
         raise DatasetError(
@@ -73,7 +75,7 @@ def columns_of(path: Path, header: list[str], config: ClickColumnsConfig) -> tup
             f"click log '{path}' has no categorical column (none named C<number>, and dataset.columns.sparse is not set; header: {shown})",
             hint="list the categorical columns in dataset.columns.sparse",
         )
-    return position[config.label], [position[n] for n in dense], [position[n] for n in sparse]
+    return position[config.label] if label else None, [position[n] for n in dense], [position[n] for n in sparse]
 
 
 def _count_lines(path: Path) -> int:
@@ -85,20 +87,37 @@ def _count_lines(path: Path) -> int:
 
 def write_click_log(writer: DatasetWriter, *, path: Path, config: ClickColumnsConfig, progress: Progress | None = None) -> None:
     """Import the click log at ``path`` into ``writer`` (see the module docstring)."""
-    delimiter = delimiter_of(path)
     total = _count_lines(path)
     valid, test = (round(total * fraction) for fraction in config.holdout)
     bounds = np.cumsum([total - valid - test, valid, test])  # end of each split, in data lines
+    chunks = read_click_chunks(path, config)
+    features, dense_features = next(chunks)
+    out = ClickWriter(writer, features=features, dense_features=dense_features, weighted=config.weights)
+    done = 0
+    for parsed in chunks:
+        _append_by_split(out, parsed, done, bounds)
+        done += len(parsed[0])
+        if progress is not None:
+            progress(f"reading {path.name}", done, total)
+    out.finish()
+
+
+def read_click_chunks(path: Path, config: ClickColumnsConfig, *, need_label: bool = True):
+    """The click log at ``path`` as it is parsed: first ``(features, dense_features)``, the
+    header's names, then ``(labels, dense, lengths, ids, weights)`` per chunk of impressions.
+    Without ``need_label`` a file whose header lacks the label column is read too (its labels
+    are all 0): impressions to score, not to train on."""
+    delimiter = delimiter_of(path)
     with open(path, encoding="utf-8", newline="", errors="strict") as stream:
         try:
             rows = _reader(stream, delimiter)
             header = next(rows, None)
             if not header:
                 raise DatasetError(f"click log '{path}' is empty", hint="its first line names the columns, each further line is one impression")
-            label, dense, sparse = columns_of(path, [h.strip() for h in header], config)
-            out = ClickWriter(writer, features=[header[i].strip() for i in sparse], dense_features=[header[i].strip() for i in dense], weighted=config.weights)
+            header = [h.strip() for h in header]
+            label, dense, sparse = columns_of(path, header, config, need_label=need_label)
+            yield [header[i] for i in sparse], [header[i] for i in dense]
             parser = _Parser(path, len(header), label, dense, sparse, config)
-            done = 0
             while True:
                 chunk, numbers = [], []
                 for row in rows:
@@ -110,16 +129,11 @@ def write_click_log(writer: DatasetWriter, *, path: Path, config: ClickColumnsCo
                         break
                 if not chunk:
                     break
-                parsed = parser.parse(chunk, numbers)
-                _append_by_split(out, parsed, done, bounds)
-                done += len(chunk)
-                if progress is not None:
-                    progress(f"reading {path.name}", done, total)
+                yield parser.parse(chunk, numbers)
         except UnicodeDecodeError as e:
             raise DatasetError(f"click log '{path}' is not UTF-8 text (byte {e.start} of a block: {e.reason})", hint="convert it to UTF-8") from None
         except csv.Error as e:
             raise DatasetError(f"click log '{path}', line {rows.line_num}: {e}", hint="fix that line (a stray quote, or a cell over 1 MiB)") from None
-    out.finish()
 
 
 def _append_by_split(out: ClickWriter, parsed: tuple, first: int, bounds: np.ndarray) -> None:
@@ -138,7 +152,7 @@ def _append_by_split(out: ClickWriter, parsed: tuple, first: int, bounds: np.nda
 class _Parser:
     """Turns a chunk of rows (lists of cells) into arrays, naming the line of any bad cell."""
 
-    def __init__(self, path: Path, width: int, label: int, dense: list[int], sparse: list[int], config: ClickColumnsConfig) -> None:
+    def __init__(self, path: Path, width: int, label: int | None, dense: list[int], sparse: list[int], config: ClickColumnsConfig) -> None:
         self.path, self.width, self.label, self.dense, self.sparse, self.config = path, width, label, dense, sparse, config
 
     def _bad(self, line: int, what: str, hint: str) -> DatasetError:
@@ -155,10 +169,13 @@ class _Parser:
         for r, (row, line) in enumerate(zip(rows, lines, strict=True)):
             if len(row) != self.width:
                 raise self._bad(line, f"{len(row)} cells where the header names {self.width}", "give every line one cell per header column (empty cells are missing values)")
-            value = row[self.label].strip()
-            if value not in ("0", "1"):
-                raise self._bad(line, f"label {value!r} in column '{c.label}' is not 0 or 1", "a label is 1 (clicked) or 0")
-            labels[r] = value == "1"
+            if self.label is not None:
+                value = row[self.label].strip()
+                if value not in ("0", "1"):
+                    raise self._bad(line, f"label {value!r} in column '{c.label}' is not 0 or 1", "a label is 1 (clicked) or 0")
+                labels[r] = value == "1"
+            else:
+                labels[r] = 0
             for j, column in enumerate(self.dense):
                 cell = row[column].strip()
                 if cell:

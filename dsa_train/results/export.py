@@ -39,6 +39,7 @@ MEANINGS = {
     ("rotate", "relations"): "phases in radians, one per complex coordinate: r = cos(phase) + i sin(phase)",
     ("node2vec", "nodes"): "node vectors (skip-gram input embeddings)",
     ("sage", "nodes"): "the learnable node features GraphSAGE aggregates",
+    ("dlrm", "features"): "rows of hashed categorical values (with model.recsys.tables: per_feature, feature f owns rows f x rows ... (f + 1) x rows - 1)",
 }
 
 

@@ -14,9 +14,12 @@ INVERSE = "inverse:"  # the name of relation r's inverse, row r + R of a recipro
 
 
 def task_tables(task, recipe) -> dict[str, nn.Module]:
-    """A task's embedding tables by name: entities and relations, or nodes."""
+    """A task's embedding tables by name: entities and relations, nodes, or a click model's
+    features (hash buckets, named by their row)."""
     if recipe.is_kge:
         return {"entities": task.model.node_emb, "relations": task.model.rel_emb}
+    if recipe.is_recsys:
+        return {"features": task.model.table}
     return {"nodes": task.model.embedding}
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..data.clicks_import import click_log_file, read_click_chunks
 from ..errors import DsaError
 from ..recipe import with_data_root
 from ..train.checkpoint import TABLES, find_checkpoint, load_model_state, table_versions
@@ -62,11 +63,6 @@ class TrainedRun:
         run = RunFolder.find(run_dir)
         self.run = run
         self.recipe = with_data_root(run.read_config(["train.device=cpu"]), stored=True, note=self.warnings.append)
-        if self.recipe.is_recsys:
-            raise DsaError(
-                f"'{run.path}' is a click model (model.kind {self.recipe.model.kind!r}): open_run reads embedding models so far",
-                hint="dsa-train eval scores it",
-            )
         torch.manual_seed(self.recipe.train.seed)
         if is_job(run.path):  # a torchrun job: the ranks' shards, read by global id
             paths, self.step, self.task = open_job(run, self.recipe, checkpoint, self.warnings.append)
@@ -215,6 +211,32 @@ class TrainedRun:
                 top = torch.topk(scores, min(k, scores.shape[1]), dim=1)
                 best_scores, best_ids = top.values, ids.gather(1, top.indices)
         return best_scores, best_ids
+
+    # -- click models -------------------------------------------------------------------
+    def click_probabilities(self, path: str | Path) -> Iterator[Tensor]:
+        r"""The click probability :math:`\sigma(\mathrm{logit})` of each impression of a click
+        log in the run's format (its header names the run's columns; the label column may be
+        left out), in file order, a chunk of impressions at a time."""
+        if not self.recipe.is_recsys:
+            raise DsaError(f"click probabilities come from a click model; model.kind {self.kind!r} is not one", hint="use predict() for knowledge graphs")
+        chunks = read_click_chunks(click_log_file(Path(path)), self.recipe.dataset.columns, need_label=False)
+        features, dense_features = next(chunks)
+        log = self.task.log
+        if (features, dense_features) != (log.features, log.dense_features):
+            raise DsaError(
+                f"click log '{path}' has the categorical columns {features} and dense columns {dense_features}; "
+                f"the run trained on {log.features} and {log.dense_features}",
+                hint="score a file with the columns of the run's click log (the label column may be left out)",
+            )
+        with torch.no_grad():
+            for labels, dense, lengths, ids, weights in chunks:
+                bags = torch.from_numpy(lengths.reshape(-1))
+                offsets = torch.zeros(len(bags), dtype=torch.long)
+                torch.cumsum(bags[:-1], 0, out=offsets[1:])
+                feature = torch.arange(len(features)).repeat(len(labels)).repeat_interleave(bags)
+                rows = self.task.rows(torch.from_numpy(ids), feature)
+                logits = self.model(torch.from_numpy(dense), rows, offsets, None if weights is None else torch.from_numpy(weights))
+                yield torch.sigmoid(logits)
 
     # -- neighbours ---------------------------------------------------------------------
     @property
