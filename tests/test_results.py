@@ -425,3 +425,20 @@ def test_click_probabilities_are_the_models_on_the_held_out_lines(tmp_path):
     other.write_text("I1\tC1\n1\ta\n")
     result = CliRunner().invoke(app, ["predict", str(tmp_path / "run"), "--clicks", str(other)])
     assert result.exit_code == 1 and "the run trained on ['C1', 'C2']" in result.stderr
+
+
+def test_an_old_or_linked_run_folder_is_refused_by_name(runs, tmp_path):
+    import shutil
+
+    old = tmp_path / "old"
+    shutil.copytree(runs(), old)
+    (old / "run.json").unlink()  # as dsa-train 0.1 left it
+    result = CliRunner().invoke(app, ["export", str(old), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "run.json" in result.stderr and "Traceback" not in result.stderr
+    linked = tmp_path / "linked"
+    shutil.copytree(runs(), linked)
+    shutil.move(linked / "checkpoints", tmp_path / "elsewhere")
+    (linked / "checkpoints").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(DsaError, match="is a symbolic link"):
+        open_run(linked)
+    assert not (tmp_path / "out").exists()
