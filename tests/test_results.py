@@ -442,3 +442,16 @@ def test_an_old_or_linked_run_folder_is_refused_by_name(runs, tmp_path):
     with pytest.raises(DsaError, match="is a symbolic link"):
         open_run(linked)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_generated_graphs_rows_are_named_by_their_ids(tmp_path):
+    recipe = tmp_path / "synthetic.yaml"
+    recipe.write_text(RECIPE.replace("{kind: tsv, path: %(data)s}", "{kind: synthetic, synthetic: {entities: 120, relations: 3, triples: 900, valid: 20, test: 20, seed: 2}}")
+                      % {"model": "distmult", "storage": "memory"})  # fmt: skip
+    assert CliRunner().invoke(app, ["run", str(recipe), "-o", str(tmp_path / "run")]).exit_code == 0
+    trained = open_run(tmp_path / "run")
+    assert trained.names("entities", [0, 119]) == ["0", "119"] and trained.names("relations", [4]) == ["inverse:1"]
+    assert trained.ids("relations", ["2", "inverse:0"]) == [2, 3]
+    assert [a.id for a in trained.predict(head="7", relation="1", k=4)] == [a.id for a in trained.predict(head=7, relation=1, k=4)]
+    with pytest.raises(DsaError, match="entity '120' is not in this run's entities"):
+        trained.ids("entities", ["120"])

@@ -134,7 +134,9 @@ def neighbors(
         }  # fmt: skip
         typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
         return
-    stdout.print(_answers_table(f"nearest to {name} ({chosen}{', negative distance' if chosen in ('l1', 'l2') else ''})", found, False))
+    stdout.print(_answers_table(f"nearest to {name} ({chosen})", found, False))
+    if chosen in ("l1", "l2"):
+        stdout.print(f"scores are negative {chosen.upper()} distances: higher is nearer", highlight=False)
 
 
 def _predict_clicks(trained, clicks: Path, output: Path | None) -> None:

@@ -49,10 +49,21 @@ class TableNames:
     def lookup(self, table: str, names: Sequence[str]) -> list[int | None]:
         """The rows of ``names`` (``None`` for a name this table does not have)."""
         if self.graph is None:
-            return [int(n) if str(n).isdigit() and int(n) < self.rows[table] else None for n in names]
+            return _numbered(names, self.rows[table])
         if table == "entities":
-            return self.graph.entity_ids([str(n) for n in names])
+            return self.graph.entity_ids([str(n) for n in names]) if self._named(table) else _numbered(names, self.rows[table])
         base = self.graph.num_relations
         inverse = [str(n).startswith(INVERSE) and self.rows[table] > base for n in names]
-        bare = self.graph.relation_ids([str(n)[len(INVERSE) :] if flip else str(n) for n, flip in zip(names, inverse)])
-        return [None if row is None else row + base * flip for row, flip in zip(bare, inverse)]
+        bare = [str(n)[len(INVERSE) :] if flip else str(n) for n, flip in zip(names, inverse)]
+        rows = self.graph.relation_ids(bare) if self._named(table) else _numbered(bare, base)
+        return [None if row is None else row + base * flip for row, flip in zip(rows, inverse)]
+
+    def _named(self, space: str) -> bool:
+        """Whether the dataset holds names for ``space`` (a generated graph's ids are its names)."""
+        dataset = self.graph.dataset
+        return dataset is not None and dataset.has(f"{space}.fingerprints")
+
+
+def _numbered(names: Sequence[str], rows: int) -> list[int | None]:
+    """Rows named by their ids written as text."""
+    return [int(n) if str(n).isdigit() and int(n) < rows else None for n in names]
