@@ -90,7 +90,7 @@ def _names(dataset: Dataset | None, space: str, ids) -> list[str]:
 
 def _ids(dataset: Dataset | None, space: str, names) -> list[int | None]:
     if dataset is None or not dataset.has(f"{space}.fingerprints"):
-        raise DatasetError(f"this graph's {space} have no names (their ids are their names)", hint="look names up in a graph imported from TSV files")
+        raise DatasetError(f"this graph has no names for its {space} (their ids are their names)", hint="look names up in a graph imported from TSV files")
     prints = dataset.array(f"{space}.fingerprints")
     found = []
     for name in names:
