@@ -13,6 +13,7 @@ A writable file's cached pages are dropped when it is opened
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -73,8 +74,15 @@ class RowFile:
                 drop_cached(self._fd)
             private = writable and pagemap_readable()
             if private:
-                self._map = mmap.mmap(self._fd, spec.file_bytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            else:
+                # MAP_NORESERVE: the kernel would otherwise charge the whole file to the commit
+                # limit, and refuse a table larger than RAM; the memory budget bounds our copies.
+                try:
+                    self._map = mmap.mmap(self._fd, spec.file_bytes, flags=mmap.MAP_PRIVATE | MAP_NORESERVE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                except OSError as e:
+                    if e.errno != errno.ENOMEM:
+                        raise
+                    private = False  # strict overcommit (vm.overcommit_memory=2): the kernel's write-back, as before
+            if not private:
                 self._map = mmap.mmap(self._fd, spec.file_bytes, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
             self._map.madvise(mmap.MADV_RANDOM)
             with warnings.catch_warnings():  # a read-only mapping gives a read-only tensor: fine
@@ -310,6 +318,7 @@ class RowFile:
         self._fd = -1
 
 
+MAP_NORESERVE = 0x4000  # Linux; the mmap module does not name it
 SETTLE_TO = 0.97  # an eviction leaves the changed pages at this share of the budget
 SPARE_BYTES = 64 << 20  # room kept free for manifests, metadata and the file system's own needs
 
