@@ -54,21 +54,23 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_path(path: Path) -> None:
+    """fsync a file or folder by its path, never through a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_all(paths: list[Path]) -> None:
     """fsync files and folders at once, each on its own thread: the file system commits them
     together (one journal commit for all, on ext4) instead of one after the other. Returns
     when every one is durable; raises the first error."""
-    def fsync(path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if path.is_dir() else 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     if not paths:
         return
     with ThreadPoolExecutor(max_workers=min(len(paths), 16), thread_name_prefix="dsa-train fsync") as pool:
-        for done in [pool.submit(fsync, path) for path in paths]:
+        for done in [pool.submit(fsync_path, path) for path in paths]:
             done.result()
 
 

@@ -213,11 +213,7 @@ def test_a_full_disk_while_rows_leave_memory_is_named_and_loses_nothing(tmp_path
         assert torch.equal(ours, theirs), i  # every step was complete, refused eviction or not
     assert refused == 6
     opt.close()
-    reopened = DiskSparseAdam([("w", ours)], lr=1e-2, state_dir=tmp_path / "s")
-    moments = reopened._store.files["w"]
-    assert torch.equal(moments.m, reference.state[theirs]["exp_avg"])
-    assert torch.equal(moments.v, reference.state[theirs]["exp_avg_sq"])
-    reopened.close()
+    assert_reopened_moments_are(tmp_path / "s", ours, reference.state[theirs])
 
 
 @pytest.mark.parametrize("budget", [None, 400 * PAGE])
@@ -259,8 +255,13 @@ def test_short_memory_sends_changed_rows_out_whatever_the_budget(tmp_path, monke
         short[0] = 0
         step()
     opt.close()
-    reopened = DiskSparseAdam([("w", ours)], lr=1e-2, state_dir=tmp_path / "s")
+    assert_reopened_moments_are(tmp_path / "s", ours, reference.state[theirs])
+
+
+def assert_reopened_moments_are(state_dir, param, expected: dict) -> None:
+    """The state directory, reopened, holds SparseAdam's ``exp_avg`` and ``exp_avg_sq``."""
+    reopened = DiskSparseAdam([("w", param)], lr=1e-2, state_dir=state_dir)
     moments = reopened._store.files["w"]
-    assert torch.equal(moments.m, reference.state[theirs]["exp_avg"])
-    assert torch.equal(moments.v, reference.state[theirs]["exp_avg_sq"])
+    assert torch.equal(moments.m, expected["exp_avg"])
+    assert torch.equal(moments.v, expected["exp_avg_sq"])
     reopened.close()

@@ -25,6 +25,7 @@ The bookkeeping is one byte per 4 KiB page of the file (0.024% of it).
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import mmap
 import os
@@ -32,6 +33,7 @@ import re
 
 import numpy as np
 
+from ..fsutil import libc
 from ..memory import host_available_bytes, host_total_bytes
 
 PAGE = mmap.PAGESIZE
@@ -318,7 +320,8 @@ def _pread_all(fd: int, size: int, offset: int) -> bytes:
 
 @functools.cache
 def _libc() -> ctypes.CDLL:
-    found = ctypes.CDLL(None, use_errno=True)
+    """The process's libc (:func:`~dsa_train.fsutil.libc`) with ``madvise`` typed for addresses."""
+    found = libc()
     found.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return found
 
@@ -326,6 +329,6 @@ def _libc() -> ctypes.CDLL:
 def _madvise(address: int, length: int, advice: int, *, tolerate_einval: bool = False) -> None:
     if length and _libc().madvise(address, length, advice) != 0:
         error = ctypes.get_errno()
-        if tolerate_einval and error == 22:  # MADV_POPULATE_WRITE before Linux 5.14: copied at first write
+        if tolerate_einval and error == errno.EINVAL:  # MADV_POPULATE_WRITE before Linux 5.14: copied at first write
             return
         raise OSError(error, f"madvise({advice}) on a row file's mapping failed: {os.strerror(error)}")

@@ -28,6 +28,8 @@ from ..fsutil import drop_cached, write_back
 from .residency import PageResidency, pagemap_readable
 from .format import HEADER_BYTES, LAYOUT, TABLE_LAYOUT, RowSpec, read_row_header
 
+MAP_NORESERVE = 0x4000  # Linux; the mmap module does not name it
+
 DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -318,7 +320,6 @@ class RowFile:
         self._fd = -1
 
 
-MAP_NORESERVE = 0x4000  # Linux; the mmap module does not name it
 SETTLE_TO = 0.97  # an eviction leaves the changed pages at this share of the budget
 SPARE_BYTES = 64 << 20  # room kept free for manifests, metadata and the file system's own needs
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DsaError
-from ..fsutil import fsync_directory
+from ..fsutil import fsync_directory, fsync_path
 from .names import INVERSE
 from .reader import CHUNK_ROWS, TrainedRun
 
@@ -149,7 +149,7 @@ def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk
         if array is not None:
             array.flush()
             del array
-            _fsync(folder / weights_file)
+            fsync_path(folder / weights_file)
         for f in (names, weights):
             if f is not None:
                 f.flush()
@@ -189,7 +189,7 @@ def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: i
     finally:
         names.close()
         sink.close()  # (a no-op if the writer closed it)
-    _fsync(folder / weights_file)
+    fsync_path(folder / weights_file)
     return {"weights": weights_file, "names": names_file}
 
 
@@ -208,11 +208,3 @@ def _write_file(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
