@@ -122,9 +122,15 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
 
 def euclidean(query: Tensor, candidates: Tensor) -> Tensor:
     r"""``(B, K)`` Euclidean distances of ``B`` queries to ``K`` candidates in one matrix product:
-    :math:`\lVert q - e \rVert^2 = \lVert q \rVert^2 - 2\, q \cdot e + \lVert e \rVert^2`."""
-    squared = (query * query).sum(1, keepdim=True) - 2 * query @ candidates.T + (candidates * candidates).sum(1)
-    return squared.clamp_min(1e-12).sqrt()
+    :math:`\lVert q - e \rVert^2 = \lVert q \rVert^2 - 2\, q \cdot e + \lVert e \rVert^2`.
+    Without autograd (evaluation, prediction) the ``(B, K)`` matrix is reused in place: the same
+    operations in the same order, so the same bits, at about half the memory traffic."""
+    if torch.is_grad_enabled() and (query.requires_grad or candidates.requires_grad):
+        squared = (query * query).sum(1, keepdim=True) - 2 * query @ candidates.T + (candidates * candidates).sum(1)
+        return squared.clamp_min(1e-12).sqrt()
+    squared = (2 * query) @ candidates.T
+    squared.neg_().add_((query * query).sum(1, keepdim=True)).add_((candidates * candidates).sum(1))
+    return squared.clamp_min_(1e-12).sqrt_()
 
 
 class TransE(KGEModel):

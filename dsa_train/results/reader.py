@@ -206,8 +206,9 @@ class TrainedRun:
                 if drop is not None:
                     inside = (drop[1] >= start) & (drop[1] < start + len(block))
                     scores[drop[0][inside], drop[1][inside] - start] = float("-inf")
-                ids = torch.arange(start, start + len(block)).expand(batch, -1)
-                scores, ids = torch.cat([best_scores, scores], 1), torch.cat([best_ids, ids], 1)
+                chunk_top = torch.topk(scores, min(k, scores.shape[1]), dim=1)  # then merge k + k, not k + chunk
+                scores = torch.cat([best_scores, chunk_top.values], 1)
+                ids = torch.cat([best_ids, chunk_top.indices + start], 1)
                 top = torch.topk(scores, min(k, scores.shape[1]), dim=1)
                 best_scores, best_ids = top.values, ids.gather(1, top.indices)
         return best_scores, best_ids
