@@ -20,8 +20,9 @@ from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
+from ..errors import DatasetError
 from ..recipe import DatasetConfig
-from . import clicks_import, clicks_synthetic, graph_import, graph_pyg, graph_synthetic, pyg, synthetic, tsv, tsv_import
+from . import clicks_import, clicks_synthetic, edge_import, graph_import, graph_pyg, graph_synthetic, pyg, synthetic, tsv, tsv_import
 from .clicks import ClickLog
 from .graphs import Graph
 from .kg import FILTER_INDEX, LAYOUT, KnowledgeGraph
@@ -76,11 +77,11 @@ def load_graph(config: DatasetConfig, *, progress: Progress | None = None, note=
     """Load the graph a recipe names, importing (or generating) it first if it has not been,
     or if its sources changed (other generator settings, files or ``link_split``). Raises
     ``DatasetError``."""
-    name, target, sources, write = _graph_source(config, progress)
+    name, target, sources, write = _graph_source(config, progress, note)
     return Graph.of(import_folder(target, kind="graph", name=name, sources=sources, build=write, note=note))
 
 
-def _graph_source(config: DatasetConfig, progress: Progress | None):
+def _graph_source(config: DatasetConfig, progress: Progress | None, note=None):
     """The graph's name, import folder, sources, and the function that writes it. The held-out
     edges depend on ``link_split`` and the seed: they are sources too (a new split re-imports
     into the same folder)."""
@@ -94,6 +95,20 @@ def _graph_source(config: DatasetConfig, progress: Progress | None):
         sources = {"dataset": "KarateClub", "torch_geometric": graph_pyg.torch_geometric_version(), **split}
         return "KarateClub", import_target(config, "karate", "karate"), sources, partial(graph_pyg.write_karate, **link)
     root = data_root(config)
+    if config.kind == "edge_list":
+        path = Path(config.path) if Path(config.path).is_absolute() else root / config.path
+        files = edge_import.edge_files(path)
+        labels = None
+        if config.labels:
+            labels = Path(config.labels) if Path(config.labels).is_absolute() else root / config.labels
+            if not labels.is_file():
+                raise DatasetError(f"labels file '{labels}' does not exist", hint="check dataset.labels (node<TAB>label lines), or leave it out")
+        sources = file_sources(
+            files + ([labels] if labels else []), **split, edge_importer=f"edge_list-{edge_import.IMPORTER_VERSION}",
+            edges=edge_import.edge_sources(config.edges), labels=str(labels.resolve()) if labels else None,
+        )  # fmt: skip
+        write = partial(edge_import.write_edge_list, files=files, labels=labels, config=config.edges, note=note, **link)
+        return path.stem, import_target(config, f"edges-{path.stem}", str(path.resolve())), sources, write
     files = graph_pyg.planetoid_files(config.name, root)
     write = partial(graph_pyg.write_planetoid, name=config.name, root=root, files=files, **link)
     target = import_target(config, f"planetoid-{config.name}", str((root / config.name).resolve()))

@@ -1,0 +1,196 @@
+"""Edge lists as people have them, imported as graphs: each format against a graph built by
+hand (or from a Python set), names in fingerprint order, labels, and every bad input a named
+error with its file and line that leaves nothing under the dataset's name."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dsa_train.data import load_graph
+from dsa_train.data.fingerprint import fingerprint_of
+from dsa_train.data.store import imports_root
+from dsa_train.errors import ConfigError, DatasetError
+from dsa_train.recipe import DatasetConfig, EdgeListConfig
+
+from .test_graph_import import brute_force_csr, pairs_of
+
+
+def graph_of(path: Path, labels: Path | None = None, **edges):
+    config = DatasetConfig(kind="edge_list", path=str(path), labels=str(labels) if labels else None, edges=EdgeListConfig(**edges))
+    return load_graph(config)
+
+
+def named_edges(graph) -> set[frozenset[str]]:
+    """The graph's edges as sets of two names."""
+    names = graph.node_names(range(graph.num_nodes))
+    return {frozenset((names[a], names[b])) for a, b in pairs_of(graph.rowptr, graph.col)}
+
+
+def nothing_imported() -> bool:
+    root = imports_root(Path(os.environ["DSA_DATA_ROOT"]))
+    return not root.exists() or not [p for p in root.iterdir() if not p.name.startswith(".lock") and p.name != ".lock"]
+
+
+def test_snap_style_comments_spaces_and_tabs(tmp_path):
+    path = tmp_path / "web.txt"
+    path.write_text("# Directed graph: web.txt\n# Nodes: 4 Edges: 4\n# FromNodeId\tToNodeId\n10\t20\n20 30\n  30\t\t10  \n\n40 10\n")
+    graph = graph_of(path)
+    assert named_edges(graph) == {frozenset(p) for p in [("10", "20"), ("20", "30"), ("30", "10"), ("40", "10")]}
+    assert graph.num_nodes == 4 and graph.dataset.meta["input_edges"] == 4
+
+
+def test_ids_are_in_fingerprint_order_and_names_map_back(tmp_path):
+    path = tmp_path / "people.tsv"
+    path.write_text("alice\tbob\nbob\tcarol\ncarol\tdave\nÉmile\talice\n")
+    graph = graph_of(path)
+    names = ["alice", "bob", "carol", "dave", "Émile"]
+    assert graph.node_names(range(5)) == sorted(names, key=lambda n: fingerprint_of(n.encode()))  # not file order
+    ids = graph.node_ids(names + ["nobody"])
+    assert ids[-1] is None and graph.node_names(ids[:-1]) == names
+
+
+def test_csv_header_named_columns_and_weights(tmp_path):
+    path = tmp_path / "export.csv"
+    path.write_text('id,src_node,dst_node,w\n1,"a",b,0.5\n2,b, c ,2\n3,c,a,1e1\n')
+    graph = graph_of(path, source="src_node", target="dst_node", weight="w", min_weight=1.0)
+    assert named_edges(graph) == {frozenset(("b", "c")), frozenset(("c", "a"))}
+    assert graph.dataset.meta["below_min_weight"] == 1
+    every = graph_of(path, source=1, target=2, header=True)
+    assert len(named_edges(every)) == 3
+
+
+def test_header_detected_above_numbers_and_declared_off(tmp_path):
+    path = tmp_path / "e.txt"
+    path.write_text("a b\n1 2\n2 3\n")
+    assert graph_of(path).num_nodes == 3  # words above numbers: a header
+    assert graph_of(path, header=False).num_nodes == 5  # declared: "a b" is an edge
+
+
+def test_self_loops_dropped_and_duplicates_kept_once(tmp_path):
+    path = tmp_path / "dup.txt"
+    path.write_text("1 2\n2 1\n1 2\n3 3\n2 3\n")
+    graph = graph_of(path)
+    assert named_edges(graph) == {frozenset(("1", "2")), frozenset(("2", "3"))}
+    meta = graph.dataset.meta
+    assert (meta["input_edges"], meta["self_loops"], meta["num_edges"]) == (5, 1, 2)
+
+
+def test_integer_ids_are_the_rows(tmp_path):
+    rng = np.random.default_rng(3)
+    u, v = rng.integers(0, 500, 4000), rng.integers(0, 500, 4000)
+    path = tmp_path / "ints.txt"
+    path.write_text("".join(f"{a} {b}\n" for a, b in zip(u, v)))
+    graph = graph_of(path, ids="integers")
+    rowptr, col = brute_force_csr(u, v, int(max(u.max(), v.max())) + 1)
+    assert torch.equal(graph.rowptr, rowptr) and torch.equal(graph.col.long(), col)
+    assert not graph.named and graph.node_names([3]) == ["3"]
+
+
+def test_folder_of_files(tmp_path):
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    (folder / "a.csv").write_text("src,dst\nx,y\n")
+    (folder / "b.csv").write_text("src,dst\ny,z\n")
+    (folder / ".hidden").write_text("not,edges,at all\n")
+    assert named_edges(graph_of(folder)) == {frozenset(("x", "y")), frozenset(("y", "z"))}
+
+
+def test_labels_with_and_without_split_column(tmp_path):
+    edges = tmp_path / "e.txt"
+    edges.write_text("a b\nb c\nc d\n")
+    given = tmp_path / "given.tsv"
+    given.write_text("node\tlabel\tsplit\na\tcat\ttrain\nb\tdog\tvalid\ne\tcat\ttest\n")
+    graph = graph_of(edges, given)
+    ids = dict(zip(["a", "b", "c", "d", "e"], graph.node_ids(["a", "b", "c", "d", "e"])))
+    assert graph.num_nodes == 5 and graph.num_classes == 2 and graph.dataset.meta["class_names"] == ["cat", "dog"]
+    assert [int(graph.labels[ids[n]]) for n in "abcde"] == [0, 1, -1, -1, 0]
+    assert graph.nodes("train").tolist() == [ids["a"]] and graph.nodes("valid").tolist() == [ids["b"]] and graph.nodes("test").tolist() == [ids["e"]]
+    numbered = tmp_path / "numbered.tsv"
+    numbered.write_text("".join(f"{i}\t{i % 3}\n" for i in range(200)))
+    ring = tmp_path / "ring.txt"
+    ring.write_text("".join(f"{i} {(i + 1) % 200}\n" for i in range(200)))
+    graph = graph_of(ring, numbered, ids="integers", node_split=(0.2, 0.3))
+    assert graph.num_classes == 3 and graph.labels.tolist() == [i % 3 for i in range(200)]
+    sizes = [len(graph.nodes(s)) for s in ("train", "valid", "test")]
+    assert sum(sizes) == 200 and 20 < sizes[1] < 60 and 40 < sizes[2] < 80  # binomial around 40 and 60
+
+
+# -- bad inputs ---------------------------------------------------------------------------------
+BAD = [
+    ("empty", b"", DatasetError, "has no edges"),
+    ("comments-only", b"# nothing here\n\n", DatasetError, "has no edges"),
+    ("one-column", b"1\n2\n", DatasetError, "has one column"),
+    ("mixed-delimiters", b"1,2\n3\t4\n", DatasetError, r"bad:2: line has 1 fields, expected 2"),
+    ("ragged", b"1 2\n3 4\n5 6 7\n", DatasetError, r"bad:3: line has 3 fields, expected 2"),
+    ("non-utf8", b"a b\nc \xff\xfe\n", DatasetError, r"bad:2: line is not valid UTF-8"),
+    ("empty-field", b"a,b\nc,\n", DatasetError, r"bad:2: line has an empty field"),
+]
+
+
+@pytest.mark.parametrize("name,content,error,message", BAD, ids=[b[0] for b in BAD])
+def test_bad_edge_lists(tmp_path, name, content, error, message):
+    path = tmp_path / "bad"
+    path.write_bytes(content)
+    with pytest.raises(error, match=message) as caught:
+        graph_of(path)
+    assert str(path) in str(caught.value)
+    assert nothing_imported()
+
+
+@pytest.mark.parametrize(
+    "settings,content,message",
+    [
+        ({"ids": "integers"}, b"1 2\n3 x7\n", r"bad:2: line has node id 'x7', not a whole number"),
+        ({"weight": 2}, b"a b 1\nc d heavy\n", r"bad:2: line has weight 'heavy', not a number"),
+        ({"source": "from"}, b"src,dst\na,b\n", r"has no column 'from' \(its header: src, dst\)"),
+        ({"target": 4}, b"a b\n", r"column 4 is past the 2 columns"),
+    ],
+)
+def test_bad_settings_and_values(tmp_path, settings, content, message):
+    path = tmp_path / "bad"
+    path.write_bytes(content)
+    with pytest.raises((DatasetError, ConfigError), match=message):
+        graph_of(path, **settings)
+    assert nothing_imported()
+
+
+def test_bad_labels(tmp_path):
+    edges = tmp_path / "e.txt"
+    edges.write_text("a b\n")
+    for content, message in [
+        ("a\tx\tsometimes\n", r"labels:1: line's split 'sometimes' is not train, valid or test"),
+        ("a\tx\nb\ty\na\tz\n", r"data line 3 labels a node that an earlier line labels already"),
+        ("a\tx\nb\n", r"labels:2: line has 1 fields, expected 2"),
+    ]:
+        labels = tmp_path / "labels"
+        labels.write_text(content)
+        with pytest.raises(DatasetError, match=message):
+            graph_of(edges, labels)
+        assert nothing_imported()
+
+
+@pytest.mark.slow
+def test_a_million_edges_against_a_set(tmp_path):
+    """10^6 edges with string ids (repeats, both directions, loops): the CSR, read back by
+    name, holds exactly the set of pairs."""
+    rng = np.random.default_rng(11)
+    u, v = rng.integers(0, 50_000, 1_000_000), rng.integers(0, 50_000, 1_000_000)
+    u[:1000] = v[:1000]
+    path = tmp_path / "big.txt"
+    with open(path, "w") as f:
+        f.write("# a generated graph\n")
+        f.write("\n".join(f"n{a}\tn{b}" for a, b in zip(u.tolist(), v.tolist())))
+    graph = graph_of(path)
+    original = np.array([int(name[1:]) for name in graph.node_names(range(graph.num_nodes))])  # row -> the number in its name
+    rows = torch.repeat_interleave(torch.arange(graph.num_nodes), graph.rowptr[1:] - graph.rowptr[:-1]).numpy()
+    a, b = original[rows], original[graph.col.numpy()]
+    got = np.unique(np.minimum(a, b) * 50_000 + np.maximum(a, b))
+    keep = u != v
+    expected = np.unique(np.minimum(u, v)[keep] * 50_000 + np.maximum(u, v)[keep])
+    assert np.array_equal(got, expected) and len(rows) == 2 * len(expected)  # each edge once per direction
+    assert graph.num_nodes == len(np.union1d(u, v)) and graph.dataset.meta["self_loops"] == int((~keep).sum())
