@@ -34,10 +34,11 @@ CHUNK = 1 << 15  # lines parsed at once
 MAX_FIELD = 1 << 20  # longest cell csv accepts (its default, 128 KiB, is low for long bags)
 
 
-def click_log_file(path: Path) -> Path:
-    """The click log's file, checked: a ``DatasetError`` says what to place where."""
+def click_log_file(path: Path, looked: str | None = None) -> Path:
+    """The click log's file, checked: a ``DatasetError`` says what to place where (``looked``:
+    where the path was looked for)."""
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
+        what = "is a folder" if path.is_dir() else "does not exist" + (f": looked in {looked}" if looked else "")
         raise DatasetError(
             f"click log '{path}' {what}",
             hint="set dataset.path to a TSV or CSV file whose first line names its columns (label, I1..., C1... as in Criteo)",

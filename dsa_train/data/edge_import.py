@@ -62,9 +62,9 @@ SPLIT_WORDS = {b"train": 0, b"valid": 1, b"test": 2}
 LABEL_HEADER = {b"node", b"id", b"node_id", b"name"}
 
 
-def edge_files(path: Path) -> list[Path]:
+def edge_files(path: Path, looked: str | None = None) -> list[Path]:
     """The edge-list file, or a folder's files (sorted by name, hidden ones left out); a
-    ``DatasetError`` says what is missing."""
+    ``DatasetError`` says what is missing (``looked``: where the path was looked for)."""
     if path.is_file():
         return [path]
     if path.is_dir():
@@ -72,7 +72,10 @@ def edge_files(path: Path) -> list[Path]:
         if not files:
             raise DatasetError(f"edge-list folder '{path}' holds no files", hint="place the edge-list files in it, or point dataset.path at a file")
         return files
-    raise DatasetError(f"edge list '{path}' does not exist", hint="check dataset.path (a file of edges, or a folder of such files)")
+    raise DatasetError(
+        f"edge list '{path}' does not exist" + (f": looked in {looked}" if looked else ""),
+        hint="check dataset.path (a file of edges, or a folder of such files; a relative path is read from the current folder, else the data root)",
+    )
 
 
 def write_edge_list(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 
 from ..errors import DatasetError
 from ..recipe import DatasetConfig
@@ -26,7 +25,7 @@ from . import clicks_import, clicks_synthetic, edge_import, graph_import, graph_
 from .clicks import ClickLog
 from .graphs import Graph
 from .kg import FILTER_INDEX, LAYOUT, KnowledgeGraph
-from .paths import data_root, import_target
+from .paths import data_root, dataset_path, import_target, places_looked
 from .store import SPLITS, DatasetWriter, Progress, file_sources, import_folder
 from .triple_index import write_triple_index
 
@@ -62,9 +61,8 @@ def _knowledge_graph_source(config: DatasetConfig, progress: Progress | None):
         write = partial(synthetic.write_synthetic_knowledge_graph, config=config.synthetic, progress=progress)
         return f"synthetic-{config.synthetic.entities}", import_target(config, "synthetic", sources), sources, write
     if config.kind == "tsv":
-        folder = Path(config.path)
-        folder = folder if folder.is_absolute() else data_root(config) / folder
-        files = tsv.tsv_files(folder)
+        folder = dataset_path(config, config.path)
+        files = tsv.tsv_files(folder, looked=places_looked(config, config.path))
         sources = file_sources(files, importer=f"tsv-{tsv_import.IMPORTER_VERSION}")
         write = partial(tsv_import.write_knowledge_graph, files=files, progress=progress)
         return folder.name, import_target(config, f"tsv-{folder.name}", str(folder.resolve())), sources, write
@@ -96,13 +94,16 @@ def _graph_source(config: DatasetConfig, progress: Progress | None, note=None):
         return "KarateClub", import_target(config, "karate", "karate"), sources, partial(graph_pyg.write_karate, **link)
     root = data_root(config)
     if config.kind == "edge_list":
-        path = Path(config.path) if Path(config.path).is_absolute() else root / config.path
-        files = edge_import.edge_files(path)
+        path = dataset_path(config, config.path)
+        files = edge_import.edge_files(path, looked=places_looked(config, config.path))
         labels = None
         if config.labels:
-            labels = Path(config.labels) if Path(config.labels).is_absolute() else root / config.labels
+            labels = dataset_path(config, config.labels)
             if not labels.is_file():
-                raise DatasetError(f"labels file '{labels}' does not exist", hint="check dataset.labels (node<TAB>label lines), or leave it out")
+                raise DatasetError(
+                    f"labels file '{config.labels}' does not exist: looked in {places_looked(config, config.labels)}",
+                    hint="check dataset.labels (node<TAB>label lines), or leave it out",
+                )
         sources = file_sources(
             files + ([labels] if labels else []), **split, edge_importer=f"edge_list-{edge_import.IMPORTER_VERSION}",
             edges=edge_import.edge_sources(config.edges), labels=str(labels.resolve()) if labels else None,
@@ -124,8 +125,7 @@ def load_click_log(config: DatasetConfig, *, progress: Progress | None = None, n
         write = partial(clicks_synthetic.write_synthetic_clicks, config=config.clicks, progress=progress)
         name, target = f"clicks-{config.clicks.samples}", import_target(config, "synthetic-clicks", sources)
     else:
-        path = Path(config.path)
-        path = clicks_import.click_log_file(path if path.is_absolute() else data_root(config) / path)
+        path = clicks_import.click_log_file(dataset_path(config, config.path), looked=places_looked(config, config.path))
         columns = asdict(config.columns)
         sources = file_sources([path], importer=f"clicks-{clicks_import.IMPORTER_VERSION}", columns=columns)
         write = partial(clicks_import.write_click_log, path=path, config=config.columns, progress=progress)

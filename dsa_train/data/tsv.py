@@ -22,10 +22,17 @@ MAX_REPORTED = 10
 CHUNK_BYTES = 8 << 20  # text read and parsed at once
 
 
-def tsv_files(folder: Path) -> list[Path]:
-    """The folder's three split files; a ``DatasetError`` names the missing ones."""
+def tsv_files(folder: Path, looked: str | None = None) -> list[Path]:
+    """The folder's three split files; a ``DatasetError`` names the missing ones (``looked``:
+    where a missing folder was looked for)."""
     files = [folder / f"{split}.txt" for split in SPLITS]
     missing = [f.name for f in files if not f.is_file()]
+    if missing and looked and not folder.is_dir():
+        raise DatasetError(
+            f"dataset folder '{folder.name}' does not exist: looked in {looked}",
+            hint=f"place train.txt, valid.txt and test.txt (head<TAB>relation<TAB>tail lines) in a folder '{folder.name}' in one of those places, "
+            "or set dataset.path to where it is",
+        )
     if missing:
         source = KNOWN_SOURCES.get(folder.name.lower())
         raise DatasetError(

@@ -74,7 +74,8 @@ def _inside_data_root(v):
     if os.path.isabs(v) or Path(os.path.normpath(v)).parts[:1] != ("..",):
         return None
     return (
-        "climbs out of the data root (a relative path is read under dataset.root, $DSA_DATA_ROOT or ./datasets); "
+        "climbs out of its folder (a relative path is read from the current folder where it exists there, else under dataset.root, "
+        "$DSA_DATA_ROOT or ./datasets); "
         "write an absolute path if a folder outside it is really meant"
     )
 
@@ -226,11 +227,11 @@ class DatasetConfig:
     )
     path: str | None = _help(
         "tsv: the folder; edge_list: the file or a folder of files; click_log: the file (.csv: commas, else tabs); "
-        "relative to the data root or absolute", _inside_data_root, default=None,
+        "absolute, or relative: from the current folder where it exists there, else under the data root", _inside_data_root, default=None,
     )  # fmt: skip
     labels: str | None = _help(
         "edge_list: a file of node<TAB>label lines (a third column train/valid/test may name the node's split) for the probe; "
-        "relative to the data root or absolute", _inside_data_root, default=None,
+        "found as dataset.path is", _inside_data_root, default=None,
     )  # fmt: skip
     edges: EdgeListConfig = _help("edge_list: how the file's lines read", default_factory=EdgeListConfig)
     name: str | None = _help("planetoid: Cora, CiteSeer or PubMed", default=None)
