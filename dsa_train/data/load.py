@@ -16,6 +16,7 @@ is imported inside the PyG loaders only, when a PyG dataset is read.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from functools import partial
 
@@ -126,8 +127,9 @@ def load_click_log(config: DatasetConfig, *, progress: Progress | None = None, n
         name, target = f"clicks-{config.clicks.samples}", import_target(config, "synthetic-clicks", sources)
     else:
         path = clicks_import.click_log_file(dataset_path(config, config.path), looked=places_looked(config, config.path))
-        columns = asdict(config.columns)
-        sources = file_sources([path], importer=f"clicks-{clicks_import.IMPORTER_VERSION}", columns=columns)
-        write = partial(clicks_import.write_click_log, path=path, config=config.columns, progress=progress)
+        columns = clicks_import.click_columns(config)
+        described = json.loads(json.dumps(asdict(columns)))  # as the manifest holds it (lists, not tuples)
+        sources = file_sources([path], importer=f"clicks-{clicks_import.IMPORTER_VERSION}", columns=described)
+        write = partial(clicks_import.write_click_log, path=path, config=columns, progress=progress, note=note)
         name, target = path.stem, import_target(config, f"clicks-{path.stem}", str(path.resolve()))
     return ClickLog.of(import_folder(target, kind="clicks", name=name, sources=sources, build=write, note=note))

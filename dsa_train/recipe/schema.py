@@ -155,7 +155,13 @@ class ClickColumnsConfig:
 
     label: str = _help("the click column (0 or 1)", default="label")
     dense: list[str] | None = _help("dense columns, numbers (empty: none); default: every column named I<number>", default=None)
-    sparse: list[str] | None = _help("categorical columns, raw values hashed into table rows; default: every column named C<number>", default=None)
+    sparse: list[str] | None = _help(
+        "categorical columns, raw values hashed into table rows; default: every column but the label, the dense ones and one named 'id' "
+        "(the import lists them)", default=None,
+    )  # fmt: skip
+    delimiter: str | None = _help("the character between cells; default: read from the first line (a tab if it holds one, else a comma)", _one_character, default=None)
+    header: bool | None = _help("the first line names the columns; default: it does when it holds the label's name, or when `names` is not set", default=None)
+    names: list[str] | None = _help("the columns in order, for a file without a header (dataset.layout: criteo sets Criteo's)", default=None)
     multi_hot: str = _help("separator of several ids in one categorical cell (a bag)", _one_character, default="|")
     weights: bool = _help("categorical cells hold value:weight pairs (a value without :weight weighs 1; per-sample weights, pooled with model.recsys.mode: sum)", default=False)
     dense_log: bool = _help("read a dense value x as log(1 + max(x, 0)), as DLRM reads Criteo's counts (false: as it is)", default=True)
@@ -223,10 +229,10 @@ class DatasetConfig:
     kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic", "planetoid", "karate", "synthetic_graph", "edge_list", "click_log", "synthetic_clicks"] = _help(
         "knowledge graphs: tsv (a folder of train/valid/test.txt), fb15k237, wn18rr (PyG), synthetic; "
         "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph, edge_list (your own file or folder); "
-        "click logs: click_log (a TSV or CSV file with a header), synthetic_clicks"
+        "click logs: click_log (a TSV or CSV file, with a header or dataset.columns.names or dataset.layout), synthetic_clicks"
     )
     path: str | None = _help(
-        "tsv: the folder; edge_list: the file or a folder of files; click_log: the file (.csv: commas, else tabs); "
+        "tsv: the folder; edge_list: the file or a folder of files; click_log: the file (.gz: gzip); "
         "absolute, or relative: from the current folder where it exists there, else under the data root", _inside_data_root, default=None,
     )  # fmt: skip
     labels: str | None = _help(
@@ -240,6 +246,9 @@ class DatasetConfig:
     graph: GraphSyntheticConfig = _help("synthetic_graph: the graph generator's settings", default_factory=GraphSyntheticConfig)
     clicks: ClicksSyntheticConfig = _help("synthetic_clicks: the click-log generator's settings", default_factory=ClicksSyntheticConfig)
     columns: ClickColumnsConfig = _help("click_log: the file's columns and held-out lines", default_factory=ClickColumnsConfig)
+    layout: Literal["criteo"] | None = _help(
+        "click_log: a named layout; criteo: Kaggle's train.txt and the Terabyte day_N files (no header, tabs: label, I1..I13, C1..C26)", default=None,
+    )  # fmt: skip
     link_split: tuple[float, float] = _help(
         "graphs: fractions of the edges held out for link prediction (valid, test)", _split, default=(0.0, 0.0)
     )
@@ -252,7 +261,9 @@ class DatasetConfig:
         if self.labels and self.kind != "edge_list":
             return [("labels", f"is read for kind 'edge_list' only, not {self.kind!r}; leave it out")]
         if self.kind == "click_log" and not self.path:
-            return [("path", "is required for kind 'click_log' (the TSV or CSV file, with a header naming its columns)")]
+            return [("path", "is required for kind 'click_log' (the TSV or CSV file)")]
+        if self.layout and self.kind != "click_log":
+            return [("layout", f"names a click log's layout, not one of kind {self.kind!r}; leave it out")]
         if self.kind == "planetoid" and self.name not in ("Cora", "CiteSeer", "PubMed"):
             return [("name", f"must be Cora, CiteSeer or PubMed for kind 'planetoid', got {self.name!r}")]
         return []
