@@ -27,16 +27,11 @@ def tsv_files(folder: Path, looked: str | None = None) -> list[Path]:
     where a missing folder was looked for)."""
     files = [folder / f"{split}.txt" for split in SPLITS]
     missing = [f.name for f in files if not f.is_file()]
-    if missing and looked and not folder.is_dir():
-        raise DatasetError(
-            f"dataset folder '{folder.name}' does not exist: looked in {looked}",
-            hint=f"place train.txt, valid.txt and test.txt (head<TAB>relation<TAB>tail lines) in a folder '{folder.name}' in one of those places, "
-            "or set dataset.path to where it is",
-        )
     if missing:
         source = KNOWN_SOURCES.get(folder.name.lower())
         raise DatasetError(
-            f"dataset folder '{folder}' lacks {', '.join(missing)}",
+            f"dataset folder '{folder}' lacks {', '.join(missing)}"
+            + (f" (it does not exist: looked in {looked})" if looked and not folder.is_dir() else ""),
             hint=f"place train.txt, valid.txt and test.txt (head<TAB>relation<TAB>tail lines) in '{folder}'"
             + (f" ({source})" if source else "")
             + f", or set DSA_DATA_ROOT (or dataset.root) to the folder that holds '{folder.name}/'",
