@@ -64,8 +64,10 @@ def _knowledge_graph_source(config: DatasetConfig, progress: Progress | None):
     if config.kind == "tsv":
         folder = dataset_path(config, config.path)
         files = tsv.tsv_files(folder, looked=places_looked(config, config.path))
-        sources = file_sources(files, importer=f"tsv-{tsv_import.IMPORTER_VERSION}")
-        write = partial(tsv_import.write_knowledge_graph, files=files, progress=progress)
+        delimiter, header = tsv.triple_format(files[0], delimiter=config.triples.delimiter, header=config.triples.header)
+        form = {} if (delimiter, header) == ("\t", False) else {"delimiter": delimiter, "header": header}  # the plain form's sources as before
+        sources = file_sources(files, importer=f"tsv-{tsv_import.IMPORTER_VERSION}", **form)
+        write = partial(tsv_import.write_knowledge_graph, files=files, progress=progress, delimiter=delimiter, header=header)
         return folder.name, import_target(config, f"tsv-{folder.name}", str(folder.resolve())), sources, write
     name, files, write = pyg.pyg_source(config.kind, data_root(config))
     sources = file_sources(files, importer="pyg-1")

@@ -182,6 +182,14 @@ def _delimiter(v):
 
 
 @dataclass
+class TriplesConfig:
+    """tsv: how the split files' lines read."""
+
+    delimiter: str | None = _help("the character between head, relation and tail; default: a tab if the first line holds one, else a comma", _one_character, default=None)
+    header: bool | None = _help("each file's first line names the columns; default: detected (head, relation, tail and such words)", default=None)
+
+
+@dataclass
 class EdgeListConfig:
     """edge_list: how the edge-list file's lines read (every value left out is detected from
     the first lines, and the import says what it found)."""
@@ -240,6 +248,7 @@ class DatasetConfig:
         "found as dataset.path is", _inside_data_root, default=None,
     )  # fmt: skip
     edges: EdgeListConfig = _help("edge_list: how the file's lines read", default_factory=EdgeListConfig)
+    triples: TriplesConfig = _help("tsv: how the split files' lines read", default_factory=TriplesConfig)
     name: str | None = _help("planetoid: Cora, CiteSeer or PubMed", default=None)
     root: str | None = _help("data root (default: $DSA_DATA_ROOT, else ./datasets)", default=None)
     synthetic: SyntheticConfig = _help("synthetic: the knowledge-graph generator's settings", default_factory=SyntheticConfig)
