@@ -60,8 +60,8 @@ def tsv_files(folder: Path, looked: str | None = None) -> list[Path]:
 
 #: Where the TSV datasets the shipped recipes name come from.
 KNOWN_SOURCES = {
-    "umls": "UMLS ships with PyKEEN: src/pykeen/datasets/umls/ in github.com/pykeen/pykeen",
-    "nations": "Nations ships with PyKEEN: src/pykeen/datasets/nations/ in github.com/pykeen/pykeen",
+    "umls": "not shipped with dsa-train: download it from PyKEEN, src/pykeen/datasets/umls/ in github.com/pykeen/pykeen",
+    "nations": "not shipped with dsa-train: download it from PyKEEN, src/pykeen/datasets/nations/ in github.com/pykeen/pykeen",
 }
 
 
