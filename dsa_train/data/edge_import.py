@@ -279,13 +279,15 @@ def _named(writer, scratch, files, labels, fmt, config, label_rows, counts, tota
     parts = _Partitions(scratch / "nodes", partitions_for(total, memory_bytes))
     position = 0
 
-    def prepared(chunks):
+    def numbered(chunks):
         nonlocal position
         for text, fields in chunks:
             starts, lengths = fields[..., 0].ravel(), fields[..., 1].ravel()
-            positions = np.arange(position, position + len(starts), dtype=np.int64)
+            yield text, starts, lengths, np.arange(position, position + len(starts), dtype=np.int64)
             position += len(starts)
-            yield parts.prepare(text, starts, lengths, positions)
+
+    def prepared(chunks):  # fingerprints and partitioning on the worker threads, in order
+        return ordered_map(lambda item: parts.prepare(*item), numbered(chunks))
 
     try:
         for chunk in prepared(_edge_chunks(files, fmt, config, counts, total, progress)):
