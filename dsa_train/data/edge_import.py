@@ -119,8 +119,9 @@ def _counting(edges: Iterator[tuple[np.ndarray, np.ndarray]], counts: dict) -> I
 
 # -- reading -------------------------------------------------------------------------------------
 def _edge_chunks(files: list[Path], fmt: EdgeFormat, config, counts: dict, total: int, progress: Progress | None):
-    """Every chunk's edges as ``(text, (n, 2, 2) source and target fields)``, checked; a bad
-    line anywhere raises ``DatasetError`` (after the file's first :data:`MAX_REPORTED`)."""
+    """Every chunk's edges as ``(text, (n, 2, 2) source and target fields)`` (with ``ids:
+    integers``: ``(text, (n, 2) ids)``), checked, edges below ``min_weight`` left out; bad
+    lines raise a ``DatasetError`` listing up to :data:`MAX_REPORTED` of a file's."""
 
     def read(item):
         path, data, before, first = item
