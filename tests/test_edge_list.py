@@ -42,6 +42,19 @@ def test_snap_style_comments_spaces_and_tabs(tmp_path):
     graph = graph_of(path)
     assert named_edges(graph) == {frozenset(p) for p in [("10", "20"), ("20", "30"), ("30", "10"), ("40", "10")]}
     assert graph.num_nodes == 4 and graph.dataset.meta["input_edges"] == 4
+    assert graph.dataset.fresh and not graph_of(path).dataset.fresh  # imported once, then reused
+
+
+def test_held_out_edges_leave_the_adjacency(tmp_path):
+    path = tmp_path / "ring.txt"
+    path.write_text("".join(f"{i} {(i + 1) % 300}\n" for i in range(300)))
+    config = DatasetConfig(kind="edge_list", path=str(path), link_split=(0.1, 0.2))
+    graph = load_graph(config)
+    held = torch.cat([graph.valid_edges, graph.test_edges]).long()
+    names = np.array(graph.node_names(range(graph.num_nodes))).astype(int)
+    everything = {frozenset(p) for p in names[held.numpy()].tolist()} | {frozenset(p) for p in names[np.array(sorted(pairs_of(graph.rowptr, graph.col)))].tolist()}
+    assert everything == {frozenset((i, (i + 1) % 300)) for i in range(300)}  # every edge: in the adjacency or held out, never both
+    assert graph.num_edges + len(held) == 300 and 30 < len(held) < 150
 
 
 def test_ids_are_in_fingerprint_order_and_names_map_back(tmp_path):
