@@ -136,12 +136,12 @@ HOSTILE = [
     (
         "tsv-path-climbs",
         "dataset: {kind: tsv, path: ../../etc}\nmodel: {kind: transe}\n",
-        r"^dataset\.path \(line 1\): climbs out of the data root .*write an absolute path if .* really meant, got '\.\./\.\./etc'",
+        r"^dataset\.path \(line 1\): climbs out of its folder .*write an absolute path if .* really meant, got '\.\./\.\./etc'",
     ),
     (
         "tsv-path-climbs-late",
         "dataset: {kind: tsv, path: a/../../b}\nmodel: {kind: transe}\n",
-        r"^dataset\.path \(line 1\): climbs out of the data root",
+        r"^dataset\.path \(line 1\): climbs out of its folder",
     ),
 ]
 

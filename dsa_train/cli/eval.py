@@ -29,7 +29,8 @@ def eval_(
     device: Device | None = typer.Option(None, "--device", help="Where to score. Default: the run's train.device."),
     save_ranks: Path | None = typer.Option(
         None, "--save-ranks", metavar="FILE",
-        help="Also write each query's filtered rank to FILE (TSV: side, head, relation, tail, rank; ids as in the dataset).",
+        help="Also write each query's filtered rank to FILE (TSV: side, head, relation, tail, rank). The ids are the dataset's rows, "
+        "numbered in fingerprint order, not file order: map them to names with `dsa-train export` (its names file) or open_run(RUN).names(...).",
         show_default=False,
     ),
 ) -> None:  # fmt: skip

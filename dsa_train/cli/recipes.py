@@ -100,7 +100,14 @@ def validate(
       dsa-train validate my.yaml --set train.epochs=5 --show
     """
     config = load_recipe(find_recipe(recipe), list(set_))
+    from ..train.estimate import estimate
+
+    lines = estimate(config).lines(output=Path(config.output.dir))
     if show:
         typer.echo(recipe_to_yaml(config), nl=False)
+        for line in lines:  # the YAML alone on stdout, to copy
+            typer.echo(line, err=True)
     else:
         stdout.print(f"{recipe}: valid ({config.model.kind} on {config.dataset.kind}, {config.train.epochs} epochs)", highlight=False)
+        for line in lines:
+            stdout.print(line, highlight=False, soft_wrap=True)

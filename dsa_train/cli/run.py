@@ -87,6 +87,10 @@ def run(
             f"with {config.optimizer.kind} ({_rate(config.optimizer)}) on device {config.train.device}, into {where}",
             highlight=False,
         )
+        from ..train.estimate import estimate
+
+        for line in estimate(config).lines(output=Path(where).parent if output is None else Path(output).parent):
+            stdout.print(line, highlight=False, soft_wrap=True)
         return
     if resume:
         folder = RunFolder.find(output) if output else RunFolder.newest(config)

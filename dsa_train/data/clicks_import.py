@@ -1,5 +1,10 @@
-"""Reading a click log: a TSV or CSV file whose header names its columns, Criteo's layout the
-model (``label``, dense ``I1``...``I13``, categorical ``C1``...``C26``).
+"""Reading a click log: a TSV or CSV file (gzip-compressed when its name ends in ``.gz``)
+whose first line names its columns, or whose columns ``dataset.columns.names`` lists (Criteo's
+own files: ``dataset.layout: criteo``, label, ``I1``...``I13``, ``C1``...``C26``, tabs, no
+header). The delimiter is read from the first line (a tab if it holds one, else a comma), never
+from the file's extension, unless ``dataset.columns.delimiter`` names it; the import says which
+it used, and which columns are the label, dense and categorical ones (by default every column
+but the label, the dense ``I<n>`` ones and an ``id``: Avazu's 22 categorical columns, all of them).
 
 Each line is one impression. The label is 0 or 1; a dense value is a number (empty: 0),
 read as :math:`\\log(1 + \\max(x, 0))` with ``dense_log`` (DLRM's reading of Criteo's
@@ -16,6 +21,8 @@ chunk (:class:`~.clicks.ClickWriter`): memory stays bounded however long it is.
 from __future__ import annotations
 
 import csv
+import dataclasses
+import gzip
 import math
 import re
 from pathlib import Path
@@ -23,21 +30,25 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from ..recipe import ClickColumnsConfig
+from ..recipe import ClickColumnsConfig, DatasetConfig
 from .clicks import ClickWriter
 from .fingerprint import fingerprints
 from .store import SPLITS, DatasetWriter, Progress
 
-#: 1: the first version.
-IMPORTER_VERSION = 1
+#: 1: the first version. 2: every non-dense column categorical by default; headerless files; gzip.
+IMPORTER_VERSION = 2
+#: Criteo's column order (Kaggle's train.txt, the Terabyte day_N files): no header, tabs.
+CRITEO = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+ROW_ID = "id"  # a row id column: never a feature by default
 CHUNK = 1 << 15  # lines parsed at once
 MAX_FIELD = 1 << 20  # longest cell csv accepts (its default, 128 KiB, is low for long bags)
 
 
-def click_log_file(path: Path) -> Path:
-    """The click log's file, checked: a ``DatasetError`` says what to place where."""
+def click_log_file(path: Path, looked: str | None = None) -> Path:
+    """The click log's file, checked: a ``DatasetError`` says what to place where (``looked``:
+    where the path was looked for)."""
     if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
+        what = "is a folder" if path.is_dir() else "does not exist" + (f": looked in {looked}" if looked else "")
         raise DatasetError(
             f"click log '{path}' {what}",
             hint="set dataset.path to a TSV or CSV file whose first line names its columns (label, I1..., C1... as in Criteo)",
@@ -45,8 +56,43 @@ def click_log_file(path: Path) -> Path:
     return path
 
 
-def delimiter_of(path: Path) -> str:
-    return "," if path.suffix.lower() == ".csv" else "\t"
+def click_columns(config: DatasetConfig) -> ClickColumnsConfig:
+    """``dataset.columns`` with ``dataset.layout``'s settings filled in where not set."""
+    columns = config.columns
+    if config.layout == "criteo":
+        columns = dataclasses.replace(columns, names=columns.names or list(CRITEO), delimiter=columns.delimiter or "\t")
+    return columns
+
+
+def open_text(path: Path):
+    """The file as UTF-8 text (through gzip when its name ends in ``.gz``)."""
+    if path.name.lower().endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", newline="", errors="strict")
+    return open(path, encoding="utf-8", newline="", errors="strict")
+
+
+def _open_bytes(path: Path):
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+
+
+def delimiter_of(path: Path, config: ClickColumnsConfig) -> tuple[str, str]:
+    """The delimiter, and where it came from: the recipe's, else read from the first line (a
+    tab if it holds one, else a comma)."""
+    if config.delimiter is not None:
+        return config.delimiter, "given by the recipe (dataset.columns.delimiter or dataset.layout)"
+    try:
+        with _open_bytes(path) as f:
+            first = f.readline(MAX_FIELD)
+    except (OSError, EOFError) as e:
+        raise DatasetError(f"click log '{path}' cannot be read: {e}", hint="check the file (a .gz name must hold gzip data)") from None
+    if b"\t" in first:
+        return "\t", "read from the first line, which holds tabs"
+    if b"," in first:
+        return ",", "read from the first line, which holds commas and no tab"
+    raise DatasetError(
+        f"click log '{path}': its first line holds neither a tab nor a comma ({first[:80]!r})",
+        hint="set dataset.columns.delimiter to the character between its cells",
+    )
 
 
 def _reader(stream, delimiter: str):
@@ -61,37 +107,42 @@ def columns_of(path: Path, header: list[str], config: ClickColumnsConfig, *, nee
     (the label's position is ``None`` when it is missing and not ``need_label``)."""
     position = {name: i for i, name in enumerate(header)}
     dense = config.dense if config.dense is not None else [h for h in header if re.fullmatch(r"I\d+", h)]
-    sparse = config.sparse if config.sparse is not None else [h for h in header if re.fullmatch(r"C\d+", h)]
+    if config.sparse is not None:
+        sparse = config.sparse
+    else:
+        sparse = [h for h in header if h not in (config.label, *dense) and h.lower() != ROW_ID]
     label = [config.label] if need_label or config.label in position else []
     missing = [name for name in [*label, *dense, *sparse] if name not in position]
     shown = ", ".join(header[:8]) + (", ..." if len(header) > 8 else "")
     if missing:
         raise DatasetError(
             f"click log '{path}' has no column {', '.join(repr(m) for m in missing[:5])} (its header: {shown})",
-            hint="name the columns in dataset.columns.label, .dense and .sparse as the file's first line spells them",
+            hint="name the columns in dataset.columns.label, .dense and .sparse as the file's header (or dataset.columns.names) spells them",
         )
     if not sparse:
         raise DatasetError(
-            f"click log '{path}' has no categorical column (none named C<number>, and dataset.columns.sparse is not set; header: {shown})",
+            f"click log '{path}' has no categorical column (every column is the label or dense; header: {shown})",
             hint="list the categorical columns in dataset.columns.sparse",
         )
     return position[config.label] if label else None, [position[n] for n in dense], [position[n] for n in sparse]
 
 
-def _count_lines(path: Path) -> int:
-    """Lines after the header that hold anything."""
-    with open(path, "rb") as f:
-        f.readline()
+def _count_lines(path: Path, header: bool) -> int:
+    """Lines after the header (if any) that hold anything."""
+    with _open_bytes(path) as f:
+        if header:
+            f.readline()
         return sum(1 for line in f if line.strip())
 
 
-def write_click_log(writer: DatasetWriter, *, path: Path, config: ClickColumnsConfig, progress: Progress | None = None) -> None:
-    """Import the click log at ``path`` into ``writer`` (see the module docstring)."""
-    total = _count_lines(path)
+def write_click_log(writer: DatasetWriter, *, path: Path, config: ClickColumnsConfig, progress: Progress | None = None, note=None) -> None:
+    """Import the click log at ``path`` into ``writer`` (see the module docstring); ``note(text)``
+    hears how the file was read."""
+    chunks = read_click_chunks(path, config, note=note)
+    features, dense_features = next(chunks)
+    total = _count_lines(path, chunks.header)  # type: ignore[attr-defined]
     valid, test = (round(total * fraction) for fraction in config.holdout)
     bounds = np.cumsum([total - valid - test, valid, test])  # end of each split, in data lines
-    chunks = read_click_chunks(path, config)
-    features, dense_features = next(chunks)
     out = ClickWriter(writer, features=features, dense_features=dense_features, weighted=config.weights)
     done = 0
     for parsed in chunks:
@@ -102,22 +153,59 @@ def write_click_log(writer: DatasetWriter, *, path: Path, config: ClickColumnsCo
     out.finish()
 
 
-def read_click_chunks(path: Path, config: ClickColumnsConfig, *, need_label: bool = True):
+class _Chunks:
+    """The generator of :func:`read_click_chunks`, with ``header``: whether the file has one
+    (known once the first item is taken)."""
+
+    def __init__(self, generator, state: dict) -> None:
+        self._generator, self._state = generator, state
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self._generator)
+
+    @property
+    def header(self) -> bool:
+        return self._state["header"]
+
+
+def read_click_chunks(path: Path, config: ClickColumnsConfig, *, need_label: bool = True, note=None) -> _Chunks:
     """The click log at ``path`` as it is parsed: first ``(features, dense_features)``, the
-    header's names, then ``(labels, dense, lengths, ids, weights)`` per chunk of impressions.
-    Without ``need_label`` a file whose header lacks the label column is read too (its labels
-    are all 0): impressions to score, not to train on."""
-    delimiter = delimiter_of(path)
-    with open(path, encoding="utf-8", newline="", errors="strict") as stream:
+    columns' names, then ``(labels, dense, lengths, ids, weights)`` per chunk of impressions.
+    Without ``need_label`` a file that lacks the label column is read too (its labels are all
+    0): impressions to score, not to train on. ``note(text)`` hears how the file is read."""
+    state: dict = {"header": True}
+    return _Chunks(_read_click_chunks(path, config, need_label, note, state), state)
+
+
+def _read_click_chunks(path: Path, config: ClickColumnsConfig, need_label: bool, note, state: dict):
+    delimiter, source = delimiter_of(path, config)
+    with open_text(path) as stream:
         try:
             rows = _reader(stream, delimiter)
-            header = next(rows, None)
-            if not header:
-                raise DatasetError(f"click log '{path}' is empty", hint="its first line names the columns, each further line is one impression")
-            header = [h.strip() for h in header]
-            label, dense, sparse = columns_of(path, header, config, need_label=need_label)
-            yield [header[i] for i in sparse], [header[i] for i in dense]
-            parser = _Parser(path, len(header), label, dense, sparse, config)
+            first = next(rows, None)
+            if not first:
+                raise DatasetError(f"click log '{path}' is empty", hint="each line is one impression (after a header naming the columns, if any)")
+            cells = [c.strip() for c in first]
+            header = config.header if config.header is not None else (config.label in cells or config.names is None)
+            state["header"] = header
+            if header:
+                names = cells
+            elif config.names is None:
+                raise DatasetError(
+                    f"click log '{path}' has no header (dataset.columns.header: false) and dataset.columns.names is not set",
+                    hint="list the columns in order in dataset.columns.names, or set dataset.layout: criteo for Criteo's own files",
+                )
+            else:
+                names = list(config.names)
+                rows = _Resumed(first, rows)
+            label, dense, sparse = columns_of(path, names, config, need_label=need_label)
+            if note is not None:
+                note(_describe(path, delimiter, source, header, names, label, dense, sparse))
+            yield [names[i] for i in sparse], [names[i] for i in dense]
+            parser = _Parser(path, len(names), label, dense, sparse, config)
             while True:
                 chunk, numbers = [], []
                 for row in rows:
@@ -132,8 +220,44 @@ def read_click_chunks(path: Path, config: ClickColumnsConfig, *, need_label: boo
                 yield parser.parse(chunk, numbers)
         except UnicodeDecodeError as e:
             raise DatasetError(f"click log '{path}' is not UTF-8 text (byte {e.start} of a block: {e.reason})", hint="convert it to UTF-8") from None
+        except (OSError, EOFError) as e:  # a damaged .gz
+            raise DatasetError(f"click log '{path}' cannot be read: {e}", hint="check the file (a .gz name must hold whole gzip data)") from None
         except csv.Error as e:
             raise DatasetError(f"click log '{path}', line {rows.line_num}: {e}", hint="fix that line (a stray quote, or a cell over 1 MiB)") from None
+
+
+class _Resumed:
+    """A csv reader with its first row given back (a file without a header: it is data)."""
+
+    def __init__(self, first: list[str], rows) -> None:
+        self._first, self._rows = first, rows
+
+    @property
+    def line_num(self) -> int:
+        return self._rows.line_num
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return next(self._rows)
+
+
+def _describe(path: Path, delimiter: str, source: str, header: bool, names: list[str], label, dense: list[int], sparse: list[int]) -> str:
+    """How the file is read, in one line: the delimiter and where it came from, the header,
+    and the columns of each role, with those left out."""
+    used = {label, *dense, *sparse}
+    ignored = [n for i, n in enumerate(names) if i not in used]
+    shown = {"\t": "tab", ",": "comma"}.get(delimiter, repr(delimiter))
+    return (
+        f"click log '{path.name}': {shown}-separated ({source}; dataset.columns.delimiter changes it), "
+        f"{'a header' if header else 'no header (columns from dataset.columns.names)'}, label '{names[label] if label is not None else '-'}', "
+        f"{len(dense)} dense, {len(sparse)} categorical ({', '.join(names[i] for i in sparse[:30])}{', ...' if len(sparse) > 30 else ''})"
+        + (f"; ignored: {', '.join(ignored)} (list them in dataset.columns.sparse or .dense to use them)" if ignored else "")
+    )
 
 
 def _append_by_split(out: ClickWriter, parsed: tuple, first: int, bounds: np.ndarray) -> None:

@@ -49,6 +49,23 @@ class Graph:
         """The ascending ids of a split's nodes (``train``, ``valid``, ``test``; empty if none)."""
         return self.splits.get(split, torch.empty(0, dtype=torch.long))
 
+    @property
+    def named(self) -> bool:
+        """Whether the nodes have names (an edge list read with ``ids: names``); else a node's id is its name."""
+        return self.dataset is not None and self.dataset.has("nodes.fingerprints")
+
+    def node_names(self, ids) -> list[str]:
+        """The names of these node ids (their ids as text where the graph has no names)."""
+        from .kg import names_in
+
+        return names_in(self.dataset, "nodes", ids)
+
+    def node_ids(self, names) -> list[int | None]:
+        """The ids of these node names (``None`` for a name the graph does not have)."""
+        from .kg import ids_in
+
+        return ids_in(self.dataset, "nodes", names)
+
     def upper_edges(self, rows: int = 1 << 20) -> Tensor:
         """Every training edge once, as ``(E, 2)`` pairs ``u < v`` in CSR order (col's dtype),
         gathered ``rows`` nodes at a time: the only O(E) array this class makes."""

@@ -53,19 +53,19 @@ class KnowledgeGraph:
 
     def entity_names(self, ids) -> list[str]:
         """The names of these entity ids (their ids as text when the graph has no names)."""
-        return _names(self.dataset, "entities", ids)
+        return names_in(self.dataset, "entities", ids)
 
     def relation_names(self, ids) -> list[str]:
-        return _names(self.dataset, "relations", ids)
+        return names_in(self.dataset, "relations", ids)
 
     def entity_ids(self, names) -> list[int | None]:
         """The ids of these entity names (``None`` for a name the graph does not have), looked up
         on disk: a binary search of the name's fingerprint in the sorted fingerprints, then the
         stored name compared, so a lookup is exact."""
-        return _ids(self.dataset, "entities", names)
+        return ids_in(self.dataset, "entities", names)
 
     def relation_ids(self, names) -> list[int | None]:
-        return _ids(self.dataset, "relations", names)
+        return ids_in(self.dataset, "relations", names)
 
     @classmethod
     def of(cls, dataset: Dataset) -> KnowledgeGraph:
@@ -80,7 +80,8 @@ class KnowledgeGraph:
         )
 
 
-def _names(dataset: Dataset | None, space: str, ids) -> list[str]:
+def names_in(dataset: Dataset | None, space: str, ids) -> list[str]:
+    """The names of these ids of a name space (``entities``, ``relations``, ``nodes``); their ids as text where the dataset has none."""
     ids = [int(i) for i in ids]
     if dataset is None or not dataset.has(f"{space}.names"):
         return [str(i) for i in ids]
@@ -88,7 +89,8 @@ def _names(dataset: Dataset | None, space: str, ids) -> list[str]:
     return [bytes(names[offsets[i] : offsets[i + 1]]).decode("utf-8") for i in ids]
 
 
-def _ids(dataset: Dataset | None, space: str, names) -> list[int | None]:
+def ids_in(dataset: Dataset | None, space: str, names) -> list[int | None]:
+    """The ids of these names of a name space (``None`` for a name it does not have), by the sorted fingerprints."""
     if dataset is None or not dataset.has(f"{space}.fingerprints"):
         raise DatasetError(f"this graph has no names for its {space} (their ids are their names)", hint="look names up in a graph imported from TSV files")
     prints = dataset.array(f"{space}.fingerprints")
@@ -98,6 +100,6 @@ def _ids(dataset: Dataset | None, space: str, names) -> list[int | None]:
         i = int(np.searchsorted(prints[:, 0], np.uint64(h1)))
         while i < len(prints) and int(prints[i, 0]) == h1 and int(prints[i, 1]) != h2:
             i += 1
-        hit = i < len(prints) and int(prints[i, 0]) == h1 and _names(dataset, space, [i])[0] == name
+        hit = i < len(prints) and int(prints[i, 0]) == h1 and names_in(dataset, space, [i])[0] == name
         found.append(i if hit else None)
     return found

@@ -16,16 +16,17 @@ is imported inside the PyG loaders only, when a PyG dataset is read.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from functools import partial
-from pathlib import Path
 
+from ..errors import DatasetError
 from ..recipe import DatasetConfig
-from . import clicks_import, clicks_synthetic, graph_import, graph_pyg, graph_synthetic, pyg, synthetic, tsv, tsv_import
+from . import clicks_import, clicks_synthetic, edge_import, graph_import, graph_pyg, graph_synthetic, pyg, synthetic, tsv, tsv_import
 from .clicks import ClickLog
 from .graphs import Graph
 from .kg import FILTER_INDEX, LAYOUT, KnowledgeGraph
-from .paths import data_root, import_target
+from .paths import data_root, dataset_path, import_target, places_looked
 from .store import SPLITS, DatasetWriter, Progress, file_sources, import_folder
 from .triple_index import write_triple_index
 
@@ -61,11 +62,12 @@ def _knowledge_graph_source(config: DatasetConfig, progress: Progress | None):
         write = partial(synthetic.write_synthetic_knowledge_graph, config=config.synthetic, progress=progress)
         return f"synthetic-{config.synthetic.entities}", import_target(config, "synthetic", sources), sources, write
     if config.kind == "tsv":
-        folder = Path(config.path)
-        folder = folder if folder.is_absolute() else data_root(config) / folder
-        files = tsv.tsv_files(folder)
-        sources = file_sources(files, importer=f"tsv-{tsv_import.IMPORTER_VERSION}")
-        write = partial(tsv_import.write_knowledge_graph, files=files, progress=progress)
+        folder = dataset_path(config, config.path)
+        files = tsv.tsv_files(folder, looked=places_looked(config, config.path))
+        delimiter, header = tsv.triple_format(files[0], delimiter=config.triples.delimiter, header=config.triples.header)
+        form = {} if (delimiter, header) == ("\t", False) else {"delimiter": delimiter, "header": header}  # the plain form's sources as before
+        sources = file_sources(files, importer=f"tsv-{tsv_import.IMPORTER_VERSION}", **form)
+        write = partial(tsv_import.write_knowledge_graph, files=files, progress=progress, delimiter=delimiter, header=header)
         return folder.name, import_target(config, f"tsv-{folder.name}", str(folder.resolve())), sources, write
     name, files, write = pyg.pyg_source(config.kind, data_root(config))
     sources = file_sources(files, importer="pyg-1")
@@ -76,11 +78,11 @@ def load_graph(config: DatasetConfig, *, progress: Progress | None = None, note=
     """Load the graph a recipe names, importing (or generating) it first if it has not been,
     or if its sources changed (other generator settings, files or ``link_split``). Raises
     ``DatasetError``."""
-    name, target, sources, write = _graph_source(config, progress)
+    name, target, sources, write = _graph_source(config, progress, note)
     return Graph.of(import_folder(target, kind="graph", name=name, sources=sources, build=write, note=note))
 
 
-def _graph_source(config: DatasetConfig, progress: Progress | None):
+def _graph_source(config: DatasetConfig, progress: Progress | None, note=None):
     """The graph's name, import folder, sources, and the function that writes it. The held-out
     edges depend on ``link_split`` and the seed: they are sources too (a new split re-imports
     into the same folder)."""
@@ -94,6 +96,23 @@ def _graph_source(config: DatasetConfig, progress: Progress | None):
         sources = {"dataset": "KarateClub", "torch_geometric": graph_pyg.torch_geometric_version(), **split}
         return "KarateClub", import_target(config, "karate", "karate"), sources, partial(graph_pyg.write_karate, **link)
     root = data_root(config)
+    if config.kind == "edge_list":
+        path = dataset_path(config, config.path)
+        files = edge_import.edge_files(path, looked=places_looked(config, config.path))
+        labels = None
+        if config.labels:
+            labels = dataset_path(config, config.labels)
+            if not labels.is_file():
+                raise DatasetError(
+                    f"labels file '{config.labels}' does not exist: looked in {places_looked(config, config.labels)}",
+                    hint="check dataset.labels (node<TAB>label lines), or leave it out",
+                )
+        sources = file_sources(
+            files + ([labels] if labels else []), **split, edge_importer=f"edge_list-{edge_import.IMPORTER_VERSION}",
+            edges=edge_import.edge_sources(config.edges), labels=str(labels.resolve()) if labels else None,
+        )  # fmt: skip
+        write = partial(edge_import.write_edge_list, files=files, labels=labels, config=config.edges, note=note, **link)
+        return path.stem, import_target(config, f"edges-{path.stem}", str(path.resolve())), sources, write
     files = graph_pyg.planetoid_files(config.name, root)
     write = partial(graph_pyg.write_planetoid, name=config.name, root=root, files=files, **link)
     target = import_target(config, f"planetoid-{config.name}", str((root / config.name).resolve()))
@@ -109,10 +128,10 @@ def load_click_log(config: DatasetConfig, *, progress: Progress | None = None, n
         write = partial(clicks_synthetic.write_synthetic_clicks, config=config.clicks, progress=progress)
         name, target = f"clicks-{config.clicks.samples}", import_target(config, "synthetic-clicks", sources)
     else:
-        path = Path(config.path)
-        path = clicks_import.click_log_file(path if path.is_absolute() else data_root(config) / path)
-        columns = asdict(config.columns)
-        sources = file_sources([path], importer=f"clicks-{clicks_import.IMPORTER_VERSION}", columns=columns)
-        write = partial(clicks_import.write_click_log, path=path, config=config.columns, progress=progress)
+        path = clicks_import.click_log_file(dataset_path(config, config.path), looked=places_looked(config, config.path))
+        columns = clicks_import.click_columns(config)
+        described = json.loads(json.dumps(asdict(columns)))  # as the manifest holds it (lists, not tuples)
+        sources = file_sources([path], importer=f"clicks-{clicks_import.IMPORTER_VERSION}", columns=described)
+        write = partial(clicks_import.write_click_log, path=path, config=columns, progress=progress, note=note)
         name, target = path.stem, import_target(config, f"clicks-{path.stem}", str(path.resolve()))
     return ClickLog.of(import_folder(target, kind="clicks", name=name, sources=sources, build=write, note=note))

@@ -1,5 +1,6 @@
-"""Folders of ``train.txt`` / ``valid.txt`` / ``test.txt`` with ``head<TAB>relation<TAB>tail`` lines:
-reading them in chunks of whole lines and checking every line, vectorised.
+"""Folders of ``train.txt`` / ``valid.txt`` / ``test.txt`` with ``head<TAB>relation<TAB>tail`` lines
+(or ``.tsv``, or the CSV form ``train.csv`` ... with ``head,relation,tail``; an optional header
+line, detected or declared): reading them in chunks of whole lines and checking every line, vectorised.
 
 Every line must have exactly three non-empty tab-separated columns and a plain ``\\n`` ending;
 anything else (a CRLF ending, a wrong column count, an empty line or column, invalid UTF-8) is
@@ -20,16 +21,36 @@ from .store import SPLITS
 
 MAX_REPORTED = 10
 CHUNK_BYTES = 8 << 20  # text read and parsed at once
+SUFFIXES = ("txt", "tsv", "csv")  # a split's file: train.txt, else train.tsv, else train.csv
+#: Words that make a first line a header (``head<TAB>relation<TAB>tail``, RDF's names, ...).
+HEADER_WORDS = {"head", "relation", "tail", "h", "r", "t", "subject", "predicate", "object", "s", "p", "o",
+                "source", "target", "head_id", "tail_id", "relation_id", "rel", "src", "dst", "from", "to", "edge", "type"}  # fmt: skip
 
 
-def tsv_files(folder: Path) -> list[Path]:
-    """The folder's three split files; a ``DatasetError`` names the missing ones."""
-    files = [folder / f"{split}.txt" for split in SPLITS]
+def triple_format(path: Path, *, delimiter: str | None, header: bool | None) -> tuple[str, bool]:
+    """The delimiter (declared, else a tab if the first line holds one, else a comma) and
+    whether the first line is a header (declared, else: all three of its fields are column
+    words such as head, relation, tail)."""
+    with open(path, "rb") as f:
+        first = f.readline(1 << 16).rstrip(b"\r\n")
+    if delimiter is None:
+        delimiter = "\t" if b"\t" in first or b"," not in first else ","
+    if header is None:
+        fields = [x.strip().lower() for x in first.decode("utf-8", errors="replace").split(delimiter)]
+        header = len(fields) == 3 and all(x in HEADER_WORDS for x in fields)
+    return delimiter, header
+
+
+def tsv_files(folder: Path, looked: str | None = None) -> list[Path]:
+    """The folder's three split files; a ``DatasetError`` names the missing ones (``looked``:
+    where a missing folder was looked for)."""
+    files = [next((p for p in (folder / f"{split}.{ext}" for ext in SUFFIXES) if p.is_file()), folder / f"{split}.txt") for split in SPLITS]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         source = KNOWN_SOURCES.get(folder.name.lower())
         raise DatasetError(
-            f"dataset folder '{folder}' lacks {', '.join(missing)}",
+            f"dataset folder '{folder}' lacks {', '.join(missing)}"
+            + (f" (it does not exist: looked in {looked})" if looked and not folder.is_dir() else ""),
             hint=f"place train.txt, valid.txt and test.txt (head<TAB>relation<TAB>tail lines) in '{folder}'"
             + (f" ({source})" if source else "")
             + f", or set DSA_DATA_ROOT (or dataset.root) to the folder that holds '{folder.name}/'",
@@ -39,42 +60,51 @@ def tsv_files(folder: Path) -> list[Path]:
 
 #: Where the TSV datasets the shipped recipes name come from.
 KNOWN_SOURCES = {
-    "umls": "UMLS ships with PyKEEN: src/pykeen/datasets/umls/ in github.com/pykeen/pykeen",
-    "nations": "Nations ships with PyKEEN: src/pykeen/datasets/nations/ in github.com/pykeen/pykeen",
+    "umls": "not shipped with dsa-train: download it from PyKEEN, src/pykeen/datasets/umls/ in github.com/pykeen/pykeen",
+    "nations": "not shipped with dsa-train: download it from PyKEEN, src/pykeen/datasets/nations/ in github.com/pykeen/pykeen",
 }
 
 
 # -- checking lines ---------------------------------------------------------------------------
-def line_problem(raw: bytes, *, final_newline: bool) -> str | None:
+def line_problem(raw: bytes, *, final_newline: bool, delimiter: str = "\t") -> str | None:
     """What is wrong with one line (with its ending, if any), or ``None``."""
     if raw.endswith(b"\r\n"):
         return "has a Windows (CRLF) line ending; convert the file with dos2unix"
     if final_newline and not raw.endswith(b"\n"):
         return "does not end with a newline, and PyG's reader would drop it; add one"
     try:
-        parts = raw.removesuffix(b"\n").decode("utf-8").split("\t")
+        parts = raw.removesuffix(b"\n").decode("utf-8").split(delimiter)
     except UnicodeDecodeError as e:
         return f"is not valid UTF-8 ({e.reason})"
     if len(parts) != 3:
-        return f"has {len(parts)} tab-separated columns, expected 3 (head, relation, tail)"
+        return f"has {len(parts)} {'tab' if delimiter == chr(9) else repr(delimiter)}-separated columns, expected 3 (head, relation, tail)"
     if not all(parts):
         return "has an empty column"
     return None
 
 
-def raise_problems(path: Path, problems: list[str]) -> None:
+def raise_problems(path: Path, problems: list[str], delimiter: str = "\t") -> None:
     shown = problems[:MAX_REPORTED] + (["... (more after these)"] if len(problems) > MAX_REPORTED else [])
+    between = "<TAB>" if delimiter == "\t" else delimiter
     raise DatasetError(
         f"'{path}' has malformed lines:\n" + "\n".join(f"  {p}" for p in shown),
-        hint="each line must be head<TAB>relation<TAB>tail ending with a plain newline",
+        hint=f"each line must be head{between}relation{between}tail ending with a plain newline"
+        + ("" if delimiter == "\t" else " (no quotes: a name cannot hold the delimiter)")
+        + "; a header line is detected (head, relation, tail) or declared with dataset.triples.header",
     )
 
 
-def all_chunks(files: list[Path]) -> Iterator[tuple[Path, bytes, int, int]]:
-    """Every file's chunks as ``(path, data, lines before it in its file, rows before it in all files)``."""
+def all_chunks(files: list[Path], *, header: bool = False) -> Iterator[tuple[Path, bytes, int, int]]:
+    """Every file's chunks as ``(path, data, lines before it in its file, rows before it in all
+    files)``; ``header``: each file's first line is left out (its line still counted)."""
     row = 0
     for path in files:
         for data, before, lines in _chunks(path):
+            if header and before == 0:
+                cut = data.find(b"\n") + 1 or len(data)
+                data, before, lines = data[cut:], 1, lines - 1
+                if not data:
+                    continue
             yield path, data, before, row
             row += lines
 
@@ -101,13 +131,16 @@ def _chunks(path: Path) -> Iterator[tuple[bytes, int, int]]:
         yield rest, lines_before, 1
 
 
-def parse_chunk(data: bytes, *, final_newline: bool) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
+def parse_chunk(data: bytes, *, final_newline: bool, delimiter: str = "\t") -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
     """The chunk's bytes and its ``(lines, 3, 2)`` column ``(start, length)`` pairs; or, when
-    any line is malformed, ``(line index, problem)`` for each bad line (and no columns)."""
+    any line is malformed, ``(line index, problem)`` for each bad line (and no columns).
+    ``delimiter``: the character between the columns (a tab, or a comma for the CSV form)."""
     text = np.frombuffer(data, dtype=np.uint8)
-    marks = np.flatnonzero(text <= 10)  # one pass finds tabs and newlines (and rarer control bytes)
+    mark = ord(delimiter)
+    found = text <= 10 if mark <= 10 else (text <= 10) | (text == mark)
+    marks = np.flatnonzero(found)  # one pass finds delimiters and newlines (and rarer control bytes)
     kinds = text[marks]
-    newlines, tabs = marks[kinds == 10], marks[kinds == 9]
+    newlines, tabs = marks[kinds == 10], marks[kinds == mark]
     ends = newlines if data.endswith(b"\n") else np.append(newlines, len(text))
     starts = np.concatenate([[0], ends[:-1] + 1]).astype(np.int64)
     if len(tabs) == 2 * len(starts) and len(starts):  # the usual case: two tabs per line, in order
@@ -131,7 +164,7 @@ def parse_chunk(data: bytes, *, final_newline: bool) -> tuple[np.ndarray, np.nda
         problems = []
         for index in np.flatnonzero(bad).tolist():
             raw = data[starts[index] : ends[index] + 1]
-            problem = line_problem(raw, final_newline=final_newline)
+            problem = line_problem(raw, final_newline=final_newline, delimiter=delimiter)
             if problem is not None:
                 problems.append((index, problem))
         return text, np.empty((0, 3, 2), np.int64), problems

@@ -154,9 +154,10 @@ def partitions_for(total_bytes: int, memory_bytes: int) -> int:
 
 def write_knowledge_graph(
     writer: DatasetWriter, *, files: list[Path], memory_bytes: int = 256 << 20, final_newline: bool = False,
-    progress: Progress | None = None,
+    progress: Progress | None = None, delimiter: str = "\t", header: bool = False,
 ) -> None:  # fmt: skip
-    """Import the split files (train, valid, test) into ``writer`` (see the module docstring)."""
+    """Import the split files (train, valid, test) into ``writer`` (see the module docstring);
+    ``delimiter`` between the columns, ``header``: each file's first line names them."""
     scratch = writer.path(".scratch")
     scratch.mkdir()
     total = sum(f.stat().st_size for f in files)
@@ -166,7 +167,7 @@ def write_knowledge_graph(
     }
     def read(item):
         path, data, before, row = item
-        text, columns, found = parse_chunk(data, final_newline=final_newline)
+        text, columns, found = parse_chunk(data, final_newline=final_newline, delimiter=delimiter)
         if found:
             return path, len(data), [f"{path}:{before + index + 1}: line {problem}" for index, problem in found], 0, []
         rows = np.arange(len(columns), dtype=np.int64) + row
@@ -182,7 +183,7 @@ def write_knowledge_graph(
     problems: dict[Path, list[str]] = {}
     done = 0
     try:
-        for path, size, found, rows, prepared in ordered_map(read, all_chunks(files)):
+        for path, size, found, rows, prepared in ordered_map(read, all_chunks(files, header=header)):
             problems.setdefault(path, []).extend(found)
             if len(problems[path]) > MAX_REPORTED:
                 break
@@ -198,7 +199,7 @@ def write_knowledge_graph(
             space.close()
     for path, found in problems.items():
         if found:
-            raise_problems(path, found)
+            raise_problems(path, found, delimiter)
     split_rows = [split_rows[path] for path in files]
     first_ids = {space: _number(writer, space, parts, progress) for space, parts in spaces.items()}
     counts = {space: first[-1] for space, first in first_ids.items()}

@@ -40,6 +40,7 @@ from .schema import (
     SEED_MAX,
     DatasetConfig,
     DistributedConfig,
+    EdgeListConfig,
     EvalConfig,
     GraphSyntheticConfig,
     ModelConfig,
@@ -51,12 +52,13 @@ from .schema import (
     SageConfig,
     SyntheticConfig,
     TrainConfig,
+    TriplesConfig,
 )
 
 __all__ = [
     "CLICK_DATASETS", "GRAPH_DATASETS", "KG_DATASETS", "KG_MODELS", "MAX_DEPTH", "MAX_NAME_BYTES", "MAX_RECIPE_BYTES", "MAX_VALUES",
-    "RECSYS_MODELS", "SEED_MAX", "ClickColumnsConfig", "ClicksSyntheticConfig", "DatasetConfig", "DistributedConfig", "EvalConfig", "GraphSyntheticConfig", "ModelConfig", "Node2VecConfig",
-    "OptimizerConfig", "OutputConfig", "Recipe", "RecsysConfig", "SageConfig", "SyntheticConfig", "TrainConfig",
+    "RECSYS_MODELS", "SEED_MAX", "ClickColumnsConfig", "ClicksSyntheticConfig", "DatasetConfig", "DistributedConfig", "EdgeListConfig", "EvalConfig", "GraphSyntheticConfig", "ModelConfig", "Node2VecConfig",
+    "OptimizerConfig", "OutputConfig", "Recipe", "RecsysConfig", "SageConfig", "SyntheticConfig", "TrainConfig", "TriplesConfig",
     "load_recipe", "parse_recipe", "recipe_differences", "recipe_to_yaml", "with_data_root",
 ]  # fmt: skip
 
@@ -136,6 +138,8 @@ def with_data_root(recipe: Recipe, *, stored: bool = False, note=None) -> Recipe
     """``recipe`` with ``dataset.root`` resolved to the absolute data root it reads (its own,
     else ``$DSA_DATA_ROOT``, else ``./datasets``), as a new run stores it, so that ``eval``
     and ``--resume`` find the data without the environment the run was started in.
+    A relative ``dataset.path`` (or ``labels``) that exists from the current folder is stored
+    absolute (else it is read under the data root).
     ``stored``: the recipe is a run's; a set ``$DSA_DATA_ROOT`` other than its root wins (the
     data moved), and ``note(text)`` is told so."""
     root, env = recipe.dataset.root, os.environ.get("DSA_DATA_ROOT")
@@ -144,4 +148,9 @@ def with_data_root(recipe: Recipe, *, stored: bool = False, note=None) -> Recipe
             note(f"data root: $DSA_DATA_ROOT ({Path(env).resolve()}) instead of the run's {root}")
         root = env
     resolved = Path(root or env or "datasets").resolve()
-    return dataclasses.replace(recipe, dataset=dataclasses.replace(recipe.dataset, root=str(resolved)))
+    found = {}
+    for key in ("path", "labels"):  # a relative file that exists from the current folder is that one
+        value = getattr(recipe.dataset, key)
+        if value and not os.path.isabs(value) and Path(value).exists():
+            found[key] = str(Path(value).resolve())
+    return dataclasses.replace(recipe, dataset=dataclasses.replace(recipe.dataset, root=str(resolved), **found))

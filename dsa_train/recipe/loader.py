@@ -420,6 +420,9 @@ def _kind(value) -> str:
     return type(value).__name__
 
 
+_TYPE_WORDS = {int: "a whole number", str: "text", float: "a number"}
+
+
 def _convert(tp, value, path: tuple, lines: dict, problems: list[str]) -> Any:
     """``value`` as type ``tp``, or ``_MISSING`` after recording why it cannot be."""
     where = _where(path, lines)
@@ -427,8 +430,14 @@ def _convert(tp, value, path: tuple, lines: dict, problems: list[str]) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _convert(inner, value, path, lines, problems)
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _convert(inner[0], value, path, lines, problems)
+        for a in inner:  # int | str: the first type the value has as it is
+            if isinstance(value, a) and not isinstance(value, bool):
+                return value
+        problems.append(f"{where}: expected {' or '.join(_TYPE_WORDS.get(a, a.__name__) for a in inner)}, got {_kind(value)}")
+        return _MISSING
     if dataclasses.is_dataclass(tp):
         return build(tp, value, path, lines, problems)
     if origin is Literal:

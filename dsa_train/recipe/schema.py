@@ -74,7 +74,8 @@ def _inside_data_root(v):
     if os.path.isabs(v) or Path(os.path.normpath(v)).parts[:1] != ("..",):
         return None
     return (
-        "climbs out of the data root (a relative path is read under dataset.root, $DSA_DATA_ROOT or ./datasets); "
+        "climbs out of its folder (a relative path is read from the current folder where it exists there, else under dataset.root, "
+        "$DSA_DATA_ROOT or ./datasets); "
         "write an absolute path if a folder outside it is really meant"
     )
 
@@ -154,7 +155,13 @@ class ClickColumnsConfig:
 
     label: str = _help("the click column (0 or 1)", default="label")
     dense: list[str] | None = _help("dense columns, numbers (empty: none); default: every column named I<number>", default=None)
-    sparse: list[str] | None = _help("categorical columns, raw values hashed into table rows; default: every column named C<number>", default=None)
+    sparse: list[str] | None = _help(
+        "categorical columns, raw values hashed into table rows; default: every column but the label, the dense ones and one named 'id' "
+        "(the import lists them)", default=None,
+    )  # fmt: skip
+    delimiter: str | None = _help("the character between cells; default: read from the first line (a tab if it holds one, else a comma)", _one_character, default=None)
+    header: bool | None = _help("the first line names the columns; default: it does when it holds the label's name, or when `names` is not set", default=None)
+    names: list[str] | None = _help("the columns in order, for a file without a header (dataset.layout: criteo sets Criteo's)", default=None)
     multi_hot: str = _help("separator of several ids in one categorical cell (a bag)", _one_character, default="|")
     weights: bool = _help("categorical cells hold value:weight pairs (a value without :weight weighs 1; per-sample weights, pooled with model.recsys.mode: sum)", default=False)
     dense_log: bool = _help("read a dense value x as log(1 + max(x, 0)), as DLRM reads Criteo's counts (false: as it is)", default=True)
@@ -164,8 +171,62 @@ class ClickColumnsConfig:
     )  # fmt: skip
 
 
+def _column(v):
+    if isinstance(v, int) and v < 0:
+        return "must be a column position (0 is the first) or a column name of the header"
+    return None if v != "" else "must not be empty"
+
+
+def _delimiter(v):
+    return None if len(v) == 1 and v not in "\r\n\"" else "must be one character (' ' means runs of spaces and tabs; not a line break or a quote)"
+
+
+@dataclass
+class TriplesConfig:
+    """tsv: how the split files' lines read."""
+
+    delimiter: str | None = _help("the character between head, relation and tail; default: a tab if the first line holds one, else a comma", _one_character, default=None)
+    header: bool | None = _help("each file's first line names the columns; default: detected (head, relation, tail and such words)", default=None)
+
+
+@dataclass
+class EdgeListConfig:
+    """edge_list: how the edge-list file's lines read (every value left out is detected from
+    the first lines, and the import says what it found)."""
+
+    delimiter: str | None = _help(
+        "one character between the columns; ' ' means runs of spaces and tabs (SNAP); "
+        "default: ',' if the first line holds one, else tab if names hold spaces, else runs of spaces and tabs", _delimiter, default=None,
+    )  # fmt: skip
+    comment: str = _help("lines starting with it are skipped (blank lines are too); '' for none", default="#")
+    header: bool | None = _help("the first line (after comments) names the columns; default: detected (names such as source, target, or words above numbers)", default=None)
+    source: int | str = _help("the source column: its position (0 is the first) or its name in the header", _column, default=0)
+    target: int | str = _help("the target column: position or name", _column, default=1)
+    weight: int | str | None = _help("a weight column (position or name), read as numbers; used by min_weight (walks are unweighted)", default=None)
+    min_weight: float | None = _help("keep only the edges whose weight is at least this (needs weight)", default=None)
+    directed: bool = _help("false: an edge joins both ends (the only form walks and SAGE read so far)", default=False)
+    ids: Literal["names", "integers"] = _help(
+        "names: any text, numbered in fingerprint order (row i is not the i-th name of the file: see export's names file); "
+        "integers: ids 0 .. N-1 written as numbers, which are the rows themselves",
+        default="names",
+    )
+    node_split: tuple[float, float] = _help(
+        "labels: fractions of the labelled nodes held out for the probe (valid, test), by a seeded hash, "
+        "where the labels file has no third column naming each node's split", _split, default=(0.1, 0.1),
+    )  # fmt: skip
+
+    def problems(self) -> list[tuple[str, str]]:
+        if self.min_weight is not None and self.weight is None:
+            return [("min_weight", "needs a weight column: set dataset.edges.weight")]
+        if self.directed:
+            return [("directed", "directed graphs are not read yet: walks and SAGE follow every edge both ways; set it to false")]
+        if self.source == self.target:
+            return [("target", f"is the source column too ({self.source!r})")]
+        return []
+
+
 KG_DATASETS = ("tsv", "fb15k237", "wn18rr", "synthetic")
-GRAPH_DATASETS = ("planetoid", "karate", "synthetic_graph")
+GRAPH_DATASETS = ("planetoid", "karate", "synthetic_graph", "edge_list")
 CLICK_DATASETS = ("click_log", "synthetic_clicks")
 
 
@@ -173,20 +234,30 @@ CLICK_DATASETS = ("click_log", "synthetic_clicks")
 class DatasetConfig:
     """Where the triples (knowledge graphs) or the graph (node embeddings) come from."""
 
-    kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic", "planetoid", "karate", "synthetic_graph", "click_log", "synthetic_clicks"] = _help(
+    kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic", "planetoid", "karate", "synthetic_graph", "edge_list", "click_log", "synthetic_clicks"] = _help(
         "knowledge graphs: tsv (a folder of train/valid/test.txt), fb15k237, wn18rr (PyG), synthetic; "
-        "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph; "
-        "click logs: click_log (a TSV or CSV file with a header), synthetic_clicks"
+        "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph, edge_list (your own file or folder); "
+        "click logs: click_log (a TSV or CSV file, with a header or dataset.columns.names or dataset.layout), synthetic_clicks"
     )
     path: str | None = _help(
-        "tsv: the folder; click_log: the file (.csv: commas, else tabs); relative to the data root or absolute", _inside_data_root, default=None
-    )
+        "tsv: the folder; edge_list: the file or a folder of files; click_log: the file (.gz: gzip); "
+        "absolute, or relative: from the current folder where it exists there, else under the data root", _inside_data_root, default=None,
+    )  # fmt: skip
+    labels: str | None = _help(
+        "edge_list: a file of node<TAB>label lines (a third column train/valid/test may name the node's split) for the probe; "
+        "found as dataset.path is", _inside_data_root, default=None,
+    )  # fmt: skip
+    edges: EdgeListConfig = _help("edge_list: how the file's lines read", default_factory=EdgeListConfig)
+    triples: TriplesConfig = _help("tsv: how the split files' lines read", default_factory=TriplesConfig)
     name: str | None = _help("planetoid: Cora, CiteSeer or PubMed", default=None)
     root: str | None = _help("data root (default: $DSA_DATA_ROOT, else ./datasets)", default=None)
     synthetic: SyntheticConfig = _help("synthetic: the knowledge-graph generator's settings", default_factory=SyntheticConfig)
     graph: GraphSyntheticConfig = _help("synthetic_graph: the graph generator's settings", default_factory=GraphSyntheticConfig)
     clicks: ClicksSyntheticConfig = _help("synthetic_clicks: the click-log generator's settings", default_factory=ClicksSyntheticConfig)
     columns: ClickColumnsConfig = _help("click_log: the file's columns and held-out lines", default_factory=ClickColumnsConfig)
+    layout: Literal["criteo"] | None = _help(
+        "click_log: a named layout; criteo: Kaggle's train.txt and the Terabyte day_N files (no header, tabs: label, I1..I13, C1..C26)", default=None,
+    )  # fmt: skip
     link_split: tuple[float, float] = _help(
         "graphs: fractions of the edges held out for link prediction (valid, test)", _split, default=(0.0, 0.0)
     )
@@ -194,8 +265,14 @@ class DatasetConfig:
     def problems(self) -> list[tuple[str, str]]:
         if self.kind == "tsv" and not self.path:
             return [("path", "is required for kind 'tsv' (the folder holding train.txt, valid.txt, test.txt)")]
+        if self.kind == "edge_list" and not self.path:
+            return [("path", "is required for kind 'edge_list' (the edge-list file, or a folder of them)")]
+        if self.labels and self.kind != "edge_list":
+            return [("labels", f"is read for kind 'edge_list' only, not {self.kind!r}; leave it out")]
         if self.kind == "click_log" and not self.path:
-            return [("path", "is required for kind 'click_log' (the TSV or CSV file, with a header naming its columns)")]
+            return [("path", "is required for kind 'click_log' (the TSV or CSV file)")]
+        if self.layout and self.kind != "click_log":
+            return [("layout", f"names a click log's layout, not one of kind {self.kind!r}; leave it out")]
         if self.kind == "planetoid" and self.name not in ("Cora", "CiteSeer", "PubMed"):
             return [("name", f"must be Cora, CiteSeer or PubMed for kind 'planetoid', got {self.name!r}")]
         return []

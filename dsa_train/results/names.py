@@ -1,6 +1,6 @@
 """The names of a task's table rows, and the rows of names: entities and relations by the
 dataset's names (a reciprocal model's inverse relation ``r + R`` is ``inverse:<name>``), nodes
-by their ids written as text."""
+by their names where the graph has them (an edge list), else by their ids written as text."""
 
 from __future__ import annotations
 
@@ -33,11 +33,15 @@ class TableNames:
     """Names for the rows of ``tables`` (see :func:`task_tables`) of ``task``."""
 
     def __init__(self, task, recipe, tables: dict[str, nn.Module]) -> None:
-        self.graph = task.kg if recipe.is_kge else None  # a graph of nodes: ids are the names
+        self.graph = task.kg if recipe.is_kge else None
+        nodes = None if recipe.is_kge or recipe.is_recsys else getattr(task, "graph", None)
+        self.nodes = nodes if nodes is not None and nodes.named else None  # else a node's id is its name
         self.rows = {name: table_shape(module)[0] for name, module in tables.items()}
 
     def names(self, table: str, ids: Sequence[int]) -> list[str]:
         ids = [int(i) for i in ids]
+        if self.nodes is not None:
+            return self.nodes.node_names(ids)
         if self.graph is None:
             return [str(i) for i in ids]
         if table == "entities":
@@ -48,6 +52,8 @@ class TableNames:
 
     def lookup(self, table: str, names: Sequence[str]) -> list[int | None]:
         """The rows of ``names`` (``None`` for a name this table does not have)."""
+        if self.nodes is not None:
+            return self.nodes.node_ids([str(n) for n in names])
         if self.graph is None:
             return _numbered(names, self.rows[table])
         if table == "entities":

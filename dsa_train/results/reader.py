@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data.clicks_import import click_log_file, read_click_chunks
+from ..data.clicks_import import click_columns, click_log_file, read_click_chunks
 from ..errors import DsaError
 from ..recipe import with_data_root
 from ..train.checkpoint import TABLES, find_checkpoint, load_model_state, table_versions
@@ -220,7 +220,7 @@ class TrainedRun:
         left out), in file order, a chunk of impressions at a time."""
         if not self.recipe.is_recsys:
             raise DsaError(f"click probabilities come from a click model; model.kind {self.kind!r} is not one", hint="use predict() for knowledge graphs")
-        chunks = read_click_chunks(click_log_file(Path(path)), self.recipe.dataset.columns, need_label=False)
+        chunks = read_click_chunks(click_log_file(Path(path)), click_columns(self.recipe.dataset), need_label=False)
         features, dense_features = next(chunks)
         log = self.task.log
         if (features, dense_features) != (log.features, log.dense_features):
