@@ -99,6 +99,14 @@ def metrics_table(title: str, metrics: dict[str, dict]) -> Table:
     return table
 
 
+def print_final_metrics(name: str, final_metrics: dict[str, dict]) -> None:
+    """The final evaluation's tables on stdout, one per split that measured something (a graph
+    with no labels and no held-out edges has nothing to show, and says so on stderr)."""
+    for split, metrics in final_metrics.items():
+        if metrics:
+            stdout.print(metrics_table(f"{name}: {split}", metrics))
+
+
 def _cell(value) -> str:
     if value is None:
         return ""

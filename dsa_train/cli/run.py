@@ -15,7 +15,7 @@ import typer
 from ..recipe import Recipe, load_recipe, recipe_differences, with_data_root
 from ..train.run_folder import MetricsLog, RunFolder, complete_checkpoints
 from ._errors import debug, handle_errors
-from ._output import ProgressReporter, metrics_table, stdout
+from ._output import ProgressReporter, print_final_metrics, stdout
 from .recipes import find_recipe
 
 
@@ -144,8 +144,7 @@ def run(
         if discard:
             folder.discard()
             typer.echo(f"(removed {folder.path}: the run stopped before its first step)", err=True)
-    for split, metrics in training.final_metrics.items():
-        stdout.print(metrics_table(f"{config.name}: {split}", metrics))
+    print_final_metrics(config.name, training.final_metrics)
     stdout.print(
         f"{summary['step']:,} steps, {summary['epochs']} epochs in {summary['seconds']:,.0f} s; peak RSS "
         f"{summary['peak_rss_mib']:,.0f} MiB (anonymous {summary['peak_rss_anon_mib']:,.0f} MiB), optimizer RAM {summary['optimizer_ram_mib']:,.1f} MiB, "
@@ -236,8 +235,7 @@ def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool, overr
     config = training.recipe
     if not world.is_leader:
         return
-    for split, metrics in training.final_metrics.items():
-        stdout.print(metrics_table(f"{config.name}: {split}", metrics))
+    print_final_metrics(config.name, training.final_metrics)
     stdout.print(
         f"{summary['step']:,} steps, {summary['epochs']} epochs in {summary['seconds']:,.0f} s on {world.world_size} ranks; "
         f"rank 0: peak RSS {summary['peak_rss_mib']:,.0f} MiB, optimizer state on disk {summary['optimizer_state_on_disk_mib']:,.1f} MiB"

@@ -150,7 +150,9 @@ def headline(metrics: dict[str, dict]) -> str:
         parts.append(f"accuracy {metrics['probe']['accuracy']:.4f}")
     if "link" in metrics:
         parts.append(f"AUC {metrics['link']['auc']:.4f}, MRR {metrics['link']['mrr']:.4f}")
-    return ", ".join(parts) or "nothing to evaluate (no labels, no held-out edges)"
+    return ", ".join(parts) or (
+        "nothing to evaluate (no labels, no held-out edges): dataset.link_split: [0.0, 0.05] holds out 5% of the edges for link prediction"
+    )
 
 
 def _positions(count: int, seed: int, limit: int) -> Tensor:
