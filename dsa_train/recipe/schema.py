@@ -19,9 +19,10 @@ MAX_NAME_BYTES = 200  # the run folder <name>-<YYYYmmdd-HHMMSS> stays under NAME
 SEED_MAX = 2**63 - 1  # torch and numpy take seeds as 64-bit integers
 
 
-def _help(text: str, check=None, **kwargs):
-    """A dataclass field with help text and an optional check (value -> problem or None)."""
-    return field(metadata={"help": text, "check": check}, **kwargs)
+def _help(text: str, check=None, *, choices=None, **kwargs):
+    """A dataclass field with help text, an optional check (value -> problem or None) and, for
+    a value that names a registered class, ``choices() -> names`` (asked when a recipe is read)."""
+    return field(metadata={"help": text, "check": check, "choices": choices}, **kwargs)
 
 
 def _positive(v):
@@ -262,17 +263,31 @@ class RecsysConfig:
         return found
 
 
-KG_MODELS = ("transe", "distmult", "complex", "rotate")
+GRAPH_MODELS = ("node2vec", "sage")
 RECSYS_MODELS = ("dlrm",)
+
+
+def scoring_functions():
+    """The registry of knowledge-graph scoring functions (:mod:`dsa_train.models.scoring`); its
+    first use imports them, and torch."""
+    from ..models.scoring import SCORING_FUNCTIONS
+
+    return SCORING_FUNCTIONS
+
+
+def model_kinds() -> tuple[str, ...]:
+    """Every ``model.kind``: the registered scoring functions, then the graph and click-log models."""
+    return (*scoring_functions().names(), *GRAPH_MODELS, *RECSYS_MODELS)
 
 
 @dataclass
 class ModelConfig:
     """The embedding model."""
 
-    kind: Literal["transe", "distmult", "complex", "rotate", "node2vec", "sage", "dlrm"] = _help(
-        "knowledge graphs: transe (-||h + r - t||_p), distmult (<h, r, t>), complex (Re<h, r, conj(t)>), "
-        "rotate (gamma - ||h o r - t||, r a rotation); graphs: node2vec, sage; click logs: dlrm"
+    kind: str = _help(
+        "knowledge graphs: a scoring function of dsa_train.models.scoring (transe: -||h + r - t||_p, distmult: <h, r, t>, "
+        "complex: Re<h, r, conj(t)>, rotate: gamma - ||h o r - t||, ...); graphs: node2vec, sage; click logs: dlrm",
+        choices=model_kinds,
     )
     dim: int = _help("embedding dimension, in reals (complex, rotate: dim / 2 complex coordinates, so dim is even)", _positive, default=128)
     p_norm: Literal[1, 2] = _help("transe: the norm of the distance", default=2)
@@ -504,7 +519,7 @@ class Recipe:
 
     @property
     def is_kge(self) -> bool:
-        return self.model.kind in KG_MODELS
+        return self.model.kind in scoring_functions()
 
     @property
     def is_recsys(self) -> bool:
@@ -531,13 +546,16 @@ class Recipe:
             return [("train.order", "'partitioned' trains knowledge-graph models and node2vec, not 'dlrm'; use 'random'")]
         if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:
             return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
-        if self.model.kind in ("complex", "rotate") and self.model.dim % 2:
-            return [("model.dim", f"must be even for {self.model.kind!r} (dim / 2 complex coordinates of a real and an imaginary part), got {self.model.dim}")]
-        if self.model.relation_dropout and self.model.kind not in ("transe", "distmult", "complex"):
+        scoring = scoring_functions().get(self.model.kind) if self.is_kge else None
+        if scoring is not None and scoring.halves and self.model.dim % 2:
+            return [("model.dim", f"must be even for {self.model.kind!r} ({scoring.halves}), got {self.model.dim}")]
+        if self.model.relation_dropout and (scoring is None or scoring.relation_dropout_unsupported):
+            dropped = [s.name for s in scoring_functions() if not s.relation_dropout_unsupported]
+            why = scoring.relation_dropout_unsupported if scoring is not None else "it is not a knowledge-graph model"
             return [(
                 "model.relation_dropout",
-                f"drops coordinates of transe, distmult and complex relation vectors; {self.model.kind!r} has no relation "
-                "vectors (rotate's relations are rotation angles, which dropout would turn into no rotation): set it to 0",
+                f"drops coordinates of {', '.join(dropped[:-1])} and {dropped[-1]} relation vectors; {self.model.kind!r} has no relation "
+                f"vectors ({why}): set it to 0",
             )]  # fmt: skip
         t = self.train
         if t.labels == "all" and t.candidates != "all":

@@ -22,7 +22,7 @@ from ..data.order import Shuffle
 from ..eval import RankingMetrics, TripleIndex, evaluate_link_prediction
 from ..eval.ranking import RankingScope, ScoreFn
 from ..fsutil import atomic_write_bytes
-from ..models import KGEModel, build_kge_model
+from ..models import SCORING_FUNCTIONS, KGEModel, build_kge_model
 from ..models.losses import every_entity_loss, ranking_loss
 from ..recipe import Recipe
 from .sizes import FLOAT_BYTES, Working, check_sizes, keys_of
@@ -111,10 +111,11 @@ class KGETask:
         self.description = str(self.kg)
         kg, dim = self.kg, recipe.model.dim
         relation_rows = (2 if recipe.model.reciprocal else 1) * kg.num_relations + (1 if recipe.model.embedding_storage == "disk" else 0)
+        relation_width = SCORING_FUNCTIONS.get(recipe.model.kind).relation_width(dim)
         relation_state = 3 if recipe.optimizer.kind == "sparse_adam" else 1
         check_sizes(
             recipe, device, tables, table="entities", rows=self.entity_rows(),
-            other=relation_rows * dim * FLOAT_BYTES * relation_state, other_what="the relation table",
+            other=relation_rows * relation_width * FLOAT_BYTES * relation_state, other_what="the relation table",
             working=kge_working(recipe, len(kg.train), max(len(kg.valid), len(kg.test)), kg.num_entities),
         )  # fmt: skip
         entities = self.entity_table(tables)

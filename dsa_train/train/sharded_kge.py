@@ -37,7 +37,9 @@ from torch import Tensor, nn
 from ..data import load_knowledge_graph
 from ..distributed.exchange import gather_everywhere, sum_in_batch_order
 from ..distributed.group import World
+from ..errors import DsaError
 from ..eval.ranking import RankingScope, ScoreFn
+from ..models import SCORING_FUNCTIONS
 from ..models.losses import ranking_loss
 from ..recipe import Recipe
 from .kge import KGETask
@@ -50,6 +52,13 @@ class ShardedKGETask(ShardedTask, KGETask):
 
     def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None, **kwargs) -> None:
         self.world = world
+        replicated = SCORING_FUNCTIONS.get(recipe.model.kind).replicated
+        if replicated != ("rel_emb",):
+            raise DsaError(
+                f"model.kind {recipe.model.kind!r} keeps {', '.join(replicated)} on every rank; sharded training replicates only "
+                "the relation table (rel_emb) so far",
+                hint="run it in one process (without torchrun)",
+            )
         wait_for_import(world, lambda: load_knowledge_graph(recipe.dataset, progress=kwargs.get("progress"), note=kwargs.get("note")))
         super().__init__(recipe, device, tables, **kwargs)
         self.description += f"; entities sharded over {world.world_size} ranks (this rank holds {self.entity_rows():,} rows)"
