@@ -115,6 +115,24 @@ class TestRotatE(ScoringCase):
         return model.gamma - math.sqrt(sum(abs(a * cmath.exp(1j * b) - c) ** 2 for a, b, c in pairs))
 
 
+class TestSimplE(ScoringCase):
+    kind = "simple"
+
+    def truth(self, model, h, r, t):
+        """(<h_h, v_r, t_t> + <h_t, v_r^-1, t_h>) / 2 (Kazemi and Poole 2018, eq. 2), rows [head role | tail role], [v_r | v_r^-1]."""
+        (eh, er, et), k = rows(model, h, r, t), D // 2
+        cp = lambda a, b, c: sum(x * y * z for x, y, z in zip(a, b, c))  # noqa: E731
+        return (cp(eh[:k], er[:k], et[k:]) + cp(et[:k], er[k:], eh[k:])) / 2
+
+    def test_a_score_by_hand(self):
+        model = SCORING_FUNCTIONS.get(self.kind)(2, 1, 4, reciprocal=False)
+        with torch.no_grad():
+            model.node_emb.weight.copy_(torch.tensor([[1.0, 2.0, 3.0, -1.0], [0.5, -2.0, 4.0, 1.0]]))  # [h_e | t_e]
+            model.rel_emb.weight.copy_(torch.tensor([[2.0, 1.0, -1.0, 3.0]]))  # [v_r | v_r^-1]
+        # <h_0, v_r, t_1> = 1*2*4 + 2*1*1 = 10; <h_1, v_r^-1, t_0> = 0.5*-1*3 + -2*3*-1 = 4.5
+        assert model(torch.tensor([0]), torch.tensor([0]), torch.tensor([1])).item() == pytest.approx((10 + 4.5) / 2)
+
+
 def test_every_registered_scoring_function_has_a_test_case():
     """A scoring function registered without a ScoringCase here fails this (PyKEEN's meta-test)."""
     tested = {case.kind for case in ScoringCase.__subclasses__()}
