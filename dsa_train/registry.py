@@ -34,13 +34,17 @@ class Registry(Generic[T]):
         """A class decorator that registers the class under ``name`` (and gives it ``name``)."""
 
         def register(cls: T) -> T:
-            if self._classes.get(name, cls) is not cls:
-                raise ValueError(f"{self.what} {name!r} is registered twice: {self._classes[name]!r} and {cls!r}")
+            self.add(name, cls)
             cls.name = name
-            self._classes[name] = cls
             return cls
 
         return register
+
+    def add(self, name: str, entry: T) -> None:
+        """Register ``entry`` under ``name`` (a name registered twice is a programming error)."""
+        if self._classes.get(name, entry) is not entry:
+            raise ValueError(f"{self.what} {name!r} is registered twice: {self._classes[name]!r} and {entry!r}")
+        self._classes[name] = entry
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._classes)

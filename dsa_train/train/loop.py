@@ -32,7 +32,6 @@ from typing import Protocol
 
 import torch
 
-from ..data.order import Shuffle
 from ..errors import DsaError
 from ..memory import PeakRssAnon, peak_rss_bytes, rss_anon_bytes
 from ..recipe import Recipe, with_data_root
@@ -50,7 +49,8 @@ from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, 
 from .run_folder import MetricsLog, RunFolder, complete_checkpoints
 from .schedule import lr_factor
 from .tables import TableSite
-from .tasks import Task, make_task
+from .task import Task
+from .tasks import make_task
 
 MiB = 1 << 20
 DENSE_STATE = "dense_optimizer.pt"
@@ -166,6 +166,7 @@ class Training:
         self.epoch_loss = [0.0, 0]  # loss sum and steps of the current epoch
         self.optimizer_ram = 0  # largest RssAnon growth across one sparse optimizer step
         self.dense_optimizer: torch.optim.Optimizer | None = None
+        self.task: Task | None = None  # setup() builds it
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self, *, resume: bool, at_step: int | None = None) -> None:
@@ -192,7 +193,7 @@ class Training:
             restore_state_dir(checkpoint, state_dir, owned={self.run.marker.get("state_id")})
         torch.manual_seed(recipe.train.seed)
         site = TableSite(tables, progress=WorkProgress(self.reporter, "writing the new disk table"))
-        self.task: Task = make_task(recipe, self.device, site, progress=WorkProgress(self.reporter), note=self.reporter.note, world=self.world)
+        self.task = make_task(recipe, self.device, site, progress=WorkProgress(self.reporter), note=self.reporter.note, world=self.world)
         self.reporter.note(self.task.description)
         if checkpoint is None and recipe.model.init_from:
             if self.warm_start is None or self.world is not None:
@@ -260,7 +261,7 @@ class Training:
         while self.epoch < cfg.epochs and not self._step_limit_reached():
             seed = step_seed(cfg.seed, -1 - self.epoch)
             # computed per batch: no O(items) permutation; a partitioned task orders its buckets
-            order = self.task.epoch_order(seed) if hasattr(self.task, "epoch_order") else Shuffle(items, seed)
+            order = self.task.epoch_order(seed, items)
             self.reporter.epoch_start(self.epoch + 1, cfg.epochs, steps_per_epoch, self.batch)
             epoch_started, epoch_items, upcoming = time.perf_counter(), 0, None
             while self.batch < steps_per_epoch and not self._step_limit_reached():
@@ -314,8 +315,9 @@ class Training:
             "warm_start": self.warm_started,
             "final": final,
         }
-        if hasattr(self.task, "buffer_summary"):
-            summary["buffer"] = self.task.buffer_summary()
+        buffer = self.task.buffer_summary()
+        if buffer is not None:
+            summary["buffer"] = buffer
         return summary
 
     @contextlib.contextmanager
@@ -356,11 +358,7 @@ class Training:
             self.dense_optimizer.zero_grad(set_to_none=True)
         if self.world is not None:
             self.world.step = self.step_count + 1
-            loss = self.task.gradients(picked)
-        else:
-            batch_loss = self.task.loss(picked)
-            batch_loss.backward()
-            loss = batch_loss.item()
+        loss = self.task.gradients(picked)
         self._set_learning_rates()
         before = rss_anon_bytes()
         self.optimizer.step()
@@ -441,7 +439,7 @@ class Training:
         try:
             if hasattr(self, "metrics"):
                 self.metrics.close()
-            if hasattr(getattr(self, "task", None), "close"):
+            if self.task is not None:
                 self.task.close()  # its background reads and write-backs end before the optimizer's flush
             if hasattr(self, "optimizer"):
                 close_optimizer(self.optimizer)
@@ -499,7 +497,7 @@ def evaluate_run(
     task = make_task(recipe, resolve_device(recipe.train.device), site, progress=WorkProgress(reporter), note=reporter.note, world=world)
     load_model_state(path, task.model)
     task.model.eval()
-    if save_ranks is not None and not hasattr(task, "write_ranks"):
+    if save_ranks is not None and not task.saves_ranks:
         raise DsaError(
             f"--save-ranks writes the ranks of knowledge-graph queries; model.kind {recipe.model.kind!r} has none",
             hint="leave out --save-ranks for this run",
