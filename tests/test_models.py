@@ -139,6 +139,18 @@ def test_every_registered_scoring_function_has_a_test_case():
     assert tested == set(SCORING_FUNCTIONS.names()), f"untested: {set(SCORING_FUNCTIONS.names()) - tested}"
 
 
+def test_the_recipe_reads_what_each_scoring_function_declares_without_importing_it():
+    """The recipe's checks read the declarations from source (no torch while validating): they
+    must be what the imported classes say, for every registered function, in the same order."""
+    from dsa_train.recipe.schema import scoring_functions
+
+    declared = scoring_functions()
+    assert list(declared) == list(SCORING_FUNCTIONS.names())
+    for cls in SCORING_FUNCTIONS:
+        for key in ("halves", "relation_dropout_unsupported"):
+            assert declared[cls.name].get(key) == getattr(cls, key), (cls.name, key)
+
+
 def test_an_unknown_scoring_function_is_an_error_naming_the_known_ones():
     from dsa_train.errors import ConfigError
 

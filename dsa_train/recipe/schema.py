@@ -8,12 +8,14 @@ classes from the data, by their type annotations and these checks.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from ..optim.residency import DEFAULT_BUDGET, resolve_budget
+from ..registry import declared
 
 MAX_NAME_BYTES = 200  # the run folder <name>-<YYYYmmdd-HHMMSS> stays under NAME_MAX (255 bytes)
 SEED_MAX = 2**63 - 1  # torch and numpy take seeds as 64-bit integers
@@ -267,17 +269,17 @@ GRAPH_MODELS = ("node2vec", "sage")
 RECSYS_MODELS = ("dlrm",)
 
 
-def scoring_functions():
-    """The registry of knowledge-graph scoring functions (:mod:`dsa_train.models.scoring`); its
-    first use imports them, and torch."""
-    from ..models.scoring import SCORING_FUNCTIONS
-
-    return SCORING_FUNCTIONS
+@functools.cache
+def scoring_functions() -> dict[str, dict[str, object]]:
+    """The knowledge-graph scoring functions :mod:`dsa_train.models.scoring` registers, by
+    ``model.kind``, each with what its class declares (``halves``, ``relation_dropout_unsupported``):
+    read from their source, so that reading a recipe imports no torch (:func:`~dsa_train.registry.declared`)."""
+    return declared(Path(__file__).resolve().parent.parent / "models" / "scoring", "SCORING_FUNCTIONS")
 
 
 def model_kinds() -> tuple[str, ...]:
     """Every ``model.kind``: the registered scoring functions, then the graph and click-log models."""
-    return (*scoring_functions().names(), *GRAPH_MODELS, *RECSYS_MODELS)
+    return (*scoring_functions(), *GRAPH_MODELS, *RECSYS_MODELS)
 
 
 @dataclass
@@ -546,12 +548,12 @@ class Recipe:
             return [("train.order", "'partitioned' trains knowledge-graph models and node2vec, not 'dlrm'; use 'random'")]
         if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:
             return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
-        scoring = scoring_functions().get(self.model.kind) if self.is_kge else None
-        if scoring is not None and scoring.halves and self.model.dim % 2:
-            return [("model.dim", f"must be even for {self.model.kind!r} ({scoring.halves}), got {self.model.dim}")]
-        if self.model.relation_dropout and (scoring is None or scoring.relation_dropout_unsupported):
-            dropped = [s.name for s in scoring_functions() if not s.relation_dropout_unsupported]
-            why = scoring.relation_dropout_unsupported if scoring is not None else "it is not a knowledge-graph model"
+        scoring = scoring_functions().get(self.model.kind)
+        if scoring is not None and scoring.get("halves") and self.model.dim % 2:
+            return [("model.dim", f"must be even for {self.model.kind!r} ({scoring['halves']}), got {self.model.dim}")]
+        if self.model.relation_dropout and (scoring is None or scoring.get("relation_dropout_unsupported")):
+            dropped = [name for name, declared in scoring_functions().items() if not declared.get("relation_dropout_unsupported")]
+            why = scoring["relation_dropout_unsupported"] if scoring is not None else "it is not a knowledge-graph model"
             return [(
                 "model.relation_dropout",
                 f"drops coordinates of {', '.join(dropped[:-1])} and {dropped[-1]} relation vectors; {self.model.kind!r} has no relation "
