@@ -56,7 +56,6 @@ class ShardedKGETask(ShardedTask, KGETask):
                 "train.candidates 'all' runs in one process so far: each rank would fetch every entity row every step",
                 hint="set train.candidates: sampled for a torchrun job, or run without torchrun",
             )
-        self.world = world
         replicated = SCORING_FUNCTIONS.get(recipe.model.kind).replicated
         if replicated != ("rel_emb",):
             raise DsaError(
@@ -66,6 +65,7 @@ class ShardedKGETask(ShardedTask, KGETask):
             )
         wait_for_import(world, lambda: load_knowledge_graph(recipe.dataset, progress=kwargs.get("progress"), note=kwargs.get("note")))
         super().__init__(recipe, device, tables, layout=sharded_layout(world, recipe), **kwargs)
+        self.world = world
         self.description += f"; entities sharded over {world.world_size} ranks (this rank holds {self.shards.rows_here:,} rows)"
 
     # -- one step ------------------------------------------------------------------------------

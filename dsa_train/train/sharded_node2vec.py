@@ -32,9 +32,9 @@ class ShardedNode2VecTask(ShardedTask, Node2VecTask):
     """A :class:`Node2VecTask` whose node table is this rank's shard."""
 
     def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None, **kwargs) -> None:
-        self.world = world
         wait_for_import(world, lambda: load_graph(recipe.dataset, progress=kwargs.get("progress"), note=kwargs.get("note")))
         super().__init__(recipe, device, tables, layout=sharded_layout(world, recipe), **kwargs)
+        self.world = world
         self.description += f"; nodes sharded over {world.world_size} ranks (this rank holds {self.shards.rows_here:,} rows)"
 
     def gradients(self, picked: Tensor) -> float:
