@@ -54,7 +54,6 @@ RANK_NAME = re.compile(r"(\d+)-of-(\d+)")
 RUN_FORMAT = "dsa-train/run"
 RUN_VERSION = 1
 STATE_DIR = "optimizer_state"  # a run's live DiskSparseAdam state (unless optimizer.state_dir), and a checkpoint's copy
-INNER = (CHECKPOINTS, TABLES, STATE_DIR, "config.yaml", "metrics.jsonl", "run.json")  # never links
 
 
 def read_marker(folder: Path) -> dict | None:
@@ -189,7 +188,7 @@ class RunFolder:
 
     def check_layout(self) -> None:
         """Refuse a run folder whose own files or folders are symbolic links, or that has no marker."""
-        for name in INNER:
+        for name in (CHECKPOINTS, TABLES, STATE_DIR, self.CONFIG, self.METRICS, self.MARKER):  # never links
             if (self.path / name).is_symlink():
                 raise StateError(
                     f"'{self.path / name}' is a symbolic link; dsa-train never follows links inside a run folder",
