@@ -82,19 +82,19 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
     return working
 
 
-def sampled_loss(model: KGEModel, cfg, sides, anchors: Tensor, relations: Tensor, answers: Tensor, candidates: Tensor, masked: Tensor, *, total: int | None = None) -> Tensor:
+def sampled_loss(model: KGEModel, cfg, sides, candidates: Tensor, masked: Tensor, *, total: int | None = None) -> Tensor:
     """The loss of queries against candidates they share (:func:`~dsa_train.models.losses.ranking_loss`),
     written once for every KGE task.
 
-    ``anchors``, ``relations``, ``answers``: the queries' rows ``(Q, ·)`` as the scores see them
-    (dropout applied), grouped by the side they score: ``sides`` lists ``(rows, scored side)``;
-    ``candidates``: ``(K, D)`` rows; ``masked``: ``(Q, K)``, True where a candidate is the
-    query's own answer; ``cfg``: the recipe's ``train`` section (loss, margin). ``total``:
-    divide the sum over the queries by it instead of taking their mean (a slice's share)."""
+    ``sides``: per side the queries score, ``(anchors, relations, answers, side)``, their rows
+    as the scores see them (dropout applied); ``candidates``: ``(K, D)`` rows; ``masked``:
+    ``(Q, K)``, True where a candidate is the query's own answer (queries in the order of
+    ``sides``); ``cfg``: the recipe's ``train`` section (loss, margin). ``total``: divide the
+    sum over the queries by it instead of taking their mean (a slice's share of a batch)."""
     positive, negative = [], []
-    for rows, scored in sides:
-        positive.append(model.answer_scores(anchors[rows], relations[rows], answers[rows], scored))
-        negative.append(model.score_sets(anchors[rows], relations[rows], candidates, scored))
+    for anchors, relations, answers, side in sides:
+        positive.append(model.answer_scores(anchors, relations, answers, side))
+        negative.append(model.score_sets(anchors, relations, candidates, side))
     return ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin, total=total)
 
 
@@ -238,10 +238,12 @@ class KGETask(Task):
         anchor_emb, answer_emb, negative_emb = embedded[: 2 * n], embedded[2 * n : 4 * n], embedded[4 * n :]
         if cfg.batch_negatives:  # the other queries' answers: negatives drawn by popularity
             negatives, negative_emb = torch.cat([answers, negatives]), torch.cat([answer_emb, negative_emb])
-        rel_emb, scored = zip(*(model.query_relations(relations[rows], side) for side, rows in sides))  # one mask per query
+        queries = []
+        for side, rows in sides:
+            rel_emb, scored = model.query_relations(relations[rows], side)  # one mask per query
+            queries.append((anchor_emb[rows], rel_emb, answer_emb[rows], scored))
         masked = answers[:, None] == negatives[None, :]  # a negative that is the query's own answer
-        scored_sides = [(rows, side) for (_, rows), side in zip(sides, scored)]
-        loss = sampled_loss(model, cfg, scored_sides, anchor_emb, torch.cat(rel_emb), answer_emb, negative_emb, masked)
+        loss = sampled_loss(model, cfg, queries, negative_emb, masked)
         if cfg.regularization:
             loss = loss + cfg.regularization * self.n3_penalty(anchor_emb, answer_emb, relations, sides)
         return loss

@@ -138,8 +138,8 @@ class ShardedKGETask(ShardedTask, KGETask):
         rel_mask = self._dropout_mask(tuple(rel_leaf.shape), seed + (2 << 61), p=self.recipe.model.relation_dropout)
         rel_rows = rel_leaf if rel_mask is None else rel_leaf * rel_mask.to(self.device)
         masked = answers.to(self.device)[:, None] == candidates.to(self.device)[None, :]
-        sides = ((slice(0, half), tail_side), (slice(half, None), head_side))
-        loss = sampled_loss(model, cfg, sides, anchor_rows, rel_rows, answer_rows, candidate_rows, masked, total=total)
+        sides = [(anchor_rows[rows], rel_rows[rows], answer_rows[rows], side) for rows, side in ((slice(0, half), tail_side), (slice(half, None), head_side))]
+        loss = sampled_loss(model, cfg, sides, candidate_rows, masked, total=total)
         if cfg.regularization:  # N3 on the slice's embeddings, over the global batch
             loss = loss + cfg.regularization * model.n3(torch.cat([anchor_rows, answer_rows]), rel_leaf) / total
         return loss, rel_lookups, rel_leaf
