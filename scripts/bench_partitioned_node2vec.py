@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 
-from dsa_train.data.order import Shuffle
 from dsa_train.memory import PeakRssAnon
 from dsa_train.recipe import load_recipe
 from dsa_train.train.optimizers import build_optimizer
@@ -59,7 +58,7 @@ def train(recipe, folder: Path, steps: int | None, label: str) -> dict:
     batch = recipe.train.batch_size
     c = recipe.model.node2vec
     pairs_per_step = batch * c.walks_per_node * (c.walk_length - c.context_size + 2) * (c.context_size - 1)
-    order = task.epoch_order(1) if hasattr(task, "epoch_order") else Shuffle(task.epoch_items(), 1)
+    order = task.epoch_order(1, task.epoch_items())
     rows = row_file(task)
     rows.evict()
     seconds, done, started = 0.0, 0, time.perf_counter()
@@ -77,9 +76,8 @@ def train(recipe, folder: Path, steps: int | None, label: str) -> dict:
         done += 1
         if done % 20 == 0:
             print(f"  {label}: {done}/{steps} steps, {done * pairs_per_step / seconds:,.0f} pairs/s", file=sys.stderr, flush=True)
-    buffer = task.buffer_summary() if hasattr(task, "buffer_summary") else {}
-    if hasattr(task, "close"):
-        task.close()
+    buffer = task.buffer_summary() or {}
+    task.close()
     optimizer.close()
     return {
         "steps": done, "seconds": seconds, "step_s": seconds / max(done, 1), "pairs_per_s": done * pairs_per_step / seconds,

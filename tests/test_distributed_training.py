@@ -55,7 +55,7 @@ def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume:
     recipe = parse_recipe(text, source="test")
     training, _, _ = train_rank(recipe, from_environment(), output=Path(folder), resume=resume, reporter=SilentReporter(), overrides=overrides)
     task = training.task
-    local = torch.arange(task.entity_rows())
+    local = torch.arange(task.layout.rows_here)
     m, v = StateInspector(training.run.state_dir(recipe)).read_rows("node_emb.weight", local.numpy())
     weights = task.model.node_emb.weight.detach().clone()
     torch.save(
@@ -148,7 +148,7 @@ def test_a_sharded_step_is_the_single_process_step(tmp_path, slices, normalize):
         sharded = ShardedKGETask(recipe, torch.device("cpu"), World(0, 1, 0))
         torch.manual_seed(0)
         plain = KGETask(recipe, torch.device("cpu"))
-        ids = sharded.shards.sharding.ids_of(0, torch.arange(sharded.entity_rows()))
+        ids = sharded.shards.sharding.ids_of(0, torch.arange(sharded.layout.rows_here))
         with torch.no_grad():
             plain.model.node_emb.weight[ids] = sharded.model.node_emb.weight
             plain.model.rel_emb.weight.copy_(sharded.model.rel_emb.weight)

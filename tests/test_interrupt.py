@@ -66,12 +66,13 @@ def test_ctrl_c_checkpoints_and_resume_finishes(tmp_path):
 def test_the_first_ctrl_c_asks_to_stop_and_the_second_stops_at_once():
     import pytest
 
+    from dsa_train.train.callbacks import CheckpointOnInterrupt
     from dsa_train.train.loop import SilentReporter, Training
 
     training = Training.__new__(Training)  # only what the handler touches
     training.world, training.reporter = None, SilentReporter()
     before = signal.getsignal(signal.SIGINT)
-    with training._checkpoint_on_interrupt():
+    with CheckpointOnInterrupt().running(training):
         signal.raise_signal(signal.SIGINT)
         assert training.interrupted  # noted: the loop checkpoints after this step
         with pytest.raises(KeyboardInterrupt):

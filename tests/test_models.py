@@ -2,49 +2,160 @@
 
 from __future__ import annotations
 
+import cmath
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dsa_train.models.kge import ComplEx, DistMult, RotatE, TransE
+from dsa_train.models import SCORING_FUNCTIONS, ComplEx, DistMult, RotatE, TransE
 from dsa_train.models.losses import ranking_loss
 
 N, R, D = 30, 4, 8
 
 
-def models():
-    return [
-        TransE(N, R, D, p_norm=1, reciprocal=False, init_std=0.5),
-        TransE(N, R, D, p_norm=2, reciprocal=True, init_std=0.5),
-        DistMult(N, R, D, reciprocal=False, init_std=0.5),
-        DistMult(N, R, D, reciprocal=True, init_std=0.5),
-        ComplEx(N, R, D, reciprocal=False, init_std=0.5),
-        ComplEx(N, R, D, reciprocal=True, init_std=0.5),
-        RotatE(N, R, D, reciprocal=False, init_std=0.5, gamma=2.0),
-        RotatE(N, R, D, reciprocal=True, init_std=0.5),
-    ]
+class ScoringCase:
+    """What every registered scoring function must do (PyKEEN's ``tests/cases.py`` pattern): a
+    subclass per scoring function names it, gives the models to try, and computes its score
+    from the published definition with Python floats, independently of the class."""
+
+    kind: str
+    models: list[dict] = [{"reciprocal": False}, {"reciprocal": True}]  # constructor options to try
+
+    def truth(self, model, h: int, r: int, t: int) -> float:
+        raise NotImplementedError
+
+    def build(self, options: dict):
+        torch.manual_seed(0)
+        return SCORING_FUNCTIONS.get(self.kind)(N, R, D, init_std=0.5, **options).double()
+
+    def test_registered_under_its_name(self):
+        assert SCORING_FUNCTIONS.get(self.kind).name == self.kind
+
+    def test_triple_scores_equal_the_definition(self):
+        for options in self.models:
+            model = self.build(options)
+            for h, r, t in [(0, 1, 2), (5, 3, 5), (29, 0, 11)]:
+                got = model(torch.tensor([h]), torch.tensor([r]), torch.tensor([t])).item()
+                assert got == pytest.approx(self.truth(model, h, r, t), rel=1e-9, abs=1e-12)
+
+    @pytest.mark.parametrize("side", ["tail", "head"])
+    def test_candidate_scores_equal_the_definition(self, side):
+        """Scoring a query against a candidate set = each (query, candidate) triple by definition;
+        a reciprocal model asks a head query (?, r, t) as (t, r^-1, ?)."""
+        for options in self.models:
+            model = self.build(options)
+            anchors, relations, candidates = torch.tensor([0, 5, 7]), torch.tensor([1, 3, 0]), torch.arange(N)
+            w = model.node_emb.weight
+            batched = model.score_candidates(w[anchors], relations, w[candidates], side)
+            for i, (a, r) in enumerate(zip(anchors.tolist(), relations.tolist())):
+                for e in candidates.tolist():
+                    if side == "tail":
+                        expected = self.truth(model, a, r, e)
+                    elif model.reciprocal:
+                        expected = self.truth(model, a, r + R, e)
+                    else:
+                        expected = self.truth(model, e, r, a)
+                    assert batched[i, e].item() == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+    def test_gradients_are_sparse(self):
+        model = SCORING_FUNCTIONS.get(self.kind)(N, R, D)
+        model.score_candidates(model.embed(torch.tensor([1, 2])), torch.tensor([0, 1]), model.embed(torch.arange(N)), "tail").sum().backward()
+        assert model.node_emb.weight.grad.is_sparse and model.rel_emb.weight.grad.is_sparse
+
+    def test_relation_width_is_the_table_s(self):
+        assert SCORING_FUNCTIONS.get(self.kind)(N, R, D).rel_emb.weight.shape == (2 * R, SCORING_FUNCTIONS.get(self.kind).relation_width(D))
 
 
-MODEL_IDS = ["transe-l1", "transe-l2-reciprocal", "distmult", "distmult-reciprocal", "complex", "complex-reciprocal", "rotate", "rotate-reciprocal"]
+def rows(model, h: int, r: int, t: int) -> tuple[list[float], list[float], list[float]]:
+    w, rel = model.node_emb.weight.detach(), model.rel_emb.weight.detach()
+    return w[h].tolist(), rel[r].tolist(), w[t].tolist()
 
 
-@pytest.mark.parametrize("model", models(), ids=MODEL_IDS)
-@pytest.mark.parametrize("side", ["tail", "head"])
-def test_candidate_scores_equal_triple_scores(model, side):
-    """Scoring a query against a candidate set = scoring each (query, candidate) triple."""
-    model.double()
-    anchors, relations = torch.tensor([0, 5, 7]), torch.tensor([1, 3, 0])
-    candidates = torch.arange(N)
-    w = model.node_emb.weight
-    batched = model.score_candidates(w[anchors], relations, w[candidates], side)
-    for i, (a, r) in enumerate(zip(anchors, relations)):
-        for e in candidates:
-            h, t = (a, e) if side == "tail" else (e, a)
-            if side == "head" and model.reciprocal:  # asked as (t, r^-1, ?)
-                expected = model(t[None], (r + R)[None], h[None])
-            else:
-                expected = model(h[None], r[None], t[None])
-            assert batched[i, e].item() == pytest.approx(expected.item(), rel=1e-9, abs=1e-9)
+def complex_numbers(x: list[float]) -> list[complex]:
+    """A row laid out [re | im] as Python complex numbers."""
+    k = len(x) // 2
+    return [complex(x[i], x[k + i]) for i in range(k)]
+
+
+class TestTransE(ScoringCase):
+    kind = "transe"
+    models = [{"p_norm": 1, "reciprocal": False}, {"p_norm": 2, "reciprocal": True}]
+
+    def truth(self, model, h, r, t):
+        eh, er, et = rows(model, h, r, t)
+        return -sum(abs(a + b - c) ** model.p_norm for a, b, c in zip(eh, er, et)) ** (1 / model.p_norm)
+
+
+class TestDistMult(ScoringCase):
+    kind = "distmult"
+
+    def truth(self, model, h, r, t):
+        return sum(a * b * c for a, b, c in zip(*rows(model, h, r, t)))
+
+
+class TestComplEx(ScoringCase):
+    kind = "complex"
+
+    def truth(self, model, h, r, t):
+        """Re(sum_i h_i r_i conj(t_i)) with Python's complex numbers."""
+        eh, er, et = (complex_numbers(x) for x in rows(model, h, r, t))
+        return sum((a * b * c.conjugate()).real for a, b, c in zip(eh, er, et))
+
+
+class TestRotatE(ScoringCase):
+    kind = "rotate"
+    models = [{"reciprocal": False, "gamma": 3.0}, {"reciprocal": True}]
+
+    def truth(self, model, h, r, t):
+        """gamma - sqrt(sum_i |h_i e^(i theta_i) - t_i|^2) with Python's complex numbers."""
+        eh, theta, et = rows(model, h, r, t)
+        pairs = zip(complex_numbers(eh), theta, complex_numbers(et))
+        return model.gamma - math.sqrt(sum(abs(a * cmath.exp(1j * b) - c) ** 2 for a, b, c in pairs))
+
+
+class TestSimplE(ScoringCase):
+    kind = "simple"
+
+    def truth(self, model, h, r, t):
+        """(<h_h, v_r, t_t> + <h_t, v_r^-1, t_h>) / 2 (Kazemi and Poole 2018, eq. 2), rows [head role | tail role], [v_r | v_r^-1]."""
+        (eh, er, et), k = rows(model, h, r, t), D // 2
+        cp = lambda a, b, c: sum(x * y * z for x, y, z in zip(a, b, c))  # noqa: E731
+        return (cp(eh[:k], er[:k], et[k:]) + cp(et[:k], er[k:], eh[k:])) / 2
+
+    def test_a_score_by_hand(self):
+        model = SCORING_FUNCTIONS.get(self.kind)(2, 1, 4, reciprocal=False)
+        with torch.no_grad():
+            model.node_emb.weight.copy_(torch.tensor([[1.0, 2.0, 3.0, -1.0], [0.5, -2.0, 4.0, 1.0]]))  # [h_e | t_e]
+            model.rel_emb.weight.copy_(torch.tensor([[2.0, 1.0, -1.0, 3.0]]))  # [v_r | v_r^-1]
+        # <h_0, v_r, t_1> = 1*2*4 + 2*1*1 = 10; <h_1, v_r^-1, t_0> = 0.5*-1*3 + -2*3*-1 = 4.5
+        assert model(torch.tensor([0]), torch.tensor([0]), torch.tensor([1])).item() == pytest.approx((10 + 4.5) / 2)
+
+
+def test_every_registered_scoring_function_has_a_test_case():
+    """A scoring function registered without a ScoringCase here fails this (PyKEEN's meta-test)."""
+    tested = {case.kind for case in ScoringCase.__subclasses__()}
+    assert tested == set(SCORING_FUNCTIONS.names()), f"untested: {set(SCORING_FUNCTIONS.names()) - tested}"
+
+
+def test_the_recipe_reads_what_each_scoring_function_declares_without_importing_it():
+    """The recipe's checks read the declarations from source (no torch while validating): they
+    must be what the imported classes say, for every registered function, in the same order."""
+    from dsa_train.recipe.schema import scoring_functions
+
+    declared = scoring_functions()
+    assert list(declared) == list(SCORING_FUNCTIONS.names())
+    for cls in SCORING_FUNCTIONS:
+        for key in ("halves", "relation_dropout_unsupported"):
+            assert declared[cls.name].get(key) == getattr(cls, key), (cls.name, key)
+
+
+def test_an_unknown_scoring_function_is_an_error_naming_the_known_ones():
+    from dsa_train.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model.kind: 'transf' is not a known knowledge-graph scoring function \(known: 'transe', 'distmult', .*did you mean 'transe'"):
+        SCORING_FUNCTIONS.get("transf")
 
 
 def test_score_definitions_by_hand():
@@ -58,44 +169,6 @@ def test_score_definitions_by_hand():
     assert transe(h, r, t).item() == pytest.approx(-(abs(1 + 0.5 - 3) + abs(2 + 1 + 1)))  # -||h + r - t||_1
     assert distmult(h, r, t).item() == pytest.approx(1 * 0.5 * 3 + 2 * 1.0 * -1)  # <h, r, t>
     assert distmult(t, r, h).item() == distmult(h, r, t).item()  # symmetric
-
-
-def brute_force_complex(h, r, t):
-    """Re(sum_i h_i r_i conj(t_i)) with Python's complex numbers, rows laid out [re | im]."""
-    k = len(h) // 2
-    c = lambda x, i: complex(float(x[i]), float(x[k + i]))  # noqa: E731
-    return sum((c(h, i) * c(r, i) * c(t, i).conjugate()).real for i in range(k))
-
-
-def brute_force_rotate(h, theta, t, gamma):
-    """gamma - sqrt(sum_i |h_i e^(i theta_i) - t_i|^2) with Python's complex numbers."""
-    import cmath
-    import math
-
-    k = len(h) // 2
-    c = lambda x, i: complex(float(x[i]), float(x[k + i]))  # noqa: E731
-    return gamma - math.sqrt(sum(abs(c(h, i) * cmath.exp(1j * float(theta[i])) - c(t, i)) ** 2 for i in range(k)))
-
-
-@pytest.mark.parametrize("kind", ["complex", "rotate"])
-def test_complex_scores_equal_a_brute_force_in_complex_numbers(kind):
-    """Every path (one triple, a candidate set on either side) against the definition in
-    Python's complex arithmetic: ComplEx's Re<h, r, conj(t)>, RotatE's gamma - ||h o r - t||."""
-    torch.manual_seed(0)
-    model = ComplEx(N, R, D, reciprocal=False, init_std=0.7) if kind == "complex" else RotatE(N, R, D, reciprocal=False, init_std=0.7, gamma=3.0)
-    model.double()
-    w, rel = model.node_emb.weight.detach(), model.rel_emb.weight.detach()
-    assert rel.shape == ((R, D) if kind == "complex" else (R, D // 2))  # a rotation is dim / 2 phases
-    truth = (lambda h, r, t: brute_force_complex(w[h], rel[r], w[t])) if kind == "complex" else (lambda h, r, t: brute_force_rotate(w[h], rel[r], w[t], 3.0))
-    for h, r, t in [(0, 1, 2), (5, 3, 5), (29, 0, 11)]:
-        assert model(torch.tensor([h]), torch.tensor([r]), torch.tensor([t])).item() == pytest.approx(truth(h, r, t), rel=1e-12)
-    anchors, relations, candidates = torch.tensor([3, 8]), torch.tensor([2, 0]), torch.arange(N)
-    for side in ("tail", "head"):
-        batched = model.score_candidates(w[anchors], relations, w[candidates], side)
-        for i, (a, r) in enumerate(zip(anchors.tolist(), relations.tolist())):
-            for e in candidates.tolist():
-                h, t = (a, e) if side == "tail" else (e, a)
-                assert batched[i, e].item() == pytest.approx(truth(h, r, t), rel=1e-9, abs=1e-9)
 
 
 def test_complex_models_match_pyg_on_the_same_numbers():
@@ -147,9 +220,3 @@ def test_softplus_and_margin_by_hand():
     assert softplus.item() == pytest.approx((F.softplus(torch.tensor(-1.0)) + (F.softplus(torch.tensor(0.0)) + F.softplus(torch.tensor(2.0))) / 2).item())
     margin = ranking_loss("margin", positive, negative, masked, margin=1.5)
     assert margin.item() == pytest.approx((max(0, 1.5 - 1 + 0) + max(0, 1.5 - 1 + 2)) / 2)
-
-
-def test_gradients_are_sparse():
-    model = TransE(N, R, D)
-    model.embed(torch.tensor([1, 2])).sum().backward()
-    assert model.node_emb.weight.grad.is_sparse

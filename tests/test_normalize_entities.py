@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from dsa_train.models.kge import DistMult, TransE
+from dsa_train.models import DistMult, TransE
 from dsa_train.recipe import parse_recipe
 from dsa_train.train.tasks import make_task
 

@@ -281,7 +281,7 @@ def test_negatives_come_from_the_buffer_and_the_quality_holds(tiny, tmp_path):
 
     recipe = parse_recipe(TINY, overrides=["train.order=partitioned", "train.partitions=6", "train.buffer=2"])
     task = make_task(recipe, torch.device("cpu"), TableSite(tmp_path / "tables"))
-    order = task.epoch_order(5)
+    order = task.epoch_order(5, task.epoch_items())
     for start in range(0, order.n, 256):
         picked = order.slice(start, start + 256)
         task.prefetch(picked)

@@ -57,7 +57,7 @@ def test_an_epoch_trains_each_start_nodes_edges_once_inside_the_buffer(tmp_path)
     graph = task.graph
     edges = set(zip(*[t.tolist() for t in (torch.repeat_interleave(torch.arange(graph.num_nodes), graph.degree(torch.arange(graph.num_nodes))), graph.col.long())]))
     isolated = set(torch.nonzero(graph.degree(torch.arange(graph.num_nodes)) == 0).flatten().tolist())
-    order = task.epoch_order(7)
+    order = task.epoch_order(7, task.epoch_items())
     starts, size, needs = [], recipe.train.batch_size, []
     upcoming = order.slice(0, size)
     for batch in range(-(-graph.num_nodes // size)):  # as the loop does: the next batch prefetched, then this one trained

@@ -7,7 +7,7 @@ import torch
 
 from dsa_train.eval import TripleIndex
 from dsa_train.eval.ranking import RankingMetrics, evaluate_link_prediction, query_ranks
-from dsa_train.models.kge import DistMult, TransE
+from dsa_train.models import DistMult, TransE
 
 N, R = 23, 3
 

@@ -57,7 +57,7 @@ def test_every_problem_at_once_with_path_line_and_suggestion():
         ("dataset: {kind: tsv}\nmodel: {kind: distmult}\n", "dataset.path (in the section at line 1): is required for kind 'tsv'"),
         ("dataset: [1]\nmodel: {kind: distmult}\n", "dataset (line 1): expected a section (key: value lines), got a list"),
         ("model: {kind: distmult}\n", "dataset: missing (required)"),
-        ("dataset: {kind: fb15k237}\nmodel: {}\n", "model.kind (in the section at line 2): missing (required; one of 'transe', 'distmult', 'complex', 'rotate', 'node2vec', 'sage', 'dlrm')"),
+        ("dataset: {kind: fb15k237}\nmodel: {}\n", "model.kind (in the section at line 2): missing (required; one of 'transe', 'distmult', 'complex', 'rotate', "),  # then any other registered
         ("dataset: {kind: fb15k237}\nmodel: {kind: transe, p_norm: 3}\n", "model.p_norm (line 2): must be one of 1, 2, got 3"),
         ("dataset: {kind: fb15k237}\nmodel: {kind: transe, reciprocal: yes please}\n", "model.reciprocal (line 2): expected true or false"),
         ("dataset: {kind: tsv\n", "not valid YAML (line 2)"),

@@ -14,7 +14,8 @@ from ..errors import DsaError, StateError
 from ..optim.inspect import PROBLEMS, StateInspector, live_holder
 from ..train.cleanup import is_job_folder, job_ranks
 from ..optim.format import MANIFEST
-from ..train.run_folder import JOB_MANIFEST, RANKS, STATE_DIR, TRAINER, RunFolder, complete_checkpoints, job_checkpoints, read_marker
+from ..train.checkpoint_layout import CHECKPOINTS, TRAINER, complete_checkpoints
+from ..train.run_folder import JOB_MANIFEST, RANKS, STATE_DIR, RunFolder, job_checkpoints, read_marker
 from ._errors import handle_errors
 from ._output import ProgressReporter, stderr, stdout
 
@@ -128,7 +129,7 @@ def state_of(path: Path) -> tuple[Path, Path | None]:
         return path, None  # a state directory (StateInspector says if it is not one)
     state = RunFolder(path).live_state_dir
     if not (state / MANIFEST).is_file():
-        kept = complete_checkpoints(path / "checkpoints")
+        kept = complete_checkpoints(path / CHECKPOINTS)
         if kept:
             raise DsaError(
                 f"run '{path}' has no live optimizer state any more (at '{state}': removed by dsa-train clean once the run "

@@ -30,3 +30,12 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     noise = (torch.rand(x.shape, dtype=torch.float64) < keep).to(x.dtype)
     noise.div_(keep)
     return x * noise
+
+
+def seeded_mask(shape: tuple[int, ...], p: float, seed: int) -> Tensor:
+    """Inverted dropout's mask, ``keep / (1 - p)``, drawn from its own generator seeded with
+    ``seed`` (float32 uniforms, a coordinate kept where ``u >= p``): the same on every rank of a
+    sharded run, whichever rank draws it. Not :func:`dropout`'s draw, which a one-process run
+    keeps for its results to stay those of ``F.dropout``."""
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=generator) >= p).float() / (1 - p)

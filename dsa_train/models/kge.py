@@ -1,10 +1,14 @@
-r"""TransE, DistMult, ComplEx and RotatE with sparse entity and relation embeddings.
+r"""The base of every knowledge-graph scoring function, and the registry they join.
 
-All build on PyG's :class:`torch_geometric.nn.kge.KGEModel` (its ``node_emb`` and
-``rel_emb`` tables with ``sparse=True``, its per-triple ``forward``). What PyG lacks, and this
-module adds: scoring one query against a *set* of candidate entities at once (shared
-negatives in training, all entities in evaluation), reciprocal relations, and the
-initialisation and dropout the training recipes use.
+A scoring function is one class in one module of :mod:`dsa_train.models.scoring`, registered
+with ``@SCORING_FUNCTIONS.register_as("name")``; its class attributes declare what the rest of
+the package needs to know (see :class:`KGEModel`).
+
+All build on PyG's :class:`torch_geometric.nn.kge.KGEModel` (its ``node_emb`` and ``rel_emb``
+tables with ``sparse=True``, its per-triple ``forward``). What PyG lacks, and this module adds:
+scoring one query against a *set* of candidate entities at once (shared negatives in training,
+all entities in evaluation), reciprocal relations, and the initialisation and dropout the
+training recipes use.
 
 With ``reciprocal=True`` the relation table has :math:`2|R|` rows: relation :math:`r + |R|`
 is the inverse of :math:`r`, and a head query :math:`(?, r, t)` is asked as the tail query
@@ -18,12 +22,44 @@ import torch.nn.functional as F
 import torch_geometric.nn.kge
 from torch import Tensor
 
-from ..recipe import ModelConfig
+from ..registry import Registry
 from .dropout import dropout
 
 
 class KGEModel(torch_geometric.nn.kge.KGEModel):
-    """Entity and relation tables plus a score :math:`f(h, r, t)` (higher: more plausible)."""
+    """Entity and relation tables plus a score :math:`f(h, r, t)` (higher: more plausible).
+
+    A subclass gives :meth:`score_pairs` and :meth:`score_sets`, and declares in class
+    attributes what the recipe's checks, the memory sizing, sharded training, export and
+    neighbour search need to know of it.
+    """
+
+    #: the recipe's ``model.kind`` (set by :meth:`~dsa_train.registry.Registry.register_as`)
+    name: str = ""
+    #: the score, one line, for help and errors
+    formula: str = ""
+    #: ``None`` for rows of ``dim`` real coordinates; else what the two halves of a row are
+    #: (``[re | im]`` of ``dim / 2`` complex coordinates), and ``model.dim`` must be even
+    halves: str | None = None
+    #: ``None`` where relation dropout applies to the relation rows; else why it does not
+    relation_dropout_unsupported: str | None = None
+    #: the parameters every rank holds whole (and updates alike) when the entity table is sharded
+    replicated: tuple[str, ...] = ("rel_emb",)
+    #: ``model.*`` keys the constructor takes besides the common ones (``p_norm=...``)
+    options: tuple[str, ...] = ()
+    #: what an exported table's rows are, by table name
+    meanings: dict[str, str] = {}
+
+    @classmethod
+    def relation_width(cls, dim: int) -> int:
+        """Reals per relation row for ``model.dim`` = ``dim``."""
+        return dim
+
+    @classmethod
+    def metric(cls, config) -> str:
+        """The geometry the score compares entity rows with (``dot``, ``l1`` or ``l2``), for
+        neighbour search; ``config`` is the recipe's ``model`` section."""
+        return "dot"
 
     def __init__(
         self,
@@ -133,49 +169,6 @@ def euclidean(query: Tensor, candidates: Tensor) -> Tensor:
     return squared.clamp_min_(1e-12).sqrt_()
 
 
-class TransE(KGEModel):
-    r"""TransE (Bordes et al., NeurIPS 2013): relations translate heads onto tails.
-
-    .. math::
-        f(h, r, t) = -\lVert \mathbf{e}_h + \mathbf{r}_r - \mathbf{e}_t \rVert_p
-
-    Against many candidates, :math:`p = 2` uses
-    :math:`\lVert q - e \rVert^2 = \lVert q \rVert^2 - 2\, q \cdot e + \lVert e \rVert^2` (one
-    matrix product); :math:`p = 1` uses ``torch.cdist``.
-    """
-
-    def __init__(self, *args, p_norm: int = 2, **kwargs) -> None:
-        self.p_norm = p_norm
-        super().__init__(*args, **kwargs)
-
-    def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
-        return -(head + rel - tail).norm(p=self.p_norm, dim=-1)
-
-    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
-        # tail side: -||(h + r) - e||;  head side: -||e + r - t|| = -||(t - r) - e||
-        query = anchor + rel if side == "tail" else anchor - rel
-        if self.p_norm == 1:
-            return -torch.cdist(query, candidates, p=1)
-        return -euclidean(query, candidates)
-
-
-class DistMult(KGEModel):
-    r"""DistMult (Yang et al., ICLR 2015): a diagonal bilinear score.
-
-    .. math::
-        f(h, r, t) = \langle \mathbf{e}_h, \mathbf{r}_r, \mathbf{e}_t \rangle
-                   = \sum_i e_{h,i}\, r_{r,i}\, e_{t,i}
-
-    Symmetric in :math:`h` and :math:`t`; against many candidates it is one matrix product.
-    """
-
-    def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
-        return (head * rel * tail).sum(dim=-1)
-
-    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
-        return (anchor * rel) @ candidates.T
-
-
 def halves(x: Tensor) -> tuple[Tensor, Tensor]:
     """The real and imaginary parts of rows laid out ``[re | im]``."""
     return x.chunk(2, dim=-1)
@@ -188,101 +181,5 @@ def cubed_modulus(x: Tensor) -> Tensor:
     return (re * re + im * im).pow(1.5)
 
 
-class ComplEx(KGEModel):
-    r"""ComplEx (Trouillon et al., ICML 2016), as PyG's ``ComplEx`` scores it.
-
-    .. math::
-        f(h, r, t) = \operatorname{Re} \langle \mathbf{e}_h, \mathbf{r}_r, \overline{\mathbf{e}_t} \rangle
-                   = \sum_i \operatorname{Re}(e_{h,i}\, r_{r,i}\, \overline{e_{t,i}})
-
-    ``dim`` counts reals: a row ``[re | im]`` holds ``dim / 2`` complex coordinates, so a
-    ComplEx table is as large as a DistMult table of the same ``dim``. Against many candidates
-    it is one matrix product: the tail query :math:`q = e_h r_r` (complex product) scores
-    :math:`\operatorname{Re}\langle q, \overline{e}\rangle = q_{re} \cdot e_{re} + q_{im}
-    \cdot e_{im}`; the head query :math:`q = r_r \overline{e_t}` scores
-    :math:`\operatorname{Re}\langle e, \overline{\overline{q}}\rangle` likewise. N3 is taken
-    over the moduli of the complex coordinates, as Lacroix et al. do.
-    """
-
-    def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
-        return (self._tail_query(head, rel) * tail).sum(dim=-1)
-
-    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
-        query = self._tail_query(anchor, rel) if side == "tail" else self._head_query(anchor, rel)
-        return query @ candidates.T
-
-    @staticmethod
-    def _tail_query(head: Tensor, rel: Tensor) -> Tensor:
-        r"""``[re | im]`` of :math:`e_h r_r`: its dot product with ``[t_re | t_im]`` is the score."""
-        (h_re, h_im), (r_re, r_im) = halves(head), halves(rel)
-        return torch.cat([h_re * r_re - h_im * r_im, h_re * r_im + h_im * r_re], dim=-1)
-
-    @staticmethod
-    def _head_query(tail: Tensor, rel: Tensor) -> Tensor:
-        r"""``[a | b]`` with :math:`\operatorname{Re}(e\, r \overline{t}) = e_{re} \cdot a + e_{im} \cdot b`."""
-        (t_re, t_im), (r_re, r_im) = halves(tail), halves(rel)
-        return torch.cat([r_re * t_re + r_im * t_im, r_re * t_im - r_im * t_re], dim=-1)
-
-    def n3(self, entities: Tensor, relations: Tensor) -> Tensor:
-        return cubed_modulus(entities).sum() + cubed_modulus(relations).sum()
-
-
-class RotatE(KGEModel):
-    r"""RotatE (Sun et al., ICLR 2019), as PyG's ``RotatE`` scores it: relations rotate heads
-    onto tails in the complex plane.
-
-    .. math::
-        f(h, r, t) = \gamma - \lVert \mathbf{e}_h \circ \mathbf{r}_r - \mathbf{e}_t \rVert_2,
-        \qquad r_{r,i} = \cos\theta_{r,i} + i \sin\theta_{r,i}
-
-    the norm over every real and imaginary coordinate. ``dim`` counts reals: an entity row
-    ``[re | im]`` holds ``dim / 2`` complex coordinates, a relation row ``dim / 2`` phases
-    :math:`\theta` (drawn uniformly in :math:`[0, 2\pi)`). :math:`\gamma` (``model.gamma``)
-    shifts every score alike: only the softplus loss sees it. Against many candidates the
-    tail query :math:`e_h \circ r_r` and the head query :math:`e_t \circ \overline{r_r}`
-    (rotations keep distances: :math:`|e r - t| = |e - t \overline{r}|`) are compared to
-    every candidate with one matrix product, as TransE's are. N3 applies to the entities'
-    moduli only (a rotation has modulus 1).
-    """
-
-    def __init__(self, num_entities: int, num_relations: int, dim: int, *, gamma: float = 1.0, **kwargs) -> None:
-        self.gamma = gamma
-        super().__init__(num_entities, num_relations, dim, **kwargs)
-        self.rel_emb = torch.nn.Embedding(self.rel_emb.num_embeddings, dim // 2, sparse=True)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        super().reset_parameters()
-        torch.nn.init.uniform_(self.rel_emb.weight, 0, 2 * torch.pi)
-
-    def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
-        return self.gamma - (_rotate(head, rel) - tail).norm(dim=-1)
-
-    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
-        return self.gamma - euclidean(_rotate(anchor, rel if side == "tail" else -rel), candidates)
-
-    def n3(self, entities: Tensor, relations: Tensor) -> Tensor:
-        return cubed_modulus(entities).sum()
-
-
-def _rotate(x: Tensor, phase: Tensor) -> Tensor:
-    r"""Rows ``[re | im]`` multiplied by :math:`e^{i \theta}` coordinate by coordinate."""
-    re, im = halves(x)
-    cos, sin = phase.cos(), phase.sin()
-    return torch.cat([re * cos - im * sin, re * sin + im * cos], dim=-1)
-
-
-def build_kge_model(
-    config: ModelConfig, num_entities: int, num_relations: int, entity_table: torch.nn.Module | None = None
-) -> KGEModel:
-    common = dict(
-        reciprocal=config.reciprocal, init_std=config.init_std, dropout=config.dropout,
-        relation_dropout=config.relation_dropout, normalize_entities=config.normalize_entities, entity_table=entity_table,
-    )  # fmt: skip
-    if config.kind == "transe":
-        return TransE(num_entities, num_relations, config.dim, p_norm=config.p_norm, **common)
-    if config.kind == "complex":
-        return ComplEx(num_entities, num_relations, config.dim, **common)
-    if config.kind == "rotate":
-        return RotatE(num_entities, num_relations, config.dim, gamma=config.gamma, **common)
-    return DistMult(num_entities, num_relations, config.dim, **common)
+#: every scoring function, by ``model.kind``; :mod:`dsa_train.models.scoring` imports them all
+SCORING_FUNCTIONS: Registry[type[KGEModel]] = Registry("knowledge-graph scoring function", "model.kind")

@@ -32,7 +32,7 @@ from .schema import (
     CLICK_DATASETS,
     GRAPH_DATASETS,
     KG_DATASETS,
-    KG_MODELS,
+    GRAPH_MODELS,
     RECSYS_MODELS,
     ClickColumnsConfig,
     ClicksSyntheticConfig,
@@ -56,9 +56,9 @@ from .schema import (
 )
 
 __all__ = [
-    "CLICK_DATASETS", "GRAPH_DATASETS", "KG_DATASETS", "KG_MODELS", "MAX_DEPTH", "MAX_NAME_BYTES", "MAX_RECIPE_BYTES", "MAX_VALUES",
-    "RECSYS_MODELS", "SEED_MAX", "ClickColumnsConfig", "ClicksSyntheticConfig", "DatasetConfig", "DistributedConfig", "EdgeListConfig", "EvalConfig", "GraphSyntheticConfig", "ModelConfig", "Node2VecConfig",
-    "OptimizerConfig", "OutputConfig", "Recipe", "RecsysConfig", "SageConfig", "SyntheticConfig", "TrainConfig", "TriplesConfig",
+    "CLICK_DATASETS", "GRAPH_DATASETS", "GRAPH_MODELS", "KG_DATASETS", "MAX_DEPTH", "MAX_NAME_BYTES", "MAX_RECIPE_BYTES", "MAX_VALUES",
+    "RECSYS_MODELS", "SEED_MAX", "ClickColumnsConfig", "ClicksSyntheticConfig", "DatasetConfig", "DistributedConfig", "EdgeListConfig", "EvalConfig", "GraphSyntheticConfig",
+    "ModelConfig", "Node2VecConfig", "OptimizerConfig", "OutputConfig", "Recipe", "RecsysConfig", "SageConfig", "SyntheticConfig", "TrainConfig", "TriplesConfig",
     "load_recipe", "parse_recipe", "recipe_differences", "recipe_to_yaml", "with_data_root",
 ]  # fmt: skip
 

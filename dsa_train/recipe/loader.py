@@ -364,6 +364,8 @@ def build(cls, data, path: tuple, lines: dict, problems: list[str]):
     found_before = len(problems)  # cross-field checks only make sense when every field is valid
     for name, f in fields.items():
         here, tp = (*path, name), hints[name]
+        if f.metadata.get("choices"):  # names known only once their registry is loaded
+            tp = Literal[tuple(f.metadata["choices"]())]
         if name in data:
             value = _convert(tp, data[name], here, lines, problems)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:

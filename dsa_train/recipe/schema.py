@@ -8,20 +8,23 @@ classes from the data, by their type annotations and these checks.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from ..optim.residency import DEFAULT_BUDGET, resolve_budget
+from ..registry import declared
 
 MAX_NAME_BYTES = 200  # the run folder <name>-<YYYYmmdd-HHMMSS> stays under NAME_MAX (255 bytes)
 SEED_MAX = 2**63 - 1  # torch and numpy take seeds as 64-bit integers
 
 
-def _help(text: str, check=None, **kwargs):
-    """A dataclass field with help text and an optional check (value -> problem or None)."""
-    return field(metadata={"help": text, "check": check}, **kwargs)
+def _help(text: str, check=None, *, choices=None, **kwargs):
+    """A dataclass field with help text, an optional check (value -> problem or None) and, for
+    a value that names a registered class, ``choices() -> names`` (asked when a recipe is read)."""
+    return field(metadata={"help": text, "check": check, "choices": choices}, **kwargs)
 
 
 def _positive(v):
@@ -339,17 +342,31 @@ class RecsysConfig:
         return found
 
 
-KG_MODELS = ("transe", "distmult", "complex", "rotate")
+GRAPH_MODELS = ("node2vec", "sage")
 RECSYS_MODELS = ("dlrm",)
+
+
+@functools.cache
+def scoring_functions() -> dict[str, dict[str, object]]:
+    """The knowledge-graph scoring functions :mod:`dsa_train.models.scoring` registers, by
+    ``model.kind``, each with what its class declares (``halves``, ``relation_dropout_unsupported``):
+    read from their source, so that reading a recipe imports no torch (:func:`~dsa_train.registry.declared`)."""
+    return declared(Path(__file__).resolve().parent.parent / "models" / "scoring", "SCORING_FUNCTIONS")
+
+
+def model_kinds() -> tuple[str, ...]:
+    """Every ``model.kind``: the registered scoring functions, then the graph and click-log models."""
+    return (*scoring_functions(), *GRAPH_MODELS, *RECSYS_MODELS)
 
 
 @dataclass
 class ModelConfig:
     """The embedding model."""
 
-    kind: Literal["transe", "distmult", "complex", "rotate", "node2vec", "sage", "dlrm"] = _help(
-        "knowledge graphs: transe (-||h + r - t||_p), distmult (<h, r, t>), complex (Re<h, r, conj(t)>), "
-        "rotate (gamma - ||h o r - t||, r a rotation); graphs: node2vec, sage; click logs: dlrm"
+    kind: str = _help(
+        "knowledge graphs: a scoring function of dsa_train.models.scoring (transe: -||h + r - t||_p, distmult: <h, r, t>, "
+        "complex: Re<h, r, conj(t)>, rotate: gamma - ||h o r - t||, ...); graphs: node2vec, sage; click logs: dlrm",
+        choices=model_kinds,
     )
     dim: int = _help("embedding dimension, in reals (complex, rotate: dim / 2 complex coordinates, so dim is even)", _positive, default=128)
     p_norm: Literal[1, 2] = _help("transe: the norm of the distance", default=2)
@@ -581,7 +598,7 @@ class Recipe:
 
     @property
     def is_kge(self) -> bool:
-        return self.model.kind in KG_MODELS
+        return self.model.kind in scoring_functions()
 
     @property
     def is_recsys(self) -> bool:
@@ -608,13 +625,16 @@ class Recipe:
             return [("train.order", "'partitioned' trains knowledge-graph models and node2vec, not 'dlrm'; use 'random'")]
         if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:
             return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
-        if self.model.kind in ("complex", "rotate") and self.model.dim % 2:
-            return [("model.dim", f"must be even for {self.model.kind!r} (dim / 2 complex coordinates of a real and an imaginary part), got {self.model.dim}")]
-        if self.model.relation_dropout and self.model.kind not in ("transe", "distmult", "complex"):
+        scoring = scoring_functions().get(self.model.kind)
+        if scoring is not None and scoring.get("halves") and self.model.dim % 2:
+            return [("model.dim", f"must be even for {self.model.kind!r} ({scoring['halves']}), got {self.model.dim}")]
+        if self.model.relation_dropout and (scoring is None or scoring.get("relation_dropout_unsupported")):
+            dropped = [name for name, declared in scoring_functions().items() if not declared.get("relation_dropout_unsupported")]
+            why = scoring["relation_dropout_unsupported"] if scoring is not None else "it is not a knowledge-graph model"
             return [(
                 "model.relation_dropout",
-                f"drops coordinates of transe, distmult and complex relation vectors; {self.model.kind!r} has no relation "
-                "vectors (rotate's relations are rotation angles, which dropout would turn into no rotation): set it to 0",
+                f"drops coordinates of {', '.join(dropped[:-1])} and {dropped[-1]} relation vectors; {self.model.kind!r} has no relation "
+                f"vectors ({why}): set it to 0",
             )]  # fmt: skip
         t = self.train
         if t.labels == "all" and t.candidates != "all":

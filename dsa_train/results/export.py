@@ -29,14 +29,6 @@ EXPORT_FORMAT = "dsa-train/export"
 MANIFEST = "export.json"
 PARTIAL = ".partial-export-"
 MEANINGS = {
-    ("transe", "entities"): "entity vectors e; a triple scores -||e_h + r - e_t||_p",
-    ("transe", "relations"): "translations r",
-    ("distmult", "entities"): "entity vectors e; a triple scores sum_i e_h,i r_i e_t,i",
-    ("distmult", "relations"): "diagonals r of the bilinear form",
-    ("complex", "entities"): "complex vectors, columns [real parts | imaginary parts]; a triple scores Re<e_h, r, conj(e_t)>",
-    ("complex", "relations"): "complex vectors, columns [real parts | imaginary parts]",
-    ("rotate", "entities"): "complex vectors, columns [real parts | imaginary parts]; a triple scores -||e_h o r - e_t||",
-    ("rotate", "relations"): "phases in radians, one per complex coordinate: r = cos(phase) + i sin(phase)",
     ("node2vec", "nodes"): "node vectors (skip-gram input embeddings)",
     ("sage", "nodes"): "the learnable node features GraphSAGE aggregates",
     ("dlrm", "features"): "rows of hashed categorical values (with model.recsys.tables: per_feature, feature f owns rows f x rows ... (f + 1) x rows - 1)",
@@ -60,7 +52,7 @@ def export_run(
         tables = {}
         for table, (rows, dim) in trained.tables.items():
             tables[table] = _export_table(trained, table, partial, fmt, chunk_rows, progress)
-            meaning = MEANINGS.get((trained.kind, table), "embedding rows")
+            meaning = trained.scoring.meanings.get(table, "embedding rows") if trained.scoring else MEANINGS.get((trained.kind, table), "embedding rows")
             if table == "relations" and rows > trained.task.kg.num_relations:
                 meaning += f"; rows {trained.task.kg.num_relations:,} on are the inverse relations head queries use, named {INVERSE}<name>"
             tables[table].update(rows=rows, dim=dim, dtype="float32", meaning=meaning)

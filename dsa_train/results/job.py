@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from ..data import load_graph, load_knowledge_graph
 from ..distributed.sharding import RowSharding
 from ..errors import DsaError
-from ..models.kge import build_kge_model
+from ..models import build_kge_model
 from ..models.node import SkipGram
 from ..recipe import Recipe
 from ..train.checkpoint import MODEL, TABLES, find_checkpoint, table_versions
@@ -72,8 +72,10 @@ def open_job(run: RunFolder, recipe: Recipe, checkpoint: int | None, note) -> tu
         kg = load_knowledge_graph(recipe.dataset, note=note)
         table = _sharded(recipe, paths, "entities", "node_emb.weight", kg.num_entities)
         model = build_kge_model(recipe.model, kg.num_entities, kg.num_relations, table)
+        rank_zero = load_tensors(paths[0] / MODEL)
         with torch.no_grad():
-            model.rel_emb.weight.copy_(load_tensors(paths[0] / MODEL)["rel_emb.weight"])
+            for name in model.replicated:  # the same on every rank
+                getattr(model, name).weight.copy_(rank_zero[f"{name}.weight"])
         return paths, step, SimpleNamespace(kg=kg, model=model)
     if recipe.model.kind != "node2vec":
         raise DsaError(f"'{run.path}' trained {recipe.model.kind!r} over several processes, which open_run cannot read", hint="dsa-train eval scores it")

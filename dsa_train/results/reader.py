@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ..data.clicks_import import click_columns, click_log_file, read_click_chunks
 from ..errors import DsaError
+from ..models import SCORING_FUNCTIONS, KGEModel
 from ..recipe import with_data_root
 from ..train.checkpoint import TABLES, find_checkpoint, load_model_state, table_versions
 from ..nn import DiskTable
@@ -241,12 +242,16 @@ class TrainedRun:
 
     # -- neighbours ---------------------------------------------------------------------
     @property
+    def scoring(self) -> type[KGEModel] | None:
+        """The scoring function of a knowledge-graph run (``None`` for other models)."""
+        return SCORING_FUNCTIONS.get(self.kind) if self.recipe.is_kge else None
+
+    @property
     def default_metric(self) -> str:
-        """The geometry the model scored with: L1 or L2 distance for TransE (its ``p_norm``) and
-        RotatE, the dot product for DistMult, ComplEx and skip-gram or GraphSAGE node vectors."""
-        if self.kind == "transe":
-            return f"l{self.recipe.model.p_norm}"
-        return "l2" if self.kind == "rotate" else "dot"
+        """The geometry the model scored with: the scoring function's (L1 or L2 distance for
+        TransE, its ``p_norm``, and RotatE; the dot product for DistMult and ComplEx), the dot
+        product for skip-gram or GraphSAGE node vectors."""
+        return self.scoring.metric(self.recipe.model) if self.scoring else "dot"
 
     def neighbors(
         self, name: str | int, *, k: int = 10, metric: str | None = None, table: str | None = None, chunk_rows: int = CHUNK_ROWS,

@@ -65,17 +65,26 @@ from ..optim.deltas import (
 from ..optim.format import HEADER_BYTES, TABLE_LAYOUT, read_row_header
 from ..optim.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
 from .optimizers import load_tensors, snapshot_optimizer
-from .run_folder import CHECKPOINT_FORMAT as FORMAT
-from .run_folder import DOOMED, PARTIAL, TRAINER, checkpoint_needs, complete_checkpoints, scratch_folders
+from .checkpoint_layout import CHECKPOINT_FORMAT as FORMAT
+from .checkpoint_layout import (
+    DOOMED,
+    MODEL,
+    PARTIAL,
+    RESTORING,
+    TABLES,
+    TRAINER,
+    checkpoint_needs,
+    complete_checkpoints,
+    retained,
+    scratch_folders,
+    step_name,
+)
 
 VERSION = 4  # 4: deltas on virtual bases; 3: row files as bases or deltas, ids and needs; 2: every file whole
 READABLE = (2, 3, 4)  # a version 2 checkpoint is version 3 without deltas, 3 is 4 without virtual bases
-MODEL = "model.pt"
-TABLES = "tables"  # the run's disk embedding tables (weights and moments): bases or deltas
 MAX_LINKS = 8  # deltas in a chain before it is compacted
 MAX_DELTA_FRACTION = 0.5  # of a file's record bytes that a chain's deltas may hold
 FICLONE = 0x40049409  # Linux ioctl: make a file share another's blocks (copy-on-write)
-RESTORING = ".restore-"  # prefix of a row file being restored (renamed into place when whole)
 FRESH = "initial"  # the optimizer's dirty-rows label in a run whose files are as they were made
 _CLONES: dict[str, bool] = {}  # checkpoints folder -> whether its file system clones
 
@@ -94,8 +103,8 @@ def save_checkpoint(
     checkpoints.mkdir(parents=True, exist_ok=True)
     for stale in scratch_folders(checkpoints):  # left by a process killed mid-save or mid-prune
         shutil.rmtree(stale)
-    final = checkpoints / f"{step:010d}"
-    partial = checkpoints / f"{PARTIAL}{step:010d}"
+    final = checkpoints / step_name(step)
+    partial = checkpoints / f"{PARTIAL}{step_name(step)}"
     checkpoint_id = uuid.uuid4().hex
     try:
         rows = _RowWriter(partial, optimizer, _baseline(checkpoints, optimizer, final.name), clones(checkpoints))
@@ -115,10 +124,10 @@ def save_checkpoint(
     if isinstance(optimizer, DiskSparseAdam):
         optimizer.reset_dirty(f"{final.name}:{checkpoint_id}")  # the next deltas apply to this one
     complete = complete_checkpoints(checkpoints)
-    needed = {name for kept in complete[-keep:] for name in checkpoint_needs(kept)}
-    for old in complete[:-keep]:
-        if old.name in needed:
-            continue  # the base, or a link of the chain, of a kept checkpoint
+    kept = retained(complete, keep)  # the newest, and the bases and links of their chains
+    for old in complete:
+        if old in kept:
+            continue
         doomed = old.with_name(DOOMED + old.name)
         os.rename(old, doomed)  # no longer complete the moment removal starts
         shutil.rmtree(doomed)

@@ -51,24 +51,18 @@ from pathlib import Path
 from ..errors import DsaError, StateError
 from ..fsutil import DirectoryLock, is_regular_file, lock_holder, read_json_object
 from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, STATE_FORMAT, TABLE_LAYOUT
+from .checkpoint_layout import CHECKPOINT_FORMAT, CHECKPOINTS, DOOMED, PARTIAL, TRAINER, is_step_name, real_directories, retained
 from .run_folder import (
-    CHECKPOINT_FORMAT,
-    DOOMED,
     JOB_MANIFEST,
-    PARTIAL,
     RANKS,
     STATE_DIR as STATE,
-    TRAINER,
     RunFolder,
-    checkpoint_needs,
     job_checkpoints,
     rank_name,
     read_marker,
-    real_directories,
 )
 
 SEARCH_DEPTH = 3  # how deep below a given folder runs and state directories are looked for
-CHECKPOINTS = "checkpoints"
 
 
 
@@ -377,7 +371,7 @@ def _survey(path: Path, plan: CleanPlan) -> _Run | None:
             plan.candidates.append(
                 Candidate("unfinished checkpoint", folder, allocated_bytes(folder), _mtime(folder), path, (CHECKPOINTS, folder.name))
             )
-        elif folder.name.isdigit() and checkpoint_state(folder) is not None:
+        elif is_step_name(folder.name) and checkpoint_state(folder) is not None:
             if checkpoint_state(folder).get("run_id") == marker["run_id"]:
                 complete.append(folder)
             else:
@@ -393,13 +387,10 @@ def _survey(path: Path, plan: CleanPlan) -> _Run | None:
 def _with_needs(run: _Run, keep: dict[Path, str]) -> dict[Path, str]:
     """Why each kept checkpoint stays: an open optimizer state, ``keep``'s reason, or a kept
     checkpoint made of its deltas (``needs`` lists a chain whole)."""
-    why = dict(run.open)
+    held = dict(run.open)
     for checkpoint, reason in keep.items():
-        why.setdefault(checkpoint, reason)
-    for kept in list(why):
-        for name in checkpoint_needs(kept):
-            why.setdefault(kept.parent / name, f"checkpoint {kept.name} is made of its deltas on this one: kept with it")
-    return why
+        held.setdefault(checkpoint, reason)
+    return retained(run.complete, 0, held=held)
 
 
 def _settle(run: _Run, plan: CleanPlan, why: dict[Path, str], *, job: Path | None = None, keep_last: int = 0) -> None:

@@ -22,11 +22,12 @@ from ..data.order import Shuffle
 from ..eval import RankingMetrics, TripleIndex, evaluate_link_prediction
 from ..eval.ranking import RankingScope, ScoreFn
 from ..fsutil import atomic_write_bytes
-from ..models import KGEModel, build_kge_model
+from ..models import SCORING_FUNCTIONS, KGEModel, build_kge_model
 from ..models.losses import every_entity_loss, ranking_loss
 from ..recipe import Recipe
 from .sizes import FLOAT_BYTES, Working, check_sizes, keys_of
-from .tables import TableSite, disk_table
+from .tables import TableSite, WholeTable
+from .task import Task
 
 
 def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entities: int) -> list[Working]:
@@ -81,6 +82,22 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
     return working
 
 
+def sampled_loss(model: KGEModel, cfg, sides, candidates: Tensor, masked: Tensor, *, total: int | None = None) -> Tensor:
+    """The loss of queries against candidates they share (:func:`~dsa_train.models.losses.ranking_loss`),
+    written once for every KGE task.
+
+    ``sides``: per side the queries score, ``(anchors, relations, answers, side)``, their rows
+    as the scores see them (dropout applied); ``candidates``: ``(K, D)`` rows; ``masked``:
+    ``(Q, K)``, True where a candidate is the query's own answer (queries in the order of
+    ``sides``); ``cfg``: the recipe's ``train`` section (loss, margin). ``total``: divide the
+    sum over the queries by it instead of taking their mean (a slice's share of a batch)."""
+    positive, negative = [], []
+    for anchors, relations, answers, side in sides:
+        positive.append(model.answer_scores(anchors, relations, answers, side))
+        negative.append(model.score_sets(anchors, relations, candidates, side))
+    return ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin, total=total)
+
+
 class RankingForecast:
     """The ranking's progress callback: advances the reporter's bar and, after the first batch
     of a full ranking that will take over a minute, says how long (the bar alone is not seen in
@@ -103,32 +120,31 @@ class RankingForecast:
                 )
 
 
-class KGETask:
-    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None) -> None:
+class KGETask(Task):
+    saves_ranks = True
+
+    def __init__(
+        self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None, layout=WholeTable
+    ) -> None:  # fmt: skip
+        """``layout(num_entities)``: where this process's entity rows are (:class:`~.tables.WholeTable`)."""
         self.recipe, self.device = recipe, device
         self.unit = "queries" if recipe.train.labels == "all" else "triples"  # what an epoch item is
         self.kg: KnowledgeGraph = load_knowledge_graph(recipe.dataset, progress=progress, note=note)
         self.description = str(self.kg)
         kg, dim = self.kg, recipe.model.dim
+        self.layout = layout(kg.num_entities)
         relation_rows = (2 if recipe.model.reciprocal else 1) * kg.num_relations + (1 if recipe.model.embedding_storage == "disk" else 0)
+        relation_width = SCORING_FUNCTIONS.get(recipe.model.kind).relation_width(dim)
         relation_state = 3 if recipe.optimizer.kind == "sparse_adam" else 1
         check_sizes(
-            recipe, device, tables, table="entities", rows=self.entity_rows(),
-            other=relation_rows * dim * FLOAT_BYTES * relation_state, other_what="the relation table",
+            recipe, device, tables, table="entities", rows=self.layout.rows_here,
+            other=relation_rows * relation_width * FLOAT_BYTES * relation_state, other_what="the relation table",
             working=kge_working(recipe, len(kg.train), max(len(kg.valid), len(kg.test)), kg.num_entities),
         )  # fmt: skip
-        entities = self.entity_table(tables)
+        entities = self.layout.make_table(recipe, tables, "entities", std=recipe.model.init_std)
         self.model: KGEModel = build_kge_model(recipe.model, self.kg.num_entities, self.kg.num_relations, entities).to(device)
         self.index: TripleIndex | None = None
         self.distinct: DistinctQueries | None = None
-
-    def entity_rows(self) -> int:
-        """The entity rows this process holds: all of them."""
-        return self.kg.num_entities
-
-    def entity_table(self, tables: TableSite | None) -> torch.nn.Module | None:
-        """The entity table if it is not the model's own ``nn.Embedding`` (a disk table)."""
-        return disk_table(self.recipe, tables, "entities", self.kg.num_entities, std=self.recipe.model.init_std)
 
     def train_rows(self, picked: Tensor) -> Tensor:
         """The training triples of epoch items ``picked`` (int64)."""
@@ -146,9 +162,6 @@ class KGETask:
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return list(self.model.named_parameters())
-
-    def dense_parameters(self) -> list[Tensor]:
-        return []
 
     def epoch_items(self) -> int:
         """Training triples, or with k-vs-all the distinct queries."""
@@ -225,13 +238,12 @@ class KGETask:
         anchor_emb, answer_emb, negative_emb = embedded[: 2 * n], embedded[2 * n : 4 * n], embedded[4 * n :]
         if cfg.batch_negatives:  # the other queries' answers: negatives drawn by popularity
             negatives, negative_emb = torch.cat([answers, negatives]), torch.cat([answer_emb, negative_emb])
-        positive, negative = [], []
+        queries = []
         for side, rows in sides:
             rel_emb, scored = model.query_relations(relations[rows], side)  # one mask per query
-            positive.append(model.answer_scores(anchor_emb[rows], rel_emb, answer_emb[rows], scored))
-            negative.append(model.score_sets(anchor_emb[rows], rel_emb, negative_emb, scored))
+            queries.append((anchor_emb[rows], rel_emb, answer_emb[rows], scored))
         masked = answers[:, None] == negatives[None, :]  # a negative that is the query's own answer
-        loss = ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin)
+        loss = sampled_loss(model, cfg, queries, negative_emb, masked)
         if cfg.regularization:
             loss = loss + cfg.regularization * self.n3_penalty(anchor_emb, answer_emb, relations, sides)
         return loss

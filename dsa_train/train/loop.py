@@ -24,18 +24,16 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
-from ..data.order import Shuffle
 from ..errors import DsaError
-from ..memory import PeakRssAnon, peak_rss_bytes, rss_anon_bytes
+from ..memory import peak_rss_bytes
 from ..recipe import Recipe, with_data_root
+from .callbacks import Callback, default_callbacks
 from .checkpoint import (
     TABLES,
     checkpoint_mode,
@@ -48,9 +46,9 @@ from .checkpoint import (
 )
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, load_tensors, restore_state_dir
 from .run_folder import MetricsLog, RunFolder, complete_checkpoints
-from .schedule import lr_factor
 from .tables import TableSite
-from .tasks import Task, make_task
+from .task import Task
+from .tasks import make_task
 
 MiB = 1 << 20
 DENSE_STATE = "dense_optimizer.pt"
@@ -146,15 +144,19 @@ def step_seed(seed: int, step: int) -> int:
 
 
 class Training:
-    def __init__(self, recipe: Recipe, run: RunFolder, *, reporter: Reporter | None = None, world=None, warm_start=None) -> None:
+    def __init__(
+        self, recipe: Recipe, run: RunFolder, *, reporter: Reporter | None = None, world=None, warm_start=None, callbacks: list[Callback] | None = None,
+    ) -> None:  # fmt: skip
         self.recipe = recipe
+        #: the extras around the loop, their hooks called in order (:mod:`.callbacks`)
+        self.callbacks = default_callbacks() if callbacks is None else callbacks
         #: ``warm_start(task, recipe, note) -> {table: {"carried", "new"}}``: a fresh run's rows
         #: from a finished run's (``model.init_from``; results.warm_start.carry_over)
         self.warm_start = warm_start
         self.warm_started: dict | None = None
         self.world = world  # this rank's place in a torchrun job (distributed.group.World), or None
         self.commit = None  # called with the step after each checkpoint (a torchrun job's manifest)
-        self.interrupted = False  # Ctrl-C during train(): stop after the step, with a checkpoint
+        self.interrupted = False  # Ctrl-C during train(): stop after the step, with a checkpoint (callbacks.CheckpointOnInterrupt)
         self.run = run
         self.reporter = reporter or SilentReporter()
         self.device = resolve_device(recipe.train.device)
@@ -166,6 +168,7 @@ class Training:
         self.epoch_loss = [0.0, 0]  # loss sum and steps of the current epoch
         self.optimizer_ram = 0  # largest RssAnon growth across one sparse optimizer step
         self.dense_optimizer: torch.optim.Optimizer | None = None
+        self.task: Task | None = None  # setup() builds it
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self, *, resume: bool, at_step: int | None = None) -> None:
@@ -192,7 +195,7 @@ class Training:
             restore_state_dir(checkpoint, state_dir, owned={self.run.marker.get("state_id")})
         torch.manual_seed(recipe.train.seed)
         site = TableSite(tables, progress=WorkProgress(self.reporter, "writing the new disk table"))
-        self.task: Task = make_task(recipe, self.device, site, progress=WorkProgress(self.reporter), note=self.reporter.note, world=self.world)
+        self.task = make_task(recipe, self.device, site, progress=WorkProgress(self.reporter), note=self.reporter.note, world=self.world)
         self.reporter.note(self.task.description)
         if checkpoint is None and recipe.model.init_from:
             if self.warm_start is None or self.world is not None:
@@ -244,11 +247,13 @@ class Training:
         """Run the remaining epochs, the final checkpoint and evaluation; returns the summary.
 
         Ctrl-C (SIGINT) ends the step under way, writes a checkpoint and raises
-        ``KeyboardInterrupt`` (so ``--resume`` continues from there); a second Ctrl-C stops at
-        once. Only in the main thread, where Python delivers signals."""
-        with PeakRssAnon(interval=0.1) as anon, self._checkpoint_on_interrupt():
+        ``KeyboardInterrupt`` (:class:`~.callbacks.CheckpointOnInterrupt`)."""
+        with contextlib.ExitStack() as running:
+            for callback in self.callbacks:
+                running.enter_context(callback.running(self))
             summary = self._train()
-        summary["peak_rss_anon_mib"] = round(anon.peak / MiB, 1)
+        for callback in self.callbacks:
+            callback.train_done(self, summary)
         self.metrics.log(summary)
         return summary
 
@@ -260,8 +265,9 @@ class Training:
         while self.epoch < cfg.epochs and not self._step_limit_reached():
             seed = step_seed(cfg.seed, -1 - self.epoch)
             # computed per batch: no O(items) permutation; a partitioned task orders its buckets
-            order = self.task.epoch_order(seed) if hasattr(self.task, "epoch_order") else Shuffle(items, seed)
-            self.reporter.epoch_start(self.epoch + 1, cfg.epochs, steps_per_epoch, self.batch)
+            order = self.task.epoch_order(seed, items)
+            for callback in self.callbacks:
+                callback.epoch_start(self, steps_per_epoch)
             epoch_started, epoch_items, upcoming = time.perf_counter(), 0, None
             while self.batch < steps_per_epoch and not self._step_limit_reached():
                 picked = upcoming if upcoming is not None else order.slice(self.batch * cfg.batch_size, (self.batch + 1) * cfg.batch_size)
@@ -274,10 +280,8 @@ class Training:
                 epoch_items += len(picked)
                 rate = len(picked) / max(time.perf_counter() - step_started, 1e-9)
                 self._account(loss)
-                self.reporter.step_done(1, loss, rate, self.task.unit)
-                if cfg.checkpoint_every and self.step_count % cfg.checkpoint_every == 0:
-                    self.save_checkpoint()
-                self._stop_if_interrupted()
+                for callback in self.callbacks:
+                    callback.step_done(self, loss, rate)
             if self.batch < steps_per_epoch:  # stopped by max_steps inside the epoch
                 break
             seconds = time.perf_counter() - epoch_started
@@ -291,14 +295,11 @@ class Training:
                 "unit": self.task.unit,
             }
             self.metrics.log(record)
-            self.reporter.epoch_done(record)
             self.epoch, self.batch, self.epoch_loss = self.epoch + 1, 0, [0.0, 0]
-            every = self.recipe.eval.every_epochs
-            if every and self.epoch % every == 0 and self.epoch < cfg.epochs:
-                self.evaluate(self.recipe.eval.split, final=False)
-        last = complete_checkpoints(self.run.checkpoints)
-        if cfg.final_checkpoint and (not last or int(last[-1].name) != self.step_count):
-            self.save_checkpoint()
+            for callback in self.callbacks:
+                callback.epoch_done(self, record)
+        if cfg.final_checkpoint:
+            self.checkpoint_unless_saved()
         self.final_metrics = final = {split: self.evaluate(split, final=True) for split in self.recipe.eval.final_splits}
         summary = {
             "kind": "summary",
@@ -314,34 +315,16 @@ class Training:
             "warm_start": self.warm_started,
             "final": final,
         }
-        if hasattr(self.task, "buffer_summary"):
-            summary["buffer"] = self.task.buffer_summary()
+        buffer = self.task.buffer_summary()
+        if buffer is not None:
+            summary["buffer"] = buffer
         return summary
 
-    @contextlib.contextmanager
-    def _checkpoint_on_interrupt(self):
-        self.interrupted = False
-        if threading.current_thread() is not threading.main_thread() or self.world is not None:
-            yield  # (the ranks of a job would each stop at another step: there, Ctrl-C stops at once)
-            return
-
-        def first(signum, frame) -> None:
-            self.interrupted = True
-            self.reporter.note("interrupted: finishing this step and writing a checkpoint (Ctrl-C again stops at once)")
-            signal.signal(signal.SIGINT, signal.default_int_handler)  # the second one raises KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGINT, first)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-    def _stop_if_interrupted(self) -> None:
-        if self.interrupted:
-            last = complete_checkpoints(self.run.checkpoints)
-            if not last or int(last[-1].name) != self.step_count:
-                self.save_checkpoint()
-            raise KeyboardInterrupt
+    def checkpoint_unless_saved(self) -> None:
+        """A checkpoint of this step, unless the newest one is of it already."""
+        last = complete_checkpoints(self.run.checkpoints)
+        if not last or int(last[-1].name) != self.step_count:
+            self.save_checkpoint()
 
     def _step_limit_reached(self) -> bool:
         limit = self.recipe.train.max_steps
@@ -356,30 +339,16 @@ class Training:
             self.dense_optimizer.zero_grad(set_to_none=True)
         if self.world is not None:
             self.world.step = self.step_count + 1
-            loss = self.task.gradients(picked)
-        else:
-            batch_loss = self.task.loss(picked)
-            batch_loss.backward()
-            loss = batch_loss.item()
-        self._set_learning_rates()
-        before = rss_anon_bytes()
+        loss = self.task.gradients(picked)
+        for callback in self.callbacks:
+            callback.before_optimizer_step(self)
         self.optimizer.step()
-        self.optimizer_ram = max(self.optimizer_ram, rss_anon_bytes() - before)
+        for callback in self.callbacks:
+            callback.after_optimizer_step(self)
         if self.dense_optimizer is not None:
             self.dense_optimizer.step()
         self.step_count += 1
         return loss
-
-    def _set_learning_rates(self) -> None:
-        """The recipe's rates scaled by the schedule at this step (see :mod:`.schedule`)."""
-        cfg = self.recipe.optimizer
-        if cfg.schedule == "constant":  # the rates the optimizers were built (or resumed) with
-            return
-        total_steps = self.recipe.train.epochs * self.steps_per_epoch
-        factor = lr_factor(cfg.schedule, self.step_count, total_steps, cfg.final_lr_ratio, cfg.decay_after_epochs * self.steps_per_epoch)
-        for optimizer, rate in ((self.optimizer, cfg.lr), (self.dense_optimizer, cfg.dense_lr)):
-            for group in optimizer.param_groups if optimizer is not None else ():
-                group["lr"] = rate * factor
 
     def _account(self, loss: float) -> None:
         self.window[0] += loss
@@ -441,7 +410,7 @@ class Training:
         try:
             if hasattr(self, "metrics"):
                 self.metrics.close()
-            if hasattr(getattr(self, "task", None), "close"):
+            if self.task is not None:
                 self.task.close()  # its background reads and write-backs end before the optimizer's flush
             if hasattr(self, "optimizer"):
                 close_optimizer(self.optimizer)
@@ -499,7 +468,7 @@ def evaluate_run(
     task = make_task(recipe, resolve_device(recipe.train.device), site, progress=WorkProgress(reporter), note=reporter.note, world=world)
     load_model_state(path, task.model)
     task.model.eval()
-    if save_ranks is not None and not hasattr(task, "write_ranks"):
+    if save_ranks is not None and not task.saves_ranks:
         raise DsaError(
             f"--save-ranks writes the ranks of knowledge-graph queries; model.kind {recipe.model.kind!r} has none",
             hint="leave out --save-ranks for this run",

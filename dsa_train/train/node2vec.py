@@ -20,7 +20,8 @@ from ..eval.node import link_prediction, probe_accuracy
 from ..models.node import GRAM_LIMIT, SkipGram, windows
 from ..recipe import Recipe
 from .sizes import FLOAT_BYTES, Working, check_sizes, keys_of
-from .tables import TableSite, disk_table
+from .tables import TableSite, WholeTable
+from .task import Task
 
 
 def node2vec_working(recipe: Recipe, num_nodes: int) -> Working:
@@ -54,29 +55,24 @@ def node2vec_working(recipe: Recipe, num_nodes: int) -> Working:
     )  # fmt: skip
 
 
-class Node2VecTask:
+class Node2VecTask(Task):
     unit = "nodes"
 
     def __init__(
-        self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None
+        self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None, layout=WholeTable
     ) -> None:  # fmt: skip
+        """``layout(num_nodes)``: where this process's node rows are (:class:`~.tables.WholeTable`)."""
         self.recipe, self.device = recipe, device
         self.config = recipe.model.node2vec
         self.graph: Graph = load_graph(recipe.dataset, progress=progress, note=note)
         self.description = str(self.graph)
         g = self.graph
+        self.layout = layout(g.num_nodes)
         self.sampler = WalkSampler(g.rowptr, g.col, p=self.config.p, q=self.config.q, max_degree=g.max_degree)
         working = [node2vec_working(recipe, self.graph.num_nodes)]
-        check_sizes(recipe, device, tables, table="nodes", rows=self.node_rows(), other=0, working=working)
-        self.model = SkipGram(self.graph.num_nodes, recipe.model.dim, embedding=self.node_table(tables)).to(device)
-
-    def node_rows(self) -> int:
-        """The node rows this process holds: all of them."""
-        return self.graph.num_nodes
-
-    def node_table(self, tables: TableSite | None):
-        """The node table if it is not SkipGram's own ``nn.Embedding`` (a disk table)."""
-        return disk_table(self.recipe, tables, "nodes", self.graph.num_nodes, std=SkipGram.INIT_STD)
+        check_sizes(recipe, device, tables, table="nodes", rows=self.layout.rows_here, other=0, working=working)
+        table = self.layout.make_table(recipe, tables, "nodes", std=SkipGram.INIT_STD)
+        self.model = SkipGram(self.graph.num_nodes, recipe.model.dim, embedding=table).to(device)
 
     def prefetch(self, picked: Tensor) -> None:
         # The walks are drawn inside the step; their start nodes are known now.
@@ -84,9 +80,6 @@ class Node2VecTask:
 
     def sparse_parameters(self) -> list[tuple[str, Tensor]]:
         return list(self.model.named_parameters())
-
-    def dense_parameters(self) -> list[Tensor]:
-        return []
 
     def epoch_items(self) -> int:
         return self.graph.num_nodes

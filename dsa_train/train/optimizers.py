@@ -26,11 +26,11 @@ from ..optim import DiskSparseAdam
 from ..optim.deltas import DELTA_SUFFIX, chain_of, materialise
 from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, TABLE_LAYOUT, load_manifest
 from ..recipe import OptimizerConfig
-from .run_folder import STATE_DIR, TRAINER
+from .checkpoint_layout import RESTORING, TRAINER
+from .run_folder import STATE_DIR
 
 STATE_COPY = STATE_DIR  # a checkpoint's copy of the state has the live directory's name
 STATE_DICT = "optimizer.pt"
-RESTORING = ".restore-"  # prefix of a row file being restored (renamed into place when whole)
 
 
 def build_optimizer(config: OptimizerConfig, named_parameters: list[tuple[str, torch.Tensor]], state_dir: Path) -> torch.optim.Optimizer:

@@ -19,6 +19,8 @@ from torch import Tensor, nn
 from ..data.buckets import EntityPartitions
 from ..memory import require_memory
 from ..optim.buffer import PartitionBuffer
+from ..recipe import Recipe
+from .tables import TableSite, WholeTable
 
 
 class SlotTable(nn.Module):
@@ -38,6 +40,18 @@ class SlotTable(nn.Module):
 
     def prefetch(self, ids: Tensor) -> None:
         self.table.prefetch(self.partitions.slots(ids))
+
+
+class PartitionLayout(WholeTable):
+    """Where a table's rows are in partition order: by slot (:class:`SlotTable`), each
+    partition one contiguous range of records."""
+
+    def __init__(self, num_rows: int, partitions: int, seed: int) -> None:
+        super().__init__(num_rows)
+        self.partitions = EntityPartitions(num_rows, partitions, seed)
+
+    def make_table(self, recipe: Recipe, tables: TableSite | None, name: str, *, std: float) -> SlotTable:
+        return SlotTable(super().make_table(recipe, tables, name, std=std), self.partitions)
 
 
 class HeldPartitions:

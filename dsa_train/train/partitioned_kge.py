@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..data.buckets import Buckets, EntityPartitions, load_buckets
 from ..data.partition_order import PartitionedOrder
 from ..recipe import Recipe
 from .kge import KGETask
-from .partitioned import HeldPartitions, SlotTable
+from .partitioned import HeldPartitions, PartitionLayout
 from .tables import TableSite
 
 
 class PartitionedKGETask(KGETask):
     def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None) -> None:
-        super().__init__(recipe, device, tables, progress=progress, note=note)
         cfg = recipe.train
+        layout = lambda rows: PartitionLayout(rows, cfg.partitions, cfg.seed)  # noqa: E731
+        super().__init__(recipe, device, tables, progress=progress, note=note, layout=layout)
         self.buckets: Buckets = load_buckets(self.kg, self.partitions, progress=progress, note=note)
         self.held = HeldPartitions(self.model.node_emb, min(cfg.buffer, cfg.partitions))
         self.order: PartitionedOrder | None = None
@@ -33,14 +34,9 @@ class PartitionedKGETask(KGETask):
 
     @property
     def partitions(self) -> EntityPartitions:
-        if not hasattr(self, "_partitions"):
-            self._partitions = EntityPartitions(self.kg.num_entities, self.recipe.train.partitions, self.recipe.train.seed)
-        return self._partitions
+        return self.layout.partitions
 
-    def entity_table(self, tables: TableSite | None) -> nn.Module:
-        return SlotTable(super().entity_table(tables), self.partitions)
-
-    def epoch_order(self, epoch_seed: int) -> PartitionedOrder:
+    def epoch_order(self, epoch_seed: int, items: int) -> PartitionedOrder:
         """The epoch's order (the loop's ``Shuffle`` for random order; same seed)."""
         self.order = PartitionedOrder(self.buckets, self.held.capacity, self.recipe.train.seed, epoch_seed)
         self._bucket_state = self.order.bucket_states(self.buckets.offsets)

@@ -30,7 +30,7 @@ from ..data.partition_order import PartitionedOrder
 from ..memory import require_memory
 from ..recipe import Recipe
 from .node2vec import Node2VecTask, evaluate_node_embeddings
-from .partitioned import HeldPartitions, SlotTable
+from .partitioned import HeldPartitions, PartitionLayout, SlotTable
 from .sizes import keys_of
 from .tables import TableSite
 
@@ -61,8 +61,10 @@ class PairPool:
 
 class PartitionedNode2VecTask(Node2VecTask):
     def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None) -> None:
-        super().__init__(recipe, device, tables, progress=progress, note=note)
-        c, cfg = self.config, recipe.train
+        cfg = recipe.train
+        layout = lambda rows: PartitionLayout(rows, cfg.partitions, cfg.seed)  # noqa: E731
+        super().__init__(recipe, device, tables, progress=progress, note=note, layout=layout)
+        c = self.config
         #: positive pairs per start node: its walks' windows, each first node with the others
         self.pairs_per_start = c.walks_per_node * (c.walk_length - c.context_size + 2) * (c.context_size - 1)
         self.pool_starts = max(cfg.batch_size, cfg.pool_pairs // self.pairs_per_start)
@@ -81,14 +83,9 @@ class PartitionedNode2VecTask(Node2VecTask):
 
     @property
     def partitions(self) -> EntityPartitions:
-        if not hasattr(self, "_partitions"):
-            self._partitions = EntityPartitions(self.graph.num_nodes, self.recipe.train.partitions, self.recipe.train.seed)
-        return self._partitions
+        return self.layout.partitions
 
-    def node_table(self, tables: TableSite | None):
-        return SlotTable(super().node_table(tables), self.partitions)
-
-    def epoch_order(self, epoch_seed: int) -> _Positions:
+    def epoch_order(self, epoch_seed: int, items: int) -> _Positions:
         """The epoch's start nodes in random order's shuffle; a batch's positions name which
         start nodes' worth of pairs it trains (see :meth:`_batch`)."""
         self._epoch_seed, self._pools, self._taken = epoch_seed, {}, {}

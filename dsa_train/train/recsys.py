@@ -24,6 +24,7 @@ from ..models.recsys import DLRM, table_rows
 from ..recipe import Recipe
 from .sizes import FLOAT_BYTES, Working, check_sizes, keys_of
 from .tables import TableSite, disk_table
+from .task import Task
 
 EVAL_CHUNK = 1 << 14  # impressions scored at once in an evaluation
 
@@ -48,7 +49,7 @@ def recsys_working(recipe: Recipe, log: ClickLog, ids_per_sample: float) -> list
     ]  # fmt: skip
 
 
-class RecsysTask:
+class RecsysTask(Task):
     unit = "samples"
 
     def __init__(

@@ -33,7 +33,8 @@ from ..errors import StateError
 from ..optim import DiskSparseAdam
 from ..optim.inspect import StateInspector
 from ..nn import DiskEmbedding
-from .checkpoint import MODEL, TABLES, table_versions, verify_checkpoint
+from .checkpoint import table_versions, verify_checkpoint
+from .checkpoint_layout import CHECKPOINTS, MODEL, TABLES, TRAINER, step_name
 from .optimizers import STATE_COPY, load_tensors
 from .run_folder import MetricsLog, RunFolder
 
@@ -49,7 +50,7 @@ def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
             "resuming at another number of ranks moves DiskSparseAdam's state; this run trains with torch's SparseAdam",
             hint=f"resume it with the {len(old_folders)} ranks it was checkpointed by",
         )
-    checkpoints = [folder / "checkpoints" / f"{step:010d}" for folder in old_folders]
+    checkpoints = [folder / CHECKPOINTS / step_name(step) for folder in old_folders]
     readers = _readers(world, checkpoints)
     shards = training.task.shards
     named = dict(training.task.model.named_parameters())
@@ -59,7 +60,7 @@ def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
     mine = [k for k, reader in enumerate(readers) if reader == world.rank]
     for k in mine:
         verify_checkpoint(checkpoints[k])
-    trainer_text = (checkpoints[0] / "trainer.json").read_text() if readers[0] == world.rank else ""
+    trainer_text = (checkpoints[0] / TRAINER).read_text() if readers[0] == world.rank else ""
     with world.guard(f"resharding the checkpoint of step {step}"):
         trainer = json.loads(broadcast_bytes(trainer_text.encode(), readers[0]).decode())
         steps = _broadcast_steps(checkpoints[0], readers[0], world, list(named))
@@ -76,7 +77,7 @@ def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
 
 def _readers(world: World, checkpoints: list[Path]) -> list[int]:
     """For each old rank's checkpoint, the lowest new rank that has it on its disk."""
-    seen = torch.tensor([(c / "trainer.json").is_file() for c in checkpoints], dtype=torch.uint8)
+    seen = torch.tensor([(c / TRAINER).is_file() for c in checkpoints], dtype=torch.uint8)
     everyone = [torch.empty_like(seen) for _ in range(world.world_size)]
     with world.guard("finding the old ranks' checkpoints"):
         dist.all_gather(everyone, seen)

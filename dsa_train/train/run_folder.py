@@ -28,14 +28,20 @@ import uuid
 from pathlib import Path
 
 from ..errors import ConfigError, StateError
-from ..fsutil import DirectoryLock, atomic_write_bytes, is_regular_file, read_json_object
+from ..fsutil import DirectoryLock, atomic_write_bytes, read_json_object
 from ..recipe import Recipe, load_recipe, recipe_to_yaml
-
-
-TRAINER = "trainer.json"  # a checkpoint folder is complete when this is in it (checkpoint.py)
-CHECKPOINT_FORMAT = "dsa-train/checkpoint"  # what its trainer.json says it is
-PARTIAL = ".partial-"  # prefix of a checkpoint folder being written
-DOOMED = ".deleting-"  # prefix of an old checkpoint folder being removed
+from .checkpoint_layout import (  # noqa: F401 (what the run folder's readers import from here)
+    CHECKPOINT_FORMAT,
+    CHECKPOINTS,
+    DOOMED,
+    PARTIAL,
+    TABLES,
+    TRAINER,
+    checkpoint_needs,
+    complete_checkpoints,
+    real_directories,
+    scratch_folders,
+)
 
 
 # A torchrun job's run folder (see sharded_run.py): rank folders under ranks/, and on rank 0's
@@ -48,39 +54,6 @@ RANK_NAME = re.compile(r"(\d+)-of-(\d+)")
 RUN_FORMAT = "dsa-train/run"
 RUN_VERSION = 1
 STATE_DIR = "optimizer_state"  # a run's live DiskSparseAdam state (unless optimizer.state_dir), and a checkpoint's copy
-INNER = ("checkpoints", "tables", STATE_DIR, "config.yaml", "metrics.jsonl", "run.json")  # never links
-
-
-def real_directories(folder: Path) -> list[Path]:
-    """The sub-folders of ``folder`` that are real directories (links are never entered)."""
-    try:
-        entries = list(os.scandir(folder))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(Path(e.path) for e in entries if e.is_dir(follow_symlinks=False))
-
-
-def scratch_folders(checkpoints: Path) -> list[Path]:
-    """Checkpoint folders a killed save or prune left behind (never complete checkpoints)."""
-    if checkpoints.is_symlink():
-        return []
-    return [p for p in real_directories(checkpoints) if p.name.startswith((PARTIAL, DOOMED))]
-
-
-def complete_checkpoints(checkpoints: Path) -> list[Path]:
-    """Committed checkpoints, oldest first."""
-    if checkpoints.is_symlink():
-        return []
-    return [p for p in real_directories(checkpoints) if p.name.isdigit() and is_regular_file(p / TRAINER)]
-
-
-def checkpoint_needs(checkpoint: Path) -> list[str]:
-    """The earlier checkpoints (folder names) whose files this one's deltas are applied to:
-    its ``trainer.json``'s ``needs``, read without following a link (``[]`` when it has none,
-    or none that is readable). Pruning and ``clean`` never remove a checkpoint a kept one needs."""
-    state = read_json_object(Path(checkpoint) / TRAINER)
-    needs = state.get("needs") if state and state.get("format") == CHECKPOINT_FORMAT else None
-    return [n for n in needs if isinstance(n, str) and n.isdigit()] if isinstance(needs, list) else []
 
 
 def read_marker(folder: Path) -> dict | None:
@@ -111,12 +84,12 @@ class RunFolder:
 
     @property
     def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
+        return self.path / CHECKPOINTS
 
     @property
     def tables_dir(self) -> Path:
         """The disk embedding tables (``model.embedding_storage: disk``): weights and moments."""
-        return self.path / "tables"
+        return self.path / TABLES
 
     def state_dir(self, recipe: Recipe) -> Path:
         """Where the run's optimizer state goes: the recipe's ``optimizer.state_dir``, else
@@ -215,7 +188,7 @@ class RunFolder:
 
     def check_layout(self) -> None:
         """Refuse a run folder whose own files or folders are symbolic links, or that has no marker."""
-        for name in INNER:
+        for name in (CHECKPOINTS, TABLES, STATE_DIR, self.CONFIG, self.METRICS, self.MARKER):  # never links
             if (self.path / name).is_symlink():
                 raise StateError(
                     f"'{self.path / name}' is a symbolic link; dsa-train never follows links inside a run folder",

@@ -20,6 +20,7 @@ from ..models.node import SageOverEmbeddings
 from ..recipe import Recipe
 from .sizes import FLOAT_BYTES, Working, check_sizes, keys_of
 from .tables import TableSite, disk_table
+from .task import Task
 from .node2vec import evaluate_node_embeddings, headline
 
 
@@ -54,7 +55,7 @@ def sage_working(recipe: Recipe, num_nodes: int, num_edges: int, items: int) -> 
     ]  # fmt: skip
 
 
-class SageTask:
+class SageTask(Task):
     def __init__(
         self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None
     ) -> None:  # fmt: skip
@@ -76,7 +77,7 @@ class SageTask:
             recipe, device, tables, table="nodes", rows=self.graph.num_nodes,
             other=4 * encoder * FLOAT_BYTES, other_keys=keys_of(model__sage__hidden=c.hidden),
             other_what="the SAGE layers (weights, gradients and Adam's moments)",
-            working=sage_working(recipe, self.graph.num_nodes, len(self.graph.col), self.epoch_items()),
+            working=sage_working(recipe, self.graph.num_nodes, len(self.graph.col), len(self.train_nodes if node_task else self.train_edges)),
         )  # fmt: skip
         nodes = disk_table(recipe, tables, "nodes", self.graph.num_nodes, std=SageOverEmbeddings.INIT_STD)
         self.model = SageOverEmbeddings(

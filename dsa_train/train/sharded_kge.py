@@ -32,16 +32,18 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..data import load_knowledge_graph
 from ..distributed.exchange import gather_everywhere, sum_in_batch_order
 from ..distributed.group import World
+from ..errors import DsaError
 from ..eval.ranking import RankingScope, ScoreFn
-from ..models.losses import ranking_loss
+from ..models import SCORING_FUNCTIONS
+from ..models.dropout import seeded_mask
 from ..recipe import Recipe
-from .kge import KGETask
-from .shards import ShardedRows, ShardedTask, wait_for_import
+from .kge import KGETask, sampled_loss
+from .shards import ShardedTask, sharded_layout, wait_for_import
 from .tables import TableSite
 
 
@@ -49,20 +51,22 @@ class ShardedKGETask(ShardedTask, KGETask):
     """A :class:`KGETask` whose entity table is this rank's shard (see the module docstring)."""
 
     def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None, **kwargs) -> None:
-        self.world = world
+        if recipe.train.candidates == "all":
+            raise DsaError(
+                "train.candidates 'all' runs in one process so far: each rank would fetch every entity row every step",
+                hint="set train.candidates: sampled for a torchrun job, or run without torchrun",
+            )
+        replicated = SCORING_FUNCTIONS.get(recipe.model.kind).replicated
+        if replicated != ("rel_emb",):
+            raise DsaError(
+                f"model.kind {recipe.model.kind!r} keeps {', '.join(replicated)} on every rank; sharded training replicates only "
+                "the relation table (rel_emb) so far",
+                hint="run it in one process (without torchrun)",
+            )
         wait_for_import(world, lambda: load_knowledge_graph(recipe.dataset, progress=kwargs.get("progress"), note=kwargs.get("note")))
-        super().__init__(recipe, device, tables, **kwargs)
-        self.description += f"; entities sharded over {world.world_size} ranks (this rank holds {self.entity_rows():,} rows)"
-
-    @property
-    def shards(self) -> ShardedRows:
-        return self.sharded_rows(self.kg.num_entities)
-
-    def entity_rows(self) -> int:
-        return self.shards.rows_here
-
-    def entity_table(self, tables: TableSite | None) -> nn.Module:
-        return self.shards.make_table(self.recipe, tables, "entities", std=self.recipe.model.init_std)
+        super().__init__(recipe, device, tables, layout=sharded_layout(world, recipe), **kwargs)
+        self.world = world
+        self.description += f"; entities sharded over {world.world_size} ranks (this rank holds {self.shards.rows_here:,} rows)"
 
     # -- one step ------------------------------------------------------------------------------
     def gradients(self, picked: Tensor) -> float:
@@ -133,13 +137,9 @@ class ShardedKGETask(ShardedTask, KGETask):
         rel_leaf = model.rel_emb.weight.detach()[rel_lookups].requires_grad_()
         rel_mask = self._dropout_mask(tuple(rel_leaf.shape), seed + (2 << 61), p=self.recipe.model.relation_dropout)
         rel_rows = rel_leaf if rel_mask is None else rel_leaf * rel_mask.to(self.device)
-        positive, negative = [], []
-        for rows, side in ((slice(0, half), tail_side), (slice(half, None), head_side)):
-            a, r, t = anchor_rows[rows], rel_rows[rows], answer_rows[rows]
-            positive.append(model.score_pairs(a, r, t) if side == "tail" else model.score_pairs(t, r, a))
-            negative.append(model.score_sets(a, r, candidate_rows, side))
         masked = answers.to(self.device)[:, None] == candidates.to(self.device)[None, :]
-        loss = ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin, total=total)
+        sides = [(anchor_rows[rows], rel_rows[rows], answer_rows[rows], side) for rows, side in ((slice(0, half), tail_side), (slice(half, None), head_side))]
+        loss = sampled_loss(model, cfg, sides, candidate_rows, masked, total=total)
         if cfg.regularization:  # N3 on the slice's embeddings, over the global batch
             loss = loss + cfg.regularization * model.n3(torch.cat([anchor_rows, answer_rows]), rel_leaf) / total
         return loss, rel_lookups, rel_leaf
@@ -158,13 +158,10 @@ class ShardedKGETask(ShardedTask, KGETask):
         return score, scope
 
     def _dropout_mask(self, shape: tuple[int, ...], seed: int, p: float | None = None) -> Tensor | None:
-        """Inverted dropout's ``keep / (1 - p)`` mask from its own seed (``None`` without dropout);
+        """:func:`~dsa_train.models.dropout.seeded_mask` while training (``None`` without dropout);
         ``p`` defaults to the entity dropout."""
         p = self.recipe.model.dropout if p is None else p
-        if not p or not self.model.training:
-            return None
-        generator = torch.Generator().manual_seed(seed)
-        return (torch.rand(shape, generator=generator) >= p).float() / (1 - p)
+        return seeded_mask(shape, p, seed) if p and self.model.training else None
 
 
 class ShardScope(RankingScope):

@@ -17,14 +17,14 @@ their rivals), fetched from their owners: every rank computes the same metrics.
 from __future__ import annotations
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..data import load_graph
 from ..distributed.group import World
 from ..models.node import SkipGram, distinct_nodes
 from ..recipe import Recipe
 from .node2vec import Node2VecTask, evaluate_node_embeddings
-from .shards import ShardedRows, ShardedTask, wait_for_import
+from .shards import ShardedRows, ShardedTask, sharded_layout, wait_for_import
 from .tables import TableSite
 
 
@@ -32,20 +32,10 @@ class ShardedNode2VecTask(ShardedTask, Node2VecTask):
     """A :class:`Node2VecTask` whose node table is this rank's shard."""
 
     def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None, **kwargs) -> None:
-        self.world = world
         wait_for_import(world, lambda: load_graph(recipe.dataset, progress=kwargs.get("progress"), note=kwargs.get("note")))
-        super().__init__(recipe, device, tables, **kwargs)
-        self.description += f"; nodes sharded over {world.world_size} ranks (this rank holds {self.node_rows():,} rows)"
-
-    @property
-    def shards(self) -> ShardedRows:
-        return self.sharded_rows(self.graph.num_nodes)
-
-    def node_rows(self) -> int:
-        return self.shards.rows_here
-
-    def node_table(self, tables: TableSite | None) -> nn.Module:
-        return self.shards.make_table(self.recipe, tables, "nodes", std=SkipGram.INIT_STD)
+        super().__init__(recipe, device, tables, layout=sharded_layout(world, recipe), **kwargs)
+        self.world = world
+        self.description += f"; nodes sharded over {world.world_size} ranks (this rank holds {self.shards.rows_here:,} rows)"
 
     def gradients(self, picked: Tensor) -> float:
         """Forward and backward of this rank's slices of the start nodes ``picked``; leaves the

@@ -106,19 +106,24 @@ class ShardedTask:
 
     world: World
     recipe: Recipe
+    layout: ShardedRows
 
-    def sharded_rows(self, num_rows: int) -> ShardedRows:
-        """The sharded table's layout over the ranks, made once its size is known."""
-        if not hasattr(self, "_shards"):
-            d = self.recipe.distributed
-            self._shards = ShardedRows(self.world, num_rows, self.recipe.train.seed, d.slices, exact=d.exact)
-        return self._shards
+    @property
+    def shards(self) -> ShardedRows:
+        """The sharded table's layout over the ranks."""
+        return self.layout
 
     def prefetch(self, picked: Tensor) -> None:
         pass  # the owners learn which rows a step needs only during the step
 
     def loss(self, picked: Tensor) -> Tensor:
         raise TypeError("a sharded task computes its gradients with gradients(), not a loss to backward")
+
+
+def sharded_layout(world: World, recipe: Recipe):
+    """The task's ``layout``: ``num_rows -> ShardedRows``, this rank's shard of them."""
+    d = recipe.distributed
+    return lambda num_rows: ShardedRows(world, num_rows, recipe.train.seed, d.slices, exact=d.exact)
 
 
 def wait_for_import(world: World, load) -> None:

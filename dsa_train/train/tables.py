@@ -25,6 +25,25 @@ class TableSite:
     versions: Mapping[str, Callable[[], nn.Module]] = field(default_factory=dict)
 
 
+class WholeTable:
+    """Where a task's table rows are when this process holds all ``num_rows`` of them, in id
+    order: a task's default layout. :class:`~.partitioned.PartitionLayout` lays them out by
+    partition, :class:`~.shards.ShardedRows` holds one rank's shard; a task is given its layout
+    as a factory of the row count (known once the data is loaded)."""
+
+    def __init__(self, num_rows: int) -> None:
+        self.num_rows = num_rows
+
+    @property
+    def rows_here(self) -> int:
+        """The rows this process holds."""
+        return self.num_rows
+
+    def make_table(self, recipe: Recipe, tables: TableSite | None, name: str, *, std: float) -> nn.Module | None:
+        """The task's ``name`` table if it is not the model's own ``nn.Embedding`` (a disk table)."""
+        return disk_table(recipe, tables, name, self.num_rows, std=std)
+
+
 def disk_table(
     recipe: Recipe, site: TableSite | None, name: str, num_rows: int, *, std: float, first_row: int = 0, total_rows: int | None = None,
     bag_mode: str | None = None,

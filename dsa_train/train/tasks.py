@@ -1,15 +1,15 @@
-"""What a training task gives the loop (see :mod:`.loop`), and the task a recipe asks for."""
+"""The task a recipe asks for: one registration per kind of training, naming its variants."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
 
 from ..errors import DsaError
 from ..recipe import Recipe
+from ..registry import Registry
 from .kge import KGETask
 from .node2vec import Node2VecTask
 from .partitioned_kge import PartitionedKGETask
@@ -19,33 +19,34 @@ from .sage import SageTask
 from .sharded_kge import ShardedKGETask
 from .sharded_node2vec import ShardedNode2VecTask
 from .tables import TableSite
+from .task import Task
 
 
-class Task(Protocol):
-    """Data, model, batches, loss and metrics of one kind of training.
+@dataclass(frozen=True)
+class TaskKind:
+    """One kind of training and its variants, each a :class:`~.task.Task` class.
 
-    An epoch is a shuffled pass over ``epoch_items()`` items (triples, nodes or edges,
-    counted in ``unit``); ``loss(picked)`` turns a batch of item numbers into a loss, drawing
-    any randomness from torch's global generator (which the loop seeds per step).
-    ``prefetch(picked)`` is told the next batch before this one's step, to start reading the
-    rows of its disk table that it will touch (called only with ``embedding_storage: disk``).
-    A task that computes its gradients itself (a sharded one, whose backward involves other
-    processes) has ``gradients(picked) -> float`` instead of ``loss``. A task with its own
-    epoch order (partition order) has ``epoch_order(seed)``, giving what ``slice(start, stop)``
-    of the epoch's batches are, and ``buffer_summary()`` and ``close()``.
+    Args:
+        what: what it trains, as an error names it.
+        random: one process, batches in random order.
+        partitioned: one process, ``train.order: partitioned`` (``None``: the kind has no such order).
+        sharded: one rank of a ``torchrun`` job, the table sharded over the ranks (``None``: not yet).
+        one_partition_is_random: ``train.partitions: 1`` trains the ``random`` variant.
     """
 
-    unit: str
-    description: str
-    model: nn.Module
+    what: str
+    random: type[Task]
+    partitioned: type[Task] | None = None
+    sharded: type[Task] | None = None
+    one_partition_is_random: bool = False
 
-    def sparse_parameters(self) -> list[tuple[str, Tensor]]: ...
-    def prefetch(self, picked: Tensor) -> None: ...
-    def dense_parameters(self) -> list[Tensor]: ...
-    def epoch_items(self) -> int: ...
-    def loss(self, picked: Tensor) -> Tensor: ...
-    def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]: ...
-    def headline(self, metrics: dict[str, dict]) -> str: ...
+
+#: the kinds of training by ``model.kind`` (every knowledge-graph scoring function is ``kge``)
+TASKS: Registry[TaskKind] = Registry("kind of training", "model.kind")
+TASKS.add("kge", TaskKind("knowledge-graph models", KGETask, partitioned=PartitionedKGETask, sharded=ShardedKGETask))
+TASKS.add("node2vec", TaskKind("node2vec", Node2VecTask, partitioned=PartitionedNode2VecTask, sharded=ShardedNode2VecTask, one_partition_is_random=True))
+TASKS.add("sage", TaskKind("sage", SageTask))
+TASKS.add("dlrm", TaskKind("dlrm", RecsysTask))
 
 
 def make_task(
@@ -57,33 +58,21 @@ def make_task(
     ``tables``: where disk tables live (needed with ``model.embedding_storage: disk``);
     ``progress(what, done, total)`` and ``note(text)`` hear how a dataset import goes;
     ``world``: this rank's place in a ``torchrun`` job (``None``: one process)."""
+    kind = TASKS.get("kge" if recipe.is_kge else recipe.model.kind)
     if world is not None:
         if recipe.train.order == "partitioned":
             raise DsaError(
                 "train.order 'partitioned' runs in one process; over several processes each rank holds its shard of the table",
                 hint="set train.order: random for a torchrun job, or run without torchrun",
             )
-        if recipe.is_kge and recipe.train.candidates == "all":
+        if kind.sharded is None:
+            sharded = " and ".join(k.what for k in TASKS if k.sharded is not None)
             raise DsaError(
-                "train.candidates 'all' runs in one process so far: each rank would fetch every entity row every step",
-                hint="set train.candidates: sampled for a torchrun job, or run without torchrun",
+                f"model.kind {recipe.model.kind!r} does not train over several processes yet; {sharded} do",
+                hint="run it in one process (without torchrun)",
             )
-        if recipe.is_kge:
-            return ShardedKGETask(recipe, device, world, tables, progress=progress, note=note)
-        if recipe.model.kind == "node2vec":
-            return ShardedNode2VecTask(recipe, device, world, tables, progress=progress, note=note)
-        raise DsaError(
-            f"model.kind {recipe.model.kind!r} does not train over several processes yet; knowledge-graph models and node2vec do",
-            hint="run it in one process (without torchrun)",
-        )
-    if recipe.is_recsys:
-        return RecsysTask(recipe, device, tables, progress=progress, note=note)
-    if recipe.is_kge and recipe.train.order == "partitioned":
-        return PartitionedKGETask(recipe, device, tables, progress=progress, note=note)
-    if recipe.is_kge:
-        return KGETask(recipe, device, tables, progress=progress, note=note)
-    if recipe.model.kind == "node2vec" and recipe.train.order == "partitioned" and recipe.train.partitions > 1:
-        return PartitionedNode2VecTask(recipe, device, tables, progress=progress, note=note)
-    if recipe.model.kind == "node2vec":  # (one partition: the random order itself)
-        return Node2VecTask(recipe, device, tables, progress=progress, note=note)
-    return SageTask(recipe, device, tables, progress=progress, note=note)
+        return kind.sharded(recipe, device, world, tables, progress=progress, note=note)
+    partitioned = recipe.train.order == "partitioned" and not (kind.one_partition_is_random and recipe.train.partitions == 1)
+    if partitioned and kind.partitioned is not None:
+        return kind.partitioned(recipe, device, tables, progress=progress, note=note)
+    return kind.random(recipe, device, tables, progress=progress, note=note)

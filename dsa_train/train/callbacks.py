@@ -1,0 +1,147 @@
+"""The training loop's extras, as callbacks with no-op hooks (PyKEEN's ``training/callbacks.py``).
+
+:class:`~.loop.Training` runs the epochs and the steps; what comes around them (the
+progress display, the learning-rate schedule, periodic checkpoints and evaluation, the
+checkpoint on Ctrl-C, metering the optimizer's memory) is a :class:`Callback` whose hooks it
+calls in order. Each hook receives the :class:`~.loop.Training`, whose state (``step_count``,
+``epoch``, ``batch``, ``optimizer``...) it may read and, where its job says so, change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+from ..memory import PeakRssAnon, rss_anon_bytes
+from .schedule import lr_factor
+
+MiB = 1 << 20
+
+
+class Callback:
+    """No-op hooks, in the order the loop calls them."""
+
+    def running(self, training) -> contextlib.AbstractContextManager:
+        """A context the whole of ``train()`` runs in (nothing by default)."""
+        return contextlib.nullcontext()
+
+    def epoch_start(self, training, steps: int) -> None:
+        """An epoch of ``steps`` steps starts (or resumes at ``training.batch``)."""
+
+    def before_optimizer_step(self, training) -> None:
+        """The step's gradients are in; the optimizers step next."""
+
+    def after_optimizer_step(self, training) -> None:
+        """The sparse optimizer has stepped."""
+
+    def step_done(self, training, loss: float, rate: float) -> None:
+        """A step is done and accounted: ``loss``, at ``rate`` items per second."""
+
+    def epoch_done(self, training, record: dict) -> None:
+        """An epoch is done (``training.epoch`` counts it) and logged as ``record``."""
+
+    def train_done(self, training, summary: dict) -> None:
+        """Training is over; ``summary`` is the run's summary, before it is logged."""
+
+
+class Progress(Callback):
+    """Tells the reporter (the CLI's progress display) what the loop does."""
+
+    def epoch_start(self, training, steps: int) -> None:
+        training.reporter.epoch_start(training.epoch + 1, training.recipe.train.epochs, steps, training.batch)
+
+    def step_done(self, training, loss: float, rate: float) -> None:
+        training.reporter.step_done(1, loss, rate, training.task.unit)
+
+    def epoch_done(self, training, record: dict) -> None:
+        training.reporter.epoch_done(record)
+
+
+class LearningRateSchedule(Callback):
+    """The recipe's rates scaled by the schedule at this step (see :mod:`.schedule`); nothing
+    with ``optimizer.schedule: constant`` (the rates the optimizers were built or resumed with)."""
+
+    def before_optimizer_step(self, training) -> None:
+        cfg = training.recipe.optimizer
+        if cfg.schedule == "constant":
+            return
+        total_steps = training.recipe.train.epochs * training.steps_per_epoch
+        decay_after = cfg.decay_after_epochs * training.steps_per_epoch
+        factor = lr_factor(cfg.schedule, training.step_count, total_steps, cfg.final_lr_ratio, decay_after)
+        for optimizer, rate in ((training.optimizer, cfg.lr), (training.dense_optimizer, cfg.dense_lr)):
+            for group in optimizer.param_groups if optimizer is not None else ():
+                group["lr"] = rate * factor
+
+
+class OptimizerMemory(Callback):
+    """Meters memory: the largest anonymous-memory growth across one sparse optimizer step
+    (``training.optimizer_ram``, kept in checkpoints) and the peak over the run (the summary's
+    ``peak_rss_anon_mib``)."""
+
+    def running(self, training) -> contextlib.AbstractContextManager:
+        self.anon = PeakRssAnon(interval=0.1)
+        return self.anon
+
+    def before_optimizer_step(self, training) -> None:
+        self.before = rss_anon_bytes()
+
+    def after_optimizer_step(self, training) -> None:
+        training.optimizer_ram = max(training.optimizer_ram, rss_anon_bytes() - self.before)
+
+    def train_done(self, training, summary: dict) -> None:
+        summary["peak_rss_anon_mib"] = round(self.anon.peak / MiB, 1)
+
+
+class PeriodicCheckpoint(Callback):
+    """A checkpoint every ``train.checkpoint_every`` steps."""
+
+    def step_done(self, training, loss: float, rate: float) -> None:
+        every = training.recipe.train.checkpoint_every
+        if every and training.step_count % every == 0:
+            training.save_checkpoint()
+
+
+class CheckpointOnInterrupt(Callback):
+    """Ctrl-C (SIGINT) ends the step under way, writes a checkpoint and raises
+    ``KeyboardInterrupt`` (so ``--resume`` continues from there); a second Ctrl-C stops at once.
+    Only in the main thread, where Python delivers signals, and not in a torchrun job (its ranks
+    would each stop at another step: there, Ctrl-C stops at once)."""
+
+    @contextlib.contextmanager
+    def running(self, training):
+        training.interrupted = False
+        if threading.current_thread() is not threading.main_thread() or training.world is not None:
+            yield
+            return
+
+        def first(signum, frame) -> None:
+            training.interrupted = True
+            training.reporter.note("interrupted: finishing this step and writing a checkpoint (Ctrl-C again stops at once)")
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # the second one raises KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, first)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def step_done(self, training, loss: float, rate: float) -> None:
+        if training.interrupted:
+            training.checkpoint_unless_saved()
+            raise KeyboardInterrupt
+
+
+class PeriodicEvaluation(Callback):
+    """Evaluates ``eval.split`` every ``eval.every_epochs`` epochs, but after the last (the
+    final evaluation scores every split then)."""
+
+    def epoch_done(self, training, record: dict) -> None:
+        every = training.recipe.eval.every_epochs
+        if every and training.epoch % every == 0 and training.epoch < training.recipe.train.epochs:
+            training.evaluate(training.recipe.eval.split, final=False)
+
+
+def default_callbacks() -> list[Callback]:
+    """The extras of every run, in the order their hooks run."""
+    return [Progress(), LearningRateSchedule(), OptimizerMemory(), PeriodicCheckpoint(), CheckpointOnInterrupt(), PeriodicEvaluation()]
