@@ -54,6 +54,7 @@ from .tasks import Task, make_task
 
 MiB = 1 << 20
 DENSE_STATE = "dense_optimizer.pt"
+TENSORBOARD = "tensorboard"  # output.tensorboard: the event files, beside metrics.jsonl
 
 
 class Reporter(Protocol):
@@ -166,6 +167,9 @@ class Training:
         self.epoch_loss = [0.0, 0]  # loss sum and steps of the current epoch
         self.optimizer_ram = 0  # largest RssAnon growth across one sparse optimizer step
         self.dense_optimizer: torch.optim.Optimizer | None = None
+        #: called with the record of each evaluation made during training (not the final
+        #: ones); it may raise to stop the run there (how ``dsa-train tune`` prunes a trial)
+        self.after_eval = None
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self, *, resume: bool, at_step: int | None = None) -> None:
@@ -231,6 +235,10 @@ class Training:
         self.items_per_epoch = self.task.epoch_items()
         self.steps_per_epoch = math.ceil(self.items_per_epoch / recipe.train.batch_size)
         self.metrics = MetricsLog(self.run.metrics_path)
+        if recipe.output.tensorboard:  # a copy of each record for TensorBoard; metrics.jsonl stays the record
+            from .tensorboard import TensorBoardLog
+
+            self.metrics = TensorBoardLog(self.metrics, self.run.path / TENSORBOARD, purge_step=self.step_count if checkpoint else None)
         # torch's import alone leaves ~300,000 objects for Python's cycle collector, and a
         # full collection walks them all (~130 ms here), every few dozen steps: measured at
         # 13-18% of a small recipe's training time. What exists now lives as long as the run,
@@ -296,6 +304,8 @@ class Training:
             every = self.recipe.eval.every_epochs
             if every and self.epoch % every == 0 and self.epoch < cfg.epochs:
                 self.evaluate(self.recipe.eval.split, final=False)
+                if self.after_eval is not None:
+                    self.after_eval(self.last_eval)
         last = complete_checkpoints(self.run.checkpoints)
         if cfg.final_checkpoint and (not last or int(last[-1].name) != self.step_count):
             self.save_checkpoint()
@@ -387,7 +397,10 @@ class Training:
         self.epoch_loss[0] += loss
         self.epoch_loss[1] += 1
         if self.step_count % self.recipe.train.log_every == 0:
-            self.metrics.log({"kind": "train", "step": self.step_count, "epoch": self.epoch + 1, "loss": self.window[0] / self.window[1]})
+            self.metrics.log({
+                "kind": "train", "step": self.step_count, "epoch": self.epoch + 1, "loss": self.window[0] / self.window[1],
+                "lr": self.optimizer.param_groups[0]["lr"],  # the rate of the step just taken
+            })  # fmt: skip
             self.window = [0.0, 0]
 
     # -- evaluation -------------------------------------------------------------------------
@@ -406,6 +419,7 @@ class Training:
             **metrics,
         }
         self.metrics.log(record)
+        self.last_eval = record
         return metrics
 
     # -- checkpoints and cleanup -------------------------------------------------------------
