@@ -18,6 +18,7 @@ from .import_data import import_
 from .inspect_state import inspect_state
 from .predict import neighbors, predict
 from .recipes import recipes, validate
+from .plot import plot
 from .run import run
 from .tune import tune
 
@@ -43,6 +44,7 @@ app = typer.Typer(
 app.command("run")(run)
 app.command("tune")(tune)
 app.command("eval")(eval_)
+app.command("plot")(plot)
 app.command("export")(export)
 app.command("predict")(predict)
 app.command("neighbors")(neighbors)
