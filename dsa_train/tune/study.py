@@ -347,8 +347,7 @@ def write_results(folder: TuneFolder) -> tuple[list[Row], Row]:
     atomic_write_bytes(folder.path / TuneFolder.TABLE, table_tsv(found).encode())
     best = best_trial(found)
     base = folder.base()
-    study = folder.study()
-    values = {key: param_value for key, param_value in _values(study.trials[best.number], folder.space(base)).items()}
+    values = _values(folder.study().trials[best.number], folder.space(base))
     atomic_write_bytes(folder.path / TuneFolder.BEST, recipe_to_yaml(apply(base, values, source="best trial")).encode())
     return found, best
 
