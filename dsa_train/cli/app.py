@@ -18,7 +18,9 @@ from .import_data import import_
 from .inspect_state import inspect_state
 from .predict import neighbors, predict
 from .recipes import recipes, validate
+from .plot import plot
 from .run import run
+from .tune import tune
 
 def _no_type_placeholders() -> None:
     """Typer's help writes ``<bool>`` in the type column of every on/off flag (``--help``
@@ -40,7 +42,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("run")(run)
+app.command("tune")(tune)
 app.command("eval")(eval_)
+app.command("plot")(plot)
 app.command("export")(export)
 app.command("predict")(predict)
 app.command("neighbors")(neighbors)

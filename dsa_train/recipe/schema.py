@@ -580,6 +580,11 @@ class OutputConfig:
 
     dir: str = _help("parent folder of run folders", default="runs")
     run_name: str | None = _help("run folder name (default: <recipe name>-<timestamp>)", _folder_name, default=None)
+    tensorboard: bool = _help(
+        "also write every metrics record as TensorBoard events in <run>/tensorboard/ (needs the tensorboard package; "
+        "metrics.jsonl stays the record)",
+        default=False,
+    )
 
 
 @dataclass

@@ -41,6 +41,10 @@ class Callback:
     def epoch_done(self, training, record: dict) -> None:
         """An epoch is done (``training.epoch`` counts it) and logged as ``record``."""
 
+    def evaluated(self, training, record: dict) -> None:
+        """After each evaluation made during training (not the final ones), with its record; it
+        may raise to stop the run there (how ``dsa-train tune`` prunes a trial)."""
+
     def train_done(self, training, summary: dict) -> None:
         """Training is over; ``summary`` is the run's summary, before it is logged."""
 
@@ -140,6 +144,8 @@ class PeriodicEvaluation(Callback):
         every = training.recipe.eval.every_epochs
         if every and training.epoch % every == 0 and training.epoch < training.recipe.train.epochs:
             training.evaluate(training.recipe.eval.split, final=False)
+            for callback in training.callbacks:
+                callback.evaluated(training, training.last_eval)
 
 
 def default_callbacks() -> list[Callback]:

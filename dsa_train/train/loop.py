@@ -52,6 +52,7 @@ from .tasks import make_task
 
 MiB = 1 << 20
 DENSE_STATE = "dense_optimizer.pt"
+TENSORBOARD = "tensorboard"  # output.tensorboard: the event files, beside metrics.jsonl
 
 
 class Reporter(Protocol):
@@ -169,6 +170,7 @@ class Training:
         self.optimizer_ram = 0  # largest RssAnon growth across one sparse optimizer step
         self.dense_optimizer: torch.optim.Optimizer | None = None
         self.task: Task | None = None  # setup() builds it
+        self.last_eval: dict | None = None  # the record of the newest evaluation (callbacks read it)
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self, *, resume: bool, at_step: int | None = None) -> None:
@@ -234,6 +236,10 @@ class Training:
         self.items_per_epoch = self.task.epoch_items()
         self.steps_per_epoch = math.ceil(self.items_per_epoch / recipe.train.batch_size)
         self.metrics = MetricsLog(self.run.metrics_path)
+        if recipe.output.tensorboard:  # a copy of each record for TensorBoard; metrics.jsonl stays the record
+            from .tensorboard import TensorBoardLog
+
+            self.metrics = TensorBoardLog(self.metrics, self.run.path / TENSORBOARD, purge_step=self.step_count if checkpoint else None)
         # torch's import alone leaves ~300,000 objects for Python's cycle collector, and a
         # full collection walks them all (~130 ms here), every few dozen steps: measured at
         # 13-18% of a small recipe's training time. What exists now lives as long as the run,
@@ -356,7 +362,10 @@ class Training:
         self.epoch_loss[0] += loss
         self.epoch_loss[1] += 1
         if self.step_count % self.recipe.train.log_every == 0:
-            self.metrics.log({"kind": "train", "step": self.step_count, "epoch": self.epoch + 1, "loss": self.window[0] / self.window[1]})
+            self.metrics.log({
+                "kind": "train", "step": self.step_count, "epoch": self.epoch + 1, "loss": self.window[0] / self.window[1],
+                "lr": self.optimizer.param_groups[0]["lr"],  # the rate of the step just taken
+            })  # fmt: skip
             self.window = [0.0, 0]
 
     # -- evaluation -------------------------------------------------------------------------
@@ -375,6 +384,7 @@ class Training:
             **metrics,
         }
         self.metrics.log(record)
+        self.last_eval = record
         return metrics
 
     # -- checkpoints and cleanup -------------------------------------------------------------
