@@ -32,6 +32,7 @@ import yaml
 from ..errors import ConfigError
 from ..recipe import Recipe, parse_recipe, recipe_to_yaml
 from ..recipe.loader import MAX_RECIPE_BYTES, decode, parse_yaml
+from ..recipe.schema import scoring_functions
 
 RANGE_FIELDS = ("low", "high", "log", "step")
 
@@ -300,7 +301,7 @@ def default_space(base: Recipe) -> Space:
     m, t, o = base.model, base.train, base.optimizer
     entries: dict[str, Any] = {
         "optimizer.lr": {"low": o.lr / 10, "high": min(o.lr * 10, 1.0), "log": True},
-        "model.dim": _around(m.dim, (0.5, 1, 2), even=m.kind in ("complex", "rotate")),
+        "model.dim": _around(m.dim, (0.5, 1, 2), even=bool(scoring_functions().get(m.kind, {}).get("halves"))),  # rows of two halves
         "train.batch_size": _around(t.batch_size, (0.5, 1, 2)),
         "optimizer.schedule": list(dict.fromkeys([o.schedule, "constant", "cosine"])),
     }
