@@ -334,6 +334,7 @@ def test_disk_table_run_eval_and_exact_resume(tmp_path):
     assert f"AUC {test['auc']:.4f}" in evaluated.output
 
 
+@pytest.mark.slow
 def test_recsys_quickstart_recipe(tmp_path):
     out = tmp_path / "run"
     result = invoke("run", REPO_RECIPES / "recsys-quickstart.yaml", "--output", out)
