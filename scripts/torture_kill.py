@@ -147,6 +147,13 @@ def records_of(checkpoint: Path, name: str) -> np.ndarray:
         return reader.read(0, reader.num_rows)
 
 
+def same_tensors(a: dict, b: dict) -> bool:
+    """The same keys, at least one tensor among them, and equal tensors under each (a
+    comparison over ``a``'s keys alone would pass keys missing from ``b``, or no tensors)."""
+    tensors = [k for k in a if isinstance(a[k], torch.Tensor)]
+    return a.keys() == b.keys() and bool(tensors) and all(isinstance(b[k], torch.Tensor) and torch.equal(a[k], b[k]) for k in tensors)
+
+
 def same_run(a: Path, b: Path, storage: str) -> dict[str, bool]:
     final_a = sorted((a / "checkpoints").iterdir())[-1]
     final_b = sorted((b / "checkpoints").iterdir())[-1]
@@ -156,7 +163,7 @@ def same_run(a: Path, b: Path, storage: str) -> dict[str, bool]:
     moments = all(np.array_equal(records_of(final_a, name), records_of(final_b, name)) for name in rows)
     return {
         "same final step": final_a.name == final_b.name,
-        "weights equal": all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a if isinstance(weights_a[k], torch.Tensor)),
+        "weights equal": same_tensors(weights_a, weights_b),
         "moments equal" if storage == "memory" else "table (weights and moments) and moments equal": moments,
         "history equal": comparable(a) == comparable(b),
     }

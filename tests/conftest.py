@@ -1,9 +1,32 @@
-"""Shared fixtures: a fresh state directory per test and a fixed seed."""
+"""Shared fixtures: a fresh state directory per test and a fixed seed; the ``slow`` marker.
+
+``python -m pytest -q`` runs the fast tests; ``--run-slow`` adds those marked
+``@pytest.mark.slow`` (multi-process training, benchmark smoke tests, kill-and-resume torture,
+long hypothesis searches), as ``.ci/run`` does."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+
+from .helpers import fused_kernel
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False, help="also run the tests marked slow (the whole suite, as CI does)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than a few seconds on 2 cores; skipped unless --run-slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: pass --run-slow to run it (.ci/run does)")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture
@@ -29,12 +52,8 @@ def row_path(request, monkeypatch):
 
     if request.param == "torch":
         monkeypatch.setattr(native, "load", lambda: None)
-    elif native.load() is None:
-        try:
-            native.build()
-        except Exception as e:  # no compiler: nothing to test on this machine
-            pytest.skip(f"the fused kernel cannot be built here: {e}")
-        pytest.fail("the fused kernel builds but failed its self-test against the torch path")
+    else:
+        fused_kernel()  # a skip without a C compiler; a failure if one is there and the kernel does not build
     return request.param
 
 
@@ -46,7 +65,7 @@ def test_data():
 
     root = os.environ.get("DSA_TEST_DATA")
     if not root or not Path(root).is_dir():
-        pytest.skip("set DSA_TEST_DATA to a folder with FB15k-237/, WN18RR/, umls/, nations/ (../shared/datasets in CI)")
+        pytest.skip("needs the real datasets: set DSA_TEST_DATA to a folder holding their raw files (FB15k-237/, WN18RR/, Cora/, ...)")
     return Path(root)
 
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 from unittest import mock
 
+import pytest
 import torch
 
+from dsa_train.optim import native
 from dsa_train.train import loop
 
 
@@ -19,16 +23,61 @@ def assert_same_params(reference: torch.nn.Module, ours: torch.nn.Module, step: 
 
 
 @contextlib.contextmanager
-def power_cut_at(step: int):
-    """Inside the block, training raises "power cut" as it is about to take step ``step``
-    (what came after the last checkpoint is lost, as in a crash); the step it wraps, the one in
-    place on entry, is back after."""
+def error_at_step(step: int):
+    """Inside the block, training raises ``RuntimeError("injected error at step N")`` as it is
+    about to take step ``step``: the run stops with an error that unwinds (its handlers and
+    ``finally`` blocks run), and a resume starts from the last checkpoint. It is not a crash:
+    the SIGKILL tests (``test_torture.py``, ``test_residency.py``, ``test_checkpoint_deltas.py``)
+    are. The step it wraps, the one in place on entry, is back after."""
     real_step = loop.Training.step
 
-    def cut(self, picked):
+    def fail(self, picked):
         if self.step_count == step:
-            raise RuntimeError("power cut")
+            raise RuntimeError(f"injected error at step {step}")
         return real_step(self, picked)
 
-    with mock.patch.object(loop.Training, "step", cut):
+    with mock.patch.object(loop.Training, "step", fail):
         yield
+
+
+def assert_same_tensors(a: dict, b: dict, what: str = "") -> None:
+    """Two state dicts hold the same keys, at least one tensor, and equal tensors under each
+    key (``all(torch.equal(a[k], b[k]) for k in a)`` alone passes when the keys differ or a
+    holds none)."""
+    assert a.keys() == b.keys(), f"{what}: keys differ: {sorted(a.keys() ^ b.keys())}"
+    tensors = [k for k in a if isinstance(a[k], torch.Tensor)]
+    assert tensors, f"{what}: no tensors to compare in {sorted(a)}"
+    for k in tensors:
+        assert isinstance(b[k], torch.Tensor) and torch.equal(a[k], b[k]), f"{what}: {k} differs"
+
+
+def fused_kernel() -> native.RowKernel:
+    """The compiled kernel. Skips only where it cannot be had: no C compiler (``$CC``, else
+    ``cc``) on this machine, or ``DSA_NATIVE=0``. Where a compiler is there, a kernel that does
+    not build, or fails its self-test, fails the test: broken C source must not pass as a skip."""
+    loaded = native.load()
+    if loaded is not None:
+        return loaded
+    compiler = os.environ.get("CC", "cc")
+    if os.environ.get("DSA_NATIVE", "1") == "0":
+        pytest.skip("DSA_NATIVE=0 turns the fused kernel off")
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler}) on this machine: install gcc or clang to build and test the fused kernel")
+    try:
+        native.build()
+    except Exception as e:
+        pytest.fail(f"the C compiler {compiler!r} is there but the fused kernel does not build: {e}")
+    pytest.fail("the fused kernel builds but fails its self-test against the torch path (or does not load)")
+
+
+def file_system_of(path) -> str:
+    """The type of the file system holding ``path`` ("ext4", "tmpfs", ...), from /proc/self/mountinfo."""
+    target, best, kind = os.path.realpath(path), "", ""
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields, _, rest = line.partition(" - ")
+            mount_point = fields.split()[4].replace("\\040", " ")
+            inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+            if inside and len(mount_point) >= len(best):
+                best, kind = mount_point, rest.split()[0]
+    return kind

@@ -33,7 +33,7 @@ from dsa_train.train.cleanup import plan_clean, remove
 from dsa_train.train.optimizers import load_optimizer_state, restore_state_dir
 from dsa_train.train.run_folder import complete_checkpoints
 
-from .helpers import power_cut_at
+from .helpers import error_at_step
 
 ROWS = 4000  # table rows; a step touches a few of them, so deltas stay small
 
@@ -529,7 +529,7 @@ def test_a_run_resumed_from_its_first_checkpoint_a_delta_on_the_initial_table_en
     recipe, whole = uninterrupted
 
     broken = tmp_path / "broken"
-    with power_cut_at(4):  # after the first checkpoint (step 3)
+    with error_at_step(4):  # after the first checkpoint (step 3)
         assert cli("run", recipe, "--output", broken).exit_code == 1
     first = broken / "checkpoints" / "0000000003"
     assert read_delta_header(first / "tables" / "entities.table.delta")["parent"] == {"virtual": "initial"}
@@ -539,7 +539,7 @@ def test_a_run_resumed_from_its_first_checkpoint_a_delta_on_the_initial_table_en
     assert resumed.exit_code == 0 and "resuming from" in resumed.stderr and "step 3" in resumed.stderr, resumed.stderr
     assert history(broken) == history(whole)
     ours, theirs = final_versions(broken), final_versions(whole)
-    assert all(np.array_equal(ours[k], theirs[k]) for k in ours)
+    assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)  # (never empty: final_versions names two files)
     live = lambda run: np.fromfile(run / "tables" / "entities.table", dtype=np.uint8, offset=4096)  # noqa: E731
     assert np.array_equal(live(broken), live(whole))
 
@@ -576,7 +576,7 @@ def test_a_kill_in_the_first_delta_then_resume_ends_as_uninterrupted(uninterrupt
     assert resumed.exit_code == 0 and "has no checkpoint yet" in resumed.stderr, resumed.stderr
     assert history(victim) == history(whole)
     ours, theirs = final_versions(victim), final_versions(whole)
-    assert all(np.array_equal(ours[k], theirs[k]) for k in ours)
+    assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)  # (never empty: final_versions names two files)
 
 
 def test_eval_of_a_delta_checkpoint_reads_it_through_its_chain_and_scores_as_the_table_itself(uninterrupted, monkeypatch):

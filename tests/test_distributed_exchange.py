@@ -80,7 +80,7 @@ def _rank_main(rank: int, world: int, port: int, folder: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])  # 2: the fast run's one check that processes exchange rows here
 def test_sharded_steps_equal_one_process_bit_for_bit(tmp_path, world):
     mp.spawn(_rank_main, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
     table, steps = _batches()

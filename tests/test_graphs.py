@@ -61,7 +61,13 @@ def test_karate_is_built_in():
     assert len(g.nodes("valid")) == 0 and len(g.nodes("test")) == 30
 
 
-def test_planetoid_offline_says_which_files_to_place_where(tmp_path):
+def test_planetoid_offline_says_which_files_to_place_where(tmp_path, monkeypatch):
+    from torch_geometric.datasets import Planetoid
+
+    def offline(self):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(Planetoid, "download", offline)  # offline even where there is a network
     with pytest.raises(DatasetError, match=r"Planetoid Cora: ind.cora.x, .*, ind.cora.test.index are missing from '.*Cora/raw' and could not be downloaded") as err:
         load_graph(DatasetConfig(kind="planetoid", name="Cora", root=str(tmp_path)))
     assert "kimiyoung/planetoid" in err.value.hint and "DSA_DATA_ROOT" in err.value.hint and "'Cora/raw/'" in err.value.hint

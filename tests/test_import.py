@@ -322,7 +322,7 @@ def test_a_read_only_data_root_says_so_and_how_to_copy_it(tmp_path, monkeypatch,
     assert "DSA_DATA_ROOT" in error.value.hint and "free space" not in error.value.hint
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a folder without write permission")
+@pytest.mark.skipif(os.geteuid() == 0, reason="running as root, which writes into a folder without write permission: the refusal cannot happen")
 def test_a_data_root_without_write_permission_is_refused_on_creating_imported(tmp_path):
     folder = write_random_kg(tmp_path / "kg")
     tmp_path.chmod(0o555)  # the data root: kg/ is readable, imported/ cannot be made beside it

@@ -97,7 +97,7 @@ def test_a_huge_rows_range_is_refused_at_once_in_bounded_memory(state):
     assert result.exit_code == 1
     assert "Error: parameter 'weight' has 1,000 rows (0 to 999); rows [0:2000000000] are out of range" in result.stderr
     assert "Hint: ask for rows in 0:1000" in result.stderr
-    assert seconds < 5 and peak.peak - before < 64 << 20, (seconds, peak.peak - before)
+    assert seconds < 60 and peak.peak - before < 64 << 20, (seconds, peak.peak - before)  # (walking 2e9 rows would take hours: a bound a busy machine meets)
     assert result.stdout == ""  # refused before anything was printed
 
 

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 RECIPE = """
 name: slow
 dataset:
@@ -41,6 +43,7 @@ def _wait_for_steps(process: subprocess.Popen, run: Path, steps: int) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_and_resume_finishes(tmp_path):
     recipe, run = tmp_path / "slow.yaml", tmp_path / "run"
     recipe.write_text(RECIPE)
@@ -64,7 +67,6 @@ def test_ctrl_c_checkpoints_and_resume_finishes(tmp_path):
 
 
 def test_the_first_ctrl_c_asks_to_stop_and_the_second_stops_at_once():
-    import pytest
 
     from dsa_train.train.callbacks import CheckpointOnInterrupt
     from dsa_train.train.loop import SilentReporter, Training

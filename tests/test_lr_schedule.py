@@ -16,7 +16,7 @@ from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
 from dsa_train.train.schedule import lr_factor
 
-from .helpers import power_cut_at
+from .helpers import error_at_step
 
 RECIPE = """\
 name: scheduled
@@ -103,7 +103,7 @@ def test_a_scheduled_run_steps_at_the_scheduled_rates_and_resumes_exactly(tmp_pa
     assert rates[-1][0] < 0.0011  # near the end, near lr * final_lr_ratio
 
     monkeypatch.setattr(loop.Training, "step", real_step)
-    with power_cut_at(15):
+    with error_at_step(15):
         assert invoke("run", path, "--output", broken).exit_code == 1
     result = invoke("run", path, "--output", broken, "--resume")
     assert result.exit_code == 0, result.output

@@ -28,7 +28,7 @@ JUNK = b"#!/bin/sh\necho this is not a shared library\n"
 def compiled(tmp_path_factory):
     """A kernel built once into a scratch cache: its file name and its bytes."""
     if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no C compiler here")
+        pytest.skip(f"no C compiler ({os.environ.get('CC', 'cc')}) on this machine: the kernel's cache is tested with one")
     old = os.environ.get("DSA_CACHE_DIR")
     os.environ["DSA_CACHE_DIR"] = str(tmp_path_factory.mktemp("scratch-cache"))
     try:

@@ -74,12 +74,30 @@ def twin_run(model, forward, state_dir, *, groups=None, steps=STEPS, scheduler=N
             for s in schedulers:
                 s.step()
             assert_same_params(model, ours_model, t)
+            assert_same_moments(reference, model, ours, ours_model, t)
         assert [reference.state[p].get("step") for p in model.parameters()] == [
             ours.state[p].get("step") for p in ours_model.parameters()
         ]
     finally:
         ours.close()
     return reference, ours
+
+
+def assert_same_moments(reference, model, ours, ours_model, step):
+    """DiskSparseAdam's moments, as its row files hold them, bit for bit SparseAdam's
+    ``exp_avg`` and ``exp_avg_sq`` (dtype and shape included) for every parameter with a step."""
+    compared = 0
+    for (name, p), q in zip(model.named_parameters(), ours_model.parameters()):
+        expected = reference.state.get(p, {})
+        if "exp_avg" not in expected:
+            assert not ours.state[q].get("step"), f"{name}: stepped by DiskSparseAdam only"
+            continue
+        moments = ours._store.files[ours._keys[q]]
+        for ours_moment, theirs in ((moments.m, expected["exp_avg"]), (moments.v, expected["exp_avg_sq"])):
+            assert ours_moment.dtype == theirs.dtype, f"{name}: moments in {ours_moment.dtype}, SparseAdam's in {theirs.dtype}"
+            assert torch.equal(ours_moment.reshape(theirs.shape), theirs), f"{name}: moments differ after step {step}"
+        compared += 1
+    assert compared, "no parameter had a step"
 
 
 def _gen(t):

@@ -23,7 +23,7 @@ from dsa_train.optim.table import Table
 from dsa_train.recipe import DatasetConfig, SyntheticConfig, parse_recipe
 from dsa_train.train.run_folder import MetricsLog
 
-from .helpers import power_cut_at
+from .helpers import error_at_step
 
 TINY = """\
 name: tiny
@@ -256,13 +256,13 @@ def test_one_partition_trains_as_random_order_bit_for_bit(tiny, tmp_path):
     assert np.array_equal(table_records(partitioned), table_records(random_run))
 
 
-def test_partitioned_run_resumes_after_a_crash_exactly(tiny, tmp_path):
+def test_partitioned_run_resumes_after_a_failed_step_exactly(tiny, tmp_path):
     settings = ["--set", "train.order=partitioned", "--set", "train.partitions=4", "--set", "train.buffer=2"]
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     first = invoke("run", tiny, "-o", whole, *settings)
     assert first.exit_code == 0 and "partition buffer: 2 of 4 partitions of" in first.stdout
 
-    with power_cut_at(12):  # mid-epoch, after the checkpoint of step 10
+    with error_at_step(12):  # mid-epoch, after the checkpoint of step 10
         assert invoke("run", tiny, "-o", broken, *settings).exit_code == 1
     resumed = invoke("run", tiny, "-o", broken, "--resume")
     assert resumed.exit_code == 0, resumed.stderr

@@ -282,7 +282,7 @@ BOMB_RUNNER = textwrap.dedent(
 
 
 @pytest.mark.parametrize("builder", [billion_laughs, merge_bomb], ids=["aliases", "merge-keys"])
-def test_yaml_bomb_is_refused_quickly_in_bounded_memory(tmp_path, builder):
+def test_yaml_bomb_is_refused_in_bounded_memory(tmp_path, builder):
     path = tmp_path / "bomb.yaml"
     path.write_text(builder())
     assert path.stat().st_size < 600
@@ -294,6 +294,42 @@ def test_yaml_bomb_is_refused_quickly_in_bounded_memory(tmp_path, builder):
     assert result.stderr.startswith("Error: recipe"), result.stderr[-2000:]
     assert re.search(MANY, result.stderr), result.stderr[-2000:]
     assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("builder", [billion_laughs, merge_bomb], ids=["aliases", "merge-keys"])
+def test_yaml_bomb_is_refused_after_work_linear_in_its_text(tmp_path, builder, monkeypatch):
+    """The work a bomb costs, counted rather than timed: the loader composes each node of the
+    text once (an alias adds its anchor's precomputed size) and refuses before it constructs
+    a single value, so a bomb of a few hundred bytes is refused after at most that many
+    nodes, whatever it would expand to (9**9 strings here)."""
+    from dsa_train.recipe.loader import _BoundedLoader
+
+    text = builder()
+    composed, real_compose = [0], _BoundedLoader.compose_node
+
+    def counting(self, parent, index):
+        composed[0] += 1
+        if composed[0] > len(text):
+            pytest.fail("composing more nodes than the text has bytes: the aliases are being expanded", pytrace=False)
+        return real_compose(self, parent, index)
+
+    def constructing(self, node, deep=False):  # (pytrace=False: a traceback would print the node, the bomb expanded)
+        pytest.fail("the bomb reached construction: nothing stopped it while it was composed", pytrace=False)
+
+    monkeypatch.setattr(_BoundedLoader, "compose_node", counting)
+    monkeypatch.setattr(_BoundedLoader, "construct_object", constructing)
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=MANY):
+        load_recipe(path)
+    import yaml
+
+    def size(node) -> int:  # the nodes of a composed tree
+        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else node.value if isinstance(node, yaml.SequenceNode) else []
+        return 1 + sum(map(size, children))
+
+    plain = re.sub(r"[&*]\w+", lambda m: "" if m.group(0)[0] == "&" else "0", text)  # each alias a scalar: nothing to expand
+    assert 0 < composed[0] <= size(yaml.compose(plain)), (composed[0], size(yaml.compose(plain)))
 
 
 # every case above, through the CLI: exit code 1, "Error:" first, no traceback

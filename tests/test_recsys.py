@@ -22,7 +22,7 @@ from dsa_train.recipe import ClickColumnsConfig, ClicksSyntheticConfig, DatasetC
 from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
 
-from .helpers import power_cut_at
+from .helpers import error_at_step
 
 REPO_RECIPES = __import__("pathlib").Path(__file__).resolve().parent.parent / "recipes"
 
@@ -320,7 +320,7 @@ def test_disk_table_run_eval_and_exact_resume(tmp_path):
     assert result.exit_code == 0, result.output
     assert (whole / "tables" / "features.table").is_file()
 
-    with power_cut_at(15):  # after the checkpoint of step 10
+    with error_at_step(15):  # after the checkpoint of step 10
         assert invoke("run", path, "--output", broken).exit_code == 1
     assert invoke("run", path, "--output", broken, "--resume").exit_code == 0
     for kind in ("train", "epoch", "eval", "summary"):
@@ -334,6 +334,7 @@ def test_disk_table_run_eval_and_exact_resume(tmp_path):
     assert f"AUC {test['auc']:.4f}" in evaluated.output
 
 
+@pytest.mark.slow
 def test_recsys_quickstart_recipe(tmp_path):
     out = tmp_path / "run"
     result = invoke("run", REPO_RECIPES / "recsys-quickstart.yaml", "--output", out)
@@ -392,7 +393,7 @@ def test_rates_set_on_resume_reach_both_optimizers(tmp_path, monkeypatch):
     monkeypatch.setattr(loop.Training, "step", switch_after_10)
     assert invoke("run", path, "--output", switched).exit_code == 0
     monkeypatch.setattr(loop.Training, "step", real_step)
-    with power_cut_at(15):
+    with error_at_step(15):
         assert invoke("run", path, "--output", resumed).exit_code == 1
     result = invoke("run", path, "--output", resumed, "--resume", "--set", "optimizer.lr=0.003", "--set", "optimizer.dense_lr=0.002")
     assert result.exit_code == 0, result.output

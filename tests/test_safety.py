@@ -83,6 +83,29 @@ def test_clean_never_descends_a_linked_checkpoints_folder(run, user_folder):
     assert tree(user_folder) == before and (run / "checkpoints").is_symlink()
 
 
+@pytest.mark.parametrize("inner", ["checkpoints", "optimizer_state", "tables"])
+def test_resume_and_eval_refuse_a_run_whose_folders_are_links(run, tmp_path, inner):
+    """A run whose ``checkpoints/``, ``optimizer_state/`` or ``tables/`` is a symbolic link
+    (here to an intact copy, so following it would work) is refused by ``--resume`` and
+    ``eval`` with the link named, and nothing behind the link changes."""
+    moved = tmp_path / "elsewhere" / inner
+    moved.parent.mkdir()
+    if (run / inner).exists():
+        shutil.move(run / inner, moved)
+    else:  # this run keeps its tables in memory: a linked tables/ is refused all the same
+        moved.mkdir()
+    (run / inner).symlink_to(moved)
+    before = tree(moved.parent)
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text(TINY % {"model": "transe", "optimizer": "dsa", "storage": "memory"})
+    resumed = invoke("run", recipe, "--output", run, "--resume", "--set", "train.epochs=99", "--set", "train.max_steps=32")  # (short, if it ran)
+    scored = invoke("eval", run, "--json")
+    for result in (resumed, scored):
+        assert result.exit_code == 1 and f"'{run / inner}' is a symbolic link; dsa-train never follows links" in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    assert tree(moved.parent) == before and (run / inner).is_symlink()
+
+
 def test_clean_of_a_checkpoints_folder_keeps_every_checkpoints_state(run):
     result = invoke("clean", run / "checkpoints", "--yes")
     assert result.exit_code == 0, result.stderr

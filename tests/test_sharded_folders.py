@@ -345,6 +345,7 @@ def test_removing_refuses_ranks_replaced_by_a_link_since_the_plan(job, tmp_path)
 
 
 # -- a real torchrun job -------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_real_two_rank_job_is_inspected_cleaned_and_resumed(tmp_path):
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text((RECIPE % {"entities": 300}).replace("keep_checkpoints: 4, ", "") + "distributed: {slices: 4, timeout: 60}\n")

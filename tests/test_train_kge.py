@@ -13,7 +13,7 @@ from dsa_train.cli.app import app
 from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
 
-from .helpers import power_cut_at
+from .helpers import assert_same_tensors, error_at_step
 
 TINY = """\
 name: tiny
@@ -68,16 +68,16 @@ def test_run_writes_a_complete_run_folder(recipe, tmp_path):
 
 
 @pytest.mark.parametrize(("optimizer", "storage"), [("dsa", "memory"), ("sparse_adam", "memory"), ("dsa", "disk")])
-def test_resume_after_a_crash_matches_an_uninterrupted_run(recipe, tmp_path, optimizer, storage):
+def test_resume_after_a_failed_step_matches_an_uninterrupted_run(recipe, tmp_path, optimizer, storage):
     """Also with the entity table on disk: the table file (weights and moments) comes back
     from the checkpoint's copy, and ends equal to the uninterrupted run's."""
     path = recipe("distmult", optimizer, storage)
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     assert invoke("run", path, "--output", whole).exit_code == 0
 
-    with power_cut_at(12):  # after the checkpoint of step 10; steps 11-12 are lost
+    with error_at_step(12):  # after the checkpoint of step 10; steps 11-12 are lost
         crashed = invoke("run", path, "--output", broken)
-        assert crashed.exit_code == 1 and "power cut" in crashed.stderr
+        assert crashed.exit_code == 1 and "injected error at step" in crashed.stderr
     resumed = invoke("run", path, "--output", broken, "--resume")
     assert resumed.exit_code == 0, resumed.stderr
     assert "resuming from" in resumed.stderr and "step 10" in resumed.stderr
@@ -91,7 +91,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(recipe, tmp_path, opt
     final = "checkpoints/0000000030"
     a = torch.load(whole / final / "model.pt")
     b = torch.load(broken / final / "model.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+    assert_same_tensors(a, b, final)
     files = {"memory": ["optimizer_state/node_emb.weight.rows"], "disk": ["tables/entities.table"]}[storage]
     if optimizer == "dsa":
         for rows in [*files, "optimizer_state/rel_emb.weight.rows"]:
@@ -118,14 +118,14 @@ def test_a_learning_rate_set_on_resume_applies_from_the_checkpoint_on(recipe, tm
     monkeypatch.setattr(loop.Training, "step", switch_after_10)
     assert invoke("run", path, "--output", switched).exit_code == 0
     monkeypatch.setattr(loop.Training, "step", real_step)
-    with power_cut_at(12):  # after the checkpoint of step 10
+    with error_at_step(12):  # after the checkpoint of step 10
         assert invoke("run", path, "--output", resumed).exit_code == 1
     result = invoke("run", path, "--output", resumed, "--resume", "--set", "optimizer.lr=0.05")
     assert result.exit_code == 0, result.stderr
     assert "lr: 0.05" in (resumed / "config.yaml").read_text()
     final = "checkpoints/0000000030"
     a, b = torch.load(switched / final / "model.pt"), torch.load(resumed / final / "model.pt")
-    assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+    assert_same_tensors(a, b, final)
     groups = torch.load(resumed / final / "optimizer.pt")["param_groups"]
     assert [g["lr"] for g in groups] == [0.05] * len(groups)
 
