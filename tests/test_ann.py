@@ -91,6 +91,8 @@ def test_a_stale_index_is_rebuilt_never_used(tmp_path):
     _, ids = later.search(moved[:1], 1)
     assert ids.item() == int((moved @ moved[0]).argmax())  # answers from the new rows, not the old index's
     assert first.path == later.path and not ann.open_index(TableRun(tmp_path, moved, step=9), "nodes", "dot", note=notes.append).built
+    retrained = ann.open_index(TableRun(tmp_path, moved * 2, step=9), "nodes", "dot", note=notes.append)
+    assert retrained.built and "rows digest" in notes[-2]  # same folder, step and shape, other rows: rebuilt
     hnsw = ann.open_index(TableRun(tmp_path, moved, step=9), "nodes", "dot", kind="hnsw", note=notes.append)
     assert hnsw.built and hnsw.manifest["kind"] == "hnsw"  # another index type asked for: rebuilt
 

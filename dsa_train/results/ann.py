@@ -7,7 +7,8 @@ links on top), so it serves tables that fit in memory; the exact search of
 :meth:`~dsa_train.results.TrainedRun.neighbors` serves any size.
 
 An index is saved as one file, ``<folder>/<table>.<metric>.ann``: a first line ``DSA-ANN 1``,
-a JSON manifest line (run, checkpoint step, table, rows, dim, metric, index type, recall@10),
+a JSON manifest line (run, checkpoint step, table, rows, dim, a digest of 64 of its rows,
+metric, index type, recall@10),
 then faiss's serialized index. It is written under a temporary name, fsynced and renamed, so it
 is whole or absent. A saved index made for another checkpoint, table shape or index type is
 rebuilt (and said so), never used; a file under that name that is not a saved index, or any
@@ -16,6 +17,7 @@ link on the way, is refused.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -102,7 +104,8 @@ def open_index(
     folder = Path(folder) if folder is not None else run.run.path / "ann"
     path = folder / f"{table}.{metric}.ann"
     rows, dim = run.tables[table]
-    wanted = {"run": run.run.path.name, "checkpoint": run.step, "table": table, "rows": rows, "dim": dim, "metric": metric}
+    wanted = {"run": str(run.run.path.resolve()), "checkpoint": run.step, "table": table, "rows": rows, "dim": dim, "metric": metric,
+              "fingerprint": _fingerprint(run, table, rows)}  # fmt: skip
     _refuse_links(folder, path)
     saved = _read_manifest(path)
     if saved is not None:
@@ -184,6 +187,13 @@ def exact_top_k(run: TrainedRun, table: str, queries: torch.Tensor, own: torch.T
     return best_ids
 
 
+def _fingerprint(run: TrainedRun, table: str, rows: int) -> str:
+    """A digest of 64 rows spread over the table: another checkpoint or run under the same
+    folder, step and shape still gets another fingerprint."""
+    ids = torch.linspace(0, rows - 1, min(rows, 64)).long()
+    return hashlib.blake2b(run.gather(table, ids).float().numpy().tobytes(), digest_size=16).hexdigest()
+
+
 def _prepared(vectors: torch.Tensor, metric: str) -> np.ndarray:
     """Rows as faiss takes them: contiguous float32, unit length for cosine."""
     vectors = vectors.detach().float()
@@ -193,7 +203,7 @@ def _prepared(vectors: torch.Tensor, metric: str) -> np.ndarray:
 
 
 def _describe(manifest: dict) -> str:
-    text = f"run {manifest.get('run')!r} checkpoint {manifest.get('checkpoint')}, {manifest.get('table')} ({manifest.get('rows')} x {manifest.get('dim')})"
+    text = f"run {manifest.get('run')!r} checkpoint {manifest.get('checkpoint')}, {manifest.get('table')} ({manifest.get('rows')} x {manifest.get('dim')}, rows digest {str(manifest.get('fingerprint'))[:8]})"
     return text + (f", {manifest['kind']}" if "kind" in manifest else "")
 
 
