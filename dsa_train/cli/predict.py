@@ -121,7 +121,7 @@ def neighbors(
         "its recall@10 against the exact answer printed. Metrics: cosine, dot, l2.",
     ),
     index_type: IndexType | None = typer.Option(
-        None, "--index-type", help="With --approximate: flat (exact), ivf or hnsw. Default: flat below 20,000 rows, ivf above.", show_default=False,
+        None, "--index-type", help="With --approximate: flat (exact), ivf or hnsw. Default: flat below 20,000 rows, hnsw above.", show_default=False,
     ),
     index_dir: Path | None = typer.Option(
         None, "--index-dir", help="With --approximate: the folder that keeps the index. Default: the run folder's ann/.", show_default=False,

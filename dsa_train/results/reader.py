@@ -308,7 +308,7 @@ class TrainedRun:
         saved there for this checkpoint, else built from the table a chunk at a time, its
         recall@10 against the exact answer measured and passed to ``note`` (default: printed
         on stderr), and saved. ``kind``: ``flat``, ``ivf`` or ``hnsw`` (default: ``flat``
-        below 20,000 rows, ``ivf`` above). Needs ``pip install "dsa-train[faiss]"``."""
+        below 20,000 rows, ``hnsw`` above). Needs ``pip install "dsa-train[faiss]"``."""
         table = table or next(iter(self._tables))
         self._table(table)
         return open_index(self, table, metric or self.default_metric, kind=kind, folder=None if folder is None else Path(folder), note=note)
