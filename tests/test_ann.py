@@ -46,14 +46,14 @@ def brute_top(weights: torch.Tensor, rows: torch.Tensor, k: int, metric: str) ->
 
 
 def test_a_flat_index_answers_exactly_in_the_models_metric(runs, tmp_path):  # noqa: F811
-    pytest.importorskip("faiss", reason=NEEDS_FAISS)
+    faiss = pytest.importorskip("faiss", reason=NEEDS_FAISS)
     trained = open_run(runs())
     assert trained.default_metric == "l2"  # TransE, p_norm 2
     notes = []
     index = trained.ann_index(note=notes.append)
     assert (index.manifest["metric"], index.manifest["kind"], index.built) == ("l2", "flat", True)  # 60 rows: flat by default
     assert "recall@10 1.000" in notes[0] and index.recall == 1.0
-    assert index.path == trained.run.path / "ann" / "entities.l2.ann"
+    assert index.path == trained.run.path / "ann" / "entities.l2.ann" and index.index.metric_type == faiss.METRIC_L2
     for metric in ("l2", "cosine", "dot"):
         exact = trained.neighbors(entity_name(9), k=6, metric=metric)
         approximate = trained.neighbors(entity_name(9), k=6, metric=metric, approximate=True)
@@ -119,6 +119,18 @@ def test_bad_input_gets_named_errors(runs, tmp_path):  # noqa: F811
     cosine = trained.ann_index(metric="cosine", folder=tmp_path / "own")
     with pytest.raises(DsaError, match="the index given is of entities in cosine"):
         trained.neighbors(entity_name(9), metric="l2", approximate=cosine)
+
+
+def test_a_failed_save_leaves_nothing_under_the_name(tmp_path, monkeypatch):
+    faiss = pytest.importorskip("faiss", reason=NEEDS_FAISS)
+
+    def full_disk(index):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(faiss, "serialize_index", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        ann.open_index(TableRun(tmp_path, torch.randn(50, 4)), "nodes", "dot", note=lambda text: None)
+    assert list((tmp_path / "ann").iterdir()) == []  # neither the index nor its temporary
 
 
 def test_missing_faiss_says_how_to_install_it(runs, monkeypatch):  # noqa: F811
