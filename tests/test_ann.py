@@ -128,7 +128,7 @@ def test_a_failed_save_leaves_nothing_under_the_name(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(faiss, "serialize_index", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(DsaError, match="cannot save the index to .*No space left"):
         ann.open_index(TableRun(tmp_path, torch.randn(50, 4)), "nodes", "dot", note=lambda text: None)
     assert list((tmp_path / "ann").iterdir()) == []  # neither the index nor its temporary
 

@@ -119,9 +119,12 @@ def open_index(
     manifest = {**wanted, "kind": kind, **settings}
     found = AnnIndex(index, manifest, path, built=True)
     manifest["recall_at_10"] = _recall(run, table, found)
-    folder.mkdir(parents=True, exist_ok=True)
-    _refuse_links(folder, path)
-    _write(faiss, path, manifest, index)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _refuse_links(folder, path)
+        _write(faiss, path, manifest, index)
+    except OSError as e:
+        raise DsaError(f"cannot save the index to '{path}': {e}", hint="give a writable folder with free space with --index-dir (folder=)") from None
     note(f"built a {kind} index of {table} ({rows:,} rows, {metric}): recall@10 {manifest['recall_at_10']:.3f} against the exact answer "
          f"on {manifest['recall_queries']} rows; saved to {path}")  # fmt: skip
     return found
