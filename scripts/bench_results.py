@@ -12,9 +12,15 @@ predict   ``predict_many`` of ``--queries`` tail queries, top 10, exact, against
           work measured in the same process: one pass over the entity rows (``chunks``) and
           the matrix product of the queries with each chunk
 single    one query at ``--single-entities`` rows (default 10^6), after the run is open
+ann       with ``--approximate`` (and nothing else): at ``--single-entities`` rows, for each faiss
+          index type of ``--kinds``: build time (streamed from the table, recall measured),
+          load time of the saved index, ``--queries`` neighbour queries one at a time and in
+          one batch, and recall@10 over those queries, against the exact path in the same
+          process (one exact query; the same queries' exact top 10 in one pass)
 
     python scripts/bench_results.py                                     # 10^7 x 64 and 10^6 x 64
     python scripts/bench_results.py --entities 1000000 --queries 100    # a quick look
+    python scripts/bench_results.py --approximate --kinds ivf,hnsw      # faiss at 10^6 x 64 (pip install "dsa-train[faiss]")
 """
 
 from __future__ import annotations
@@ -143,6 +149,47 @@ def child_single(run: Path) -> dict:
     return {"rows": trained.tables["entities"][0], "open_s": round(open_s, 2), "single_query_s": [round(t, 3) for t in times]}
 
 
+def child_ann(run: Path, queries: int, kinds: str, folder: Path) -> dict:
+    import torch
+
+    from dsa_train import open_run
+    from dsa_train.results.ann import exact_top_k
+
+    trained = open_run(run)
+    rows, _ = trained.tables["entities"]
+    metric = trained.default_metric
+    asked = torch.randint(0, rows, (queries,), generator=torch.Generator().manual_seed(0))
+    t0 = time.perf_counter()
+    trained.neighbors(int(asked[0]), k=10)
+    exact_one_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    exact = exact_top_k(trained, "entities", trained.gather("entities", asked), asked, 10, metric)
+    exact_batch_s = time.perf_counter() - t0
+    result = {"rows": rows, "metric": metric, "queries": queries, "exact_single_query_s": round(exact_one_s, 3), "exact_batch_s": round(exact_batch_s, 2)}
+    for kind in kinds.split(","):
+        t0 = time.perf_counter()
+        index = trained.ann_index("entities", metric, kind=kind, folder=folder / kind, note=lambda text: None)
+        build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        index = trained.ann_index("entities", metric, kind=kind, folder=folder / kind)
+        load_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for row in asked.tolist():
+            trained.neighbors(row, k=10, approximate=index)
+        single_s = (time.perf_counter() - t0) / queries
+        t0 = time.perf_counter()
+        _, found = index.search(trained.gather("entities", asked), 11)
+        batch_s = time.perf_counter() - t0
+        hits = sum(len(set([i for i in f if i != own][:10]) & set(e)) for f, e, own in zip(found.tolist(), exact.tolist(), asked.tolist()))
+        result[kind] = {
+            "build_s": round(build_s, 1), "build_recall_at_10": round(index.recall, 3), "load_s": round(load_s, 2),
+            "single_query_s": round(single_s, 5), "batch_s": round(batch_s, 3), "recall_at_10": round(hits / (10 * queries), 3),
+            "index_MB": round(index.path.stat().st_size / 1e6), "settings": {key: index.manifest[key] for key in ("lists", "probes", "links", "ef_search") if key in index.manifest},
+            "exact_single_vs_single": round(exact_one_s / single_s, 1), "exact_batch_vs_batch": round(exact_batch_s / batch_s, 1),
+        }  # fmt: skip
+    return result
+
+
 def child(*args: str) -> dict:
     out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
     if out.returncode != 0:
@@ -157,15 +204,22 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--folder", type=Path, default=Path(tempfile.gettempdir()) / "dsa-bench-results")
+    parser.add_argument("--approximate", action="store_true", help="measure faiss indexes at --single-entities rows (only)")
+    parser.add_argument("--kinds", default="ivf,hnsw", help="with --approximate: the index types, comma-separated")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, run, *rest = args.child
         result = {"export": lambda: child_export(Path(run), Path(rest[0])), "predict": lambda: child_predict(Path(run), int(rest[0])),
-                  "single": lambda: child_single(Path(run))}[kind]()  # fmt: skip
+                  "single": lambda: child_single(Path(run)), "ann": lambda: child_ann(Path(run), int(rest[0]), rest[1], Path(rest[2]))}[kind]()  # fmt: skip
         print(json.dumps(result))
         return
     args.folder.mkdir(parents=True, exist_ok=True)
+    if args.approximate:
+        small = make_run(args.folder, args.single_entities, args.dim)
+        with tempfile.TemporaryDirectory(dir=args.folder) as scratch:
+            print(json.dumps({"ann": child("ann", str(small), str(args.queries), args.kinds, scratch)}), flush=True)
+        return
     big = make_run(args.folder, args.entities, args.dim)
     small = make_run(args.folder, args.single_entities, args.dim)
     with tempfile.TemporaryDirectory(dir=args.folder) as scratch:

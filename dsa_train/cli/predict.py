@@ -17,6 +17,12 @@ from ._output import stderr, stdout
 UNKNOWN = "?"
 
 
+class IndexType(str, Enum):
+    flat = "flat"
+    ivf = "ivf"
+    hnsw = "hnsw"
+
+
 class Metric(str, Enum):
     cosine = "cosine"
     dot = "dot"
@@ -110,31 +116,53 @@ def neighbors(
     ),
     table: str | None = typer.Option(None, "--table", help="entities, relations or nodes. Default: entities or nodes.", show_default=False),
     checkpoint: int | None = typer.Option(None, "--checkpoint", help="The step of the checkpoint. Default: the newest intact one.", show_default=False),
+    approximate: bool = typer.Option(
+        False, "--approximate", help="Search a faiss index (pip install \"dsa-train[faiss]\"), built and saved by the first such call, "
+        "its recall@10 against the exact answer printed. Metrics: cosine, dot, l2.",
+    ),
+    index_type: IndexType | None = typer.Option(
+        None, "--index-type", help="With --approximate: flat (exact), ivf or hnsw. Default: flat below 20,000 rows, hnsw above.", show_default=False,
+    ),
+    index_dir: Path | None = typer.Option(
+        None, "--index-dir", help="With --approximate: the folder that keeps the index. Default: the run folder's ann/.", show_default=False,
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:  # fmt: skip
-    """The rows nearest to NAME's vector, exact, the table read a chunk at a time.
+    """The rows nearest to NAME's vector, exact (the table read a chunk at a time) or, with
+    --approximate, from a saved faiss index.
 
     Examples:
 
       dsa-train neighbors runs/cora-node2vec-20261202-141500 42 -k 5
 
       dsa-train neighbors runs/fb15k237-distmult-20261202-141500 /m/027rn --metric cosine --json
+
+      dsa-train neighbors runs/synthetic-10m-transe-20261202-141500 42 --approximate --index-type hnsw
     """
     from ..results import open_run
 
+    if not approximate and (index_type is not None or index_dir is not None):
+        raise DsaError("--index-type and --index-dir choose the index of --approximate", hint="add --approximate, or leave them out for the exact search")
     trained = open_run(run_dir, checkpoint)
     for text in trained.warnings:
         stderr.print(text, highlight=False)
     chosen = metric.value if metric else trained.default_metric
-    found = trained.neighbors(name, k=k, metric=chosen, table=table)
+    index = None
+    if approximate:
+        note = (lambda text: stderr.print(text, highlight=False))  # noqa: E731
+        index = trained.ann_index(table, chosen, kind=index_type.value if index_type else None, folder=index_dir, note=note)
+    found = trained.neighbors(name, k=k, metric=chosen, table=table, approximate=index or False)
     if as_json:
         document = {
             "run": str(trained.run.path), "checkpoint": trained.step, "name": name, "metric": chosen,
             "neighbors": [{"name": a.name, "id": a.id, "score": a.score} for a in found],
         }  # fmt: skip
+        if index is not None:
+            document["index"] = {key: index.manifest[key] for key in ("kind", "recall_at_10", "recall_queries")} | {"path": str(index.path)}
         typer.echo(json.dumps(document, indent=2, ensure_ascii=False))
         return
-    stdout.print(_answers_table(f"nearest to {name} ({chosen})", found, False))
+    how = f"{chosen}, approximate: {index.manifest['kind']} index, recall@10 {index.recall:.3f}" if index is not None else chosen
+    stdout.print(_answers_table(f"nearest to {name} ({how})", found, False))
     if chosen in ("l1", "l2"):
         stdout.print(f"scores are negative {chosen.upper()} distances: higher is nearer", highlight=False)
 

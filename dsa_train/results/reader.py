@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from ..nn import DiskTable
 from ..train.run_folder import RunFolder, is_job
 from ..train.tables import TableSite
 from ..train.tasks import make_task
+from .ann import AnnIndex, open_index
 from .job import open_job
 from .names import TableNames, table_shape, task_tables
 
@@ -255,12 +256,16 @@ class TrainedRun:
 
     def neighbors(
         self, name: str | int, *, k: int = 10, metric: str | None = None, table: str | None = None, chunk_rows: int = CHUNK_ROWS,
+        approximate: bool | AnnIndex = False,
     ) -> list[Answer]:  # fmt: skip
         """The ``k`` rows of ``table`` (default: entities or nodes) nearest to ``name``'s, itself
         left out; exact, a chunk of rows at a time. ``metric``: ``cosine`` similarity, ``dot``
         product, or ``l1``/``l2`` distance, whose scores are the negative distances so that
         higher is nearer (default: :attr:`default_metric`). Rows are compared as stored (a
-        model with ``normalize_entities`` scores their unit vectors: use ``cosine``)."""
+        model with ``normalize_entities`` scores their unit vectors: use ``cosine``).
+
+        ``approximate=True`` searches the faiss index of :meth:`ann_index` instead (built and
+        saved by the first call, its recall@10 printed); or pass an index it returned."""
         metric = metric or self.default_metric
         if metric not in METRICS:
             raise DsaError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}", hint="cosine compares directions, l2 positions")
@@ -269,6 +274,15 @@ class TrainedRun:
         table = table or next(iter(self._tables))
         row = int(self._as_ids(table, [name])[0])
         query = self.rows(table, row, row + 1)[0]
+        if approximate is not False:
+            index = self.ann_index(table, metric) if approximate is True else approximate
+            if (index.manifest["table"], index.manifest["metric"], index.manifest["checkpoint"]) != (table, metric, self.step):
+                raise DsaError(f"the index given is of {index.manifest['table']} in {index.manifest['metric']} at checkpoint "
+                               f"{index.manifest['checkpoint']}; this search is of {table} in {metric} at checkpoint {self.step}",
+                               hint="pass approximate=True, or an index from run.ann_index(table, metric)")  # fmt: skip
+            scores, ids = index.search(query[None], k + 1)
+            found = [(i, s) for i, s in zip(ids[0].tolist(), scores[0].tolist()) if i not in (row, -1)][:k]
+            return [Answer(n, i, s) for n, (i, s) in zip(self.names(table, [i for i, _ in found]), found)]
         if metric == "cosine":
             query = F.normalize(query, dim=0)
         best_scores, best_ids = torch.empty(0), torch.empty(0, dtype=torch.long)
@@ -288,6 +302,21 @@ class TrainedRun:
         keep = torch.isfinite(best_scores)
         best_scores, best_ids = best_scores[keep].tolist(), best_ids[keep].tolist()
         return [Answer(n, i, s) for n, i, s in zip(self.names(table, best_ids), best_ids, best_scores)]
+
+    def ann_index(
+        self, table: str | None = None, metric: str | None = None, *, kind: str | None = None, folder: str | Path | None = None,
+        note: Callable[[str], None] | None = None,
+    ) -> AnnIndex:  # fmt: skip
+        """A faiss index of ``table`` (default: entities or nodes) in ``metric`` (default:
+        :attr:`default_metric`; ``cosine``, ``dot`` or ``l2``), for ``neighbors(...,
+        approximate=index)``. Loaded from ``folder`` (default: the run folder's ``ann/``) when
+        saved there for this checkpoint, else built from the table a chunk at a time, its
+        recall@10 against the exact answer measured and passed to ``note`` (default: printed
+        on stderr), and saved. ``kind``: ``flat``, ``ivf`` or ``hnsw`` (default: ``flat``
+        below 20,000 rows, ``hnsw`` above). Needs ``pip install "dsa-train[faiss]"``."""
+        table = table or next(iter(self._tables))
+        self._table(table)
+        return open_index(self, table, metric or self.default_metric, kind=kind, folder=None if folder is None else Path(folder), note=note)
 
     # -- helpers ------------------------------------------------------------------------
     def _table(self, table: str) -> nn.Module:
