@@ -259,3 +259,13 @@ def test_durations(text, seconds):
 def test_bad_durations(text):
     with pytest.raises(DsaError, match="is not a duration"):
         parse_duration(text)
+
+
+def test_a_dataset_without_a_valid_split_stops_the_search_at_once(tmp_path):
+    """Karate's probe has test labels only: every trial would fail alike, so the first one ends
+    the search with the dataset named as the cause, instead of N failed trials."""
+    result = _invoke("karate-node2vec", "-o", tmp_path / "t", "--trials", 3, "--set", "train.epochs=2")
+    assert result.exit_code == 1
+    assert "no valid split to search on" in result.output and "dataset.link_split" in result.output
+    assert len(rows(TuneFolder(tmp_path / "t"))) == 1  # the first trial, queued again for --resume
+
