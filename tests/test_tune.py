@@ -269,3 +269,36 @@ def test_a_dataset_without_a_valid_split_stops_the_search_at_once(tmp_path):
     assert "no valid split to search on" in result.output and "dataset.link_split" in result.output
     assert len(rows(TuneFolder(tmp_path / "t"))) == 1  # the first trial, queued again for --resume
 
+
+TASKS = {
+    "node2vec": ("""
+name: tiny-n2v
+dataset: {{kind: synthetic_graph, root: {root}, graph: {{nodes: 400, communities: 4, average_degree: 6, homophily: 0.9, seed: 0}}}}
+model: {{kind: node2vec, dim: 8, node2vec: {{walk_length: 8, context_size: 4, walks_per_node: 2}}}}
+train: {{epochs: 2, batch_size: 128}}
+""", "probe accuracy"),
+    "dlrm": ("""
+name: tiny-dlrm
+dataset: {{kind: synthetic_clicks, root: {root}, clicks: {{samples: 6000, valid: 1000, test: 1000, features: 3, ids: 200, dense: 2}}}}
+model: {{kind: dlrm, dim: 8, recsys: {{rows: 200, top: [8]}}}}
+train: {{epochs: 2, batch_size: 256}}
+""", "AUC"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_node2vec_and_dlrm_searches_score_their_own_metric(task, tmp_path):
+    """tune is not KGE's alone: a node2vec search maximises the probe's valid accuracy and a
+    DLRM search the valid AUC; best-test.json holds the best trial's test metrics."""
+    text, label = TASKS[task]
+    recipe = tmp_path / f"{task}.yaml"
+    recipe.write_text(text.format(root=tmp_path / "data"))
+    result = _invoke(recipe, "-o", tmp_path / "t", "--trials", 2)
+    assert result.exit_code == 0, result.output
+    found = rows(TuneFolder(tmp_path / "t"))
+    assert [r.state for r in found] == ["COMPLETE", "COMPLETE"] and all(r.metric == f"valid {label}" for r in found)
+    best = max(found, key=lambda r: r.value)
+    valid = [r for r in MetricsLog.read(tmp_path / "t" / "trials" / f"trial-{best.number:04d}" / "metrics.jsonl") if r.get("kind") == "eval"]
+    assert valid and valid[-1]["split"] == "valid"
+    assert json.loads((tmp_path / "t" / "best-test.json").read_text())
