@@ -80,8 +80,9 @@ def temporary_prefix(name: str) -> str:
     return f".{name}.tmp-"
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (temporary name, fsync, rename).
+def atomic_write_bytes(path: Path, *data: bytes | memoryview) -> None:
+    """Replace ``path`` with ``data`` (one or more pieces, written in order) atomically and
+    durably (temporary name, fsync, rename).
 
     The temporary file is created exclusively (``O_EXCL | O_NOFOLLOW``, a fresh random name),
     so a link planted under a predictable name is never written through; the rename replaces
@@ -92,7 +93,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o644)
-            f.write(data)
+            for piece in data:
+                f.write(piece)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import DsaError
-from ..fsutil import fsync_directory, temporary_prefix
+from ..fsutil import atomic_write_bytes
 
 if TYPE_CHECKING:
     from .reader import TrainedRun
@@ -248,17 +247,5 @@ def _read_index(faiss, path: Path):
 
 
 def _write(faiss, path: Path, manifest: dict, index) -> None:
-    """``path`` replaced whole: header and index under a temporary name, fsync, rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temporary_prefix(path.name))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)
-            f.write(MAGIC + json.dumps(manifest, ensure_ascii=False).encode() + b"\n")
-            f.write(memoryview(faiss.serialize_index(index)))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_directory(path.parent)
+    """``path`` replaced whole: the header line, the manifest and the index (temporary name, fsync, rename)."""
+    atomic_write_bytes(path, MAGIC + json.dumps(manifest, ensure_ascii=False).encode() + b"\n", memoryview(faiss.serialize_index(index)))
