@@ -59,6 +59,21 @@ class ScoringCase:
                         expected = self.truth(model, e, r, a)
                     assert batched[i, e].item() == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
+    @pytest.mark.parametrize("side", ["tail", "head"])
+    def test_scores_without_autograd_have_the_same_bits(self, side):
+        """Evaluation and prediction score in place without autograd: the same bits as
+        training's out-of-place scores, and the inputs left as they were."""
+        for options in self.models:
+            model = self.build(options).float()
+            w = model.node_emb.weight
+            anchors, relations = torch.tensor([0, 5, 7]), torch.tensor([1, 3, 0])
+            tracked = model.score_candidates(w[anchors], relations, w, side)
+            before = w.detach().clone()
+            with torch.no_grad():
+                untracked = model.score_candidates(w[anchors], relations, w, side)
+            assert tracked.requires_grad and torch.equal(tracked.detach(), untracked)
+            assert torch.equal(w.detach(), before)
+
     def test_gradients_are_sparse(self):
         model = SCORING_FUNCTIONS.get(self.kind)(N, R, D)
         model.score_candidates(model.embed(torch.tensor([1, 2])), torch.tensor([0, 1]), model.embed(torch.arange(N)), "tail").sum().backward()

@@ -169,6 +169,15 @@ def euclidean(query: Tensor, candidates: Tensor) -> Tensor:
     return squared.clamp_min_(1e-12).sqrt_()
 
 
+def subtracted_from(offset: float | None, distance: Tensor) -> Tensor:
+    """``offset - distance`` (``-distance`` for ``None``), in place when autograd does not
+    track ``distance``: the same bits without a second ``(B, K)`` matrix."""
+    if distance.requires_grad:
+        return -distance if offset is None else offset - distance
+    distance.neg_()
+    return distance if offset is None else distance.add_(offset)
+
+
 def halves(x: Tensor) -> tuple[Tensor, Tensor]:
     """The real and imaginary parts of rows laid out ``[re | im]``."""
     return x.chunk(2, dim=-1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kge import SCORING_FUNCTIONS, KGEModel, cubed_modulus, euclidean, halves
+from ..kge import SCORING_FUNCTIONS, KGEModel, cubed_modulus, euclidean, halves, subtracted_from
 
 
 @SCORING_FUNCTIONS.register_as("rotate")
@@ -58,7 +58,7 @@ class RotatE(KGEModel):
         return self.gamma - (_rotate(head, rel) - tail).norm(dim=-1)
 
     def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
-        return self.gamma - euclidean(_rotate(anchor, rel if side == "tail" else -rel), candidates)
+        return subtracted_from(self.gamma, euclidean(_rotate(anchor, rel if side == "tail" else -rel), candidates))
 
     def n3(self, entities: Tensor, relations: Tensor) -> Tensor:
         return cubed_modulus(entities).sum()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kge import SCORING_FUNCTIONS, KGEModel, euclidean
+from ..kge import SCORING_FUNCTIONS, KGEModel, euclidean, subtracted_from
 
 
 @SCORING_FUNCTIONS.register_as("transe")
@@ -39,5 +39,5 @@ class TransE(KGEModel):
         # tail side: -||(h + r) - e||;  head side: -||e + r - t|| = -||(t - r) - e||
         query = anchor + rel if side == "tail" else anchor - rel
         if self.p_norm == 1:
-            return -torch.cdist(query, candidates, p=1)
-        return -euclidean(query, candidates)
+            return subtracted_from(None, torch.cdist(query, candidates, p=1))
+        return subtracted_from(None, euclidean(query, candidates))
