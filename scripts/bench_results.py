@@ -16,11 +16,13 @@ ann       with ``--approximate`` (and nothing else): at ``--single-entities`` ro
           index type of ``--kinds``: build time (streamed from the table, recall measured),
           load time of the saved index, ``--queries`` neighbour queries one at a time and in
           one batch, and recall@10 over those queries, against the exact path in the same
-          process (one exact query; the same queries' exact top 10 in one pass)
+          process (one exact query; the same queries' exact top 10 in one pass); then the
+          batch time and recall at each search effort of ``--efforts``
 
     python scripts/bench_results.py                                     # 10^7 x 64 and 10^6 x 64
     python scripts/bench_results.py --entities 1000000 --queries 100    # a quick look
     python scripts/bench_results.py --approximate --kinds ivf,hnsw      # faiss at 10^6 x 64 (pip install "dsa-train[faiss]")
+    python scripts/bench_results.py --approximate --single-entities 100000 --efforts 8,32,128,512   # recall against search effort
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ def child_single(run: Path) -> dict:
     return {"rows": trained.tables["entities"][0], "open_s": round(open_s, 2), "single_query_s": [round(t, 3) for t in times]}
 
 
-def child_ann(run: Path, queries: int, kinds: str, folder: Path) -> dict:
+def child_ann(run: Path, queries: int, kinds: str, folder: Path, efforts: str) -> dict:
     import torch
 
     from dsa_train import open_run
@@ -180,14 +182,25 @@ def child_ann(run: Path, queries: int, kinds: str, folder: Path) -> dict:
         t0 = time.perf_counter()
         _, found = index.search(trained.gather("entities", asked), 11)
         batch_s = time.perf_counter() - t0
-        hits = sum(len(set([i for i in f if i != own][:10]) & set(e)) for f, e, own in zip(found.tolist(), exact.tolist(), asked.tolist()))
+        hits = recall_hits(found, exact, asked)
         result[kind] = {
             "build_s": round(build_s, 1), "build_recall_at_10": round(index.recall, 3), "load_s": round(load_s, 2),
             "single_query_s": round(single_s, 5), "batch_s": round(batch_s, 3), "recall_at_10": round(hits / (10 * queries), 3),
             "index_MB": round(index.path.stat().st_size / 1e6), "settings": {key: index.manifest[key] for key in ("lists", "probes", "links", "ef_search") if key in index.manifest},
             "exact_single_vs_single": round(exact_one_s / single_s, 1), "exact_batch_vs_batch": round(exact_batch_s / batch_s, 1),
         }  # fmt: skip
+        for effort in [int(e) for e in efforts.split(",") if e and kind != "flat"]:
+            tuned = trained.ann_index("entities", metric, kind=kind, folder=folder / kind, note=lambda text: None, effort=effort)
+            t0 = time.perf_counter()
+            _, found = tuned.search(trained.gather("entities", asked), 11)
+            batch_s = time.perf_counter() - t0
+            result[kind][f"effort_{effort}"] = {"batch_ms_per_query": round(1000 * batch_s / queries, 3), "recall_at_10": round(recall_hits(found, exact, asked) / (10 * queries), 3)}
     return result
+
+
+def recall_hits(found, exact, asked) -> int:
+    """How many of each query's exact top 10 the index found, the query's own row left out."""
+    return sum(len(set([i for i in f if i != own][:10]) & set(e)) for f, e, own in zip(found.tolist(), exact.tolist(), asked.tolist()))
 
 
 def child(*args: str) -> dict:
@@ -206,19 +219,20 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, default=Path(tempfile.gettempdir()) / "dsa-bench-results")
     parser.add_argument("--approximate", action="store_true", help="measure faiss indexes at --single-entities rows (only)")
     parser.add_argument("--kinds", default="ivf,hnsw", help="with --approximate: the index types, comma-separated")
+    parser.add_argument("--efforts", default="16,64,256", help="with --approximate: search efforts (hnsw efSearch, ivf nprobe) to measure besides the default")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, run, *rest = args.child
         result = {"export": lambda: child_export(Path(run), Path(rest[0])), "predict": lambda: child_predict(Path(run), int(rest[0])),
-                  "single": lambda: child_single(Path(run)), "ann": lambda: child_ann(Path(run), int(rest[0]), rest[1], Path(rest[2]))}[kind]()  # fmt: skip
+                  "single": lambda: child_single(Path(run)), "ann": lambda: child_ann(Path(run), int(rest[0]), rest[1], Path(rest[2]), rest[3])}[kind]()  # fmt: skip
         print(json.dumps(result))
         return
     args.folder.mkdir(parents=True, exist_ok=True)
     if args.approximate:
         small = make_run(args.folder, args.single_entities, args.dim)
         with tempfile.TemporaryDirectory(dir=args.folder) as scratch:
-            print(json.dumps({"ann": child("ann", str(small), str(args.queries), args.kinds, scratch)}), flush=True)
+            print(json.dumps({"ann": child("ann", str(small), str(args.queries), args.kinds, scratch, args.efforts)}), flush=True)
         return
     big = make_run(args.folder, args.entities, args.dim)
     small = make_run(args.folder, args.single_entities, args.dim)

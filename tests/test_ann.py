@@ -80,6 +80,34 @@ def test_recall_is_the_share_of_the_exact_top_10_found(tmp_path):
     assert isinstance(hnsw.index, faiss.IndexHNSWFlat) and hnsw.index.metric_type == faiss.METRIC_INNER_PRODUCT
 
 
+def test_search_effort_trades_time_for_recall_measured_again(tmp_path):
+    pytest.importorskip("faiss", reason=NEEDS_FAISS)
+    weights = torch.randn(5000, 16, generator=torch.Generator().manual_seed(5))
+    sample = torch.randperm(5000, generator=torch.Generator().manual_seed(1))[: ann.RECALL_QUERIES]
+    exact = brute_top(weights, sample, 10, "l2")
+
+    def recall_of(index) -> float:
+        _, found = index.search(weights[sample], 11)
+        return sum(len(set([i for i in f if i != own][:10]) & set(e)) for f, e, own in zip(found.tolist(), exact.tolist(), sample.tolist())) / (10 * len(sample))
+
+    for kind, setting, low, high in (("ivf", "probes", 1, 10_000), ("hnsw", "ef_search", 1, 400)):
+        notes = []
+        table = TableRun(tmp_path / kind, weights)
+        default = ann.open_index(table, "nodes", "l2", kind=kind, note=notes.append)
+        coarse = ann.open_index(table, "nodes", "l2", note=notes.append, effort=low)
+        assert not coarse.built and coarse.manifest[setting] == low and f"{setting} {low}" in notes[-1]
+        assert coarse.recall == pytest.approx(recall_of(coarse)) and coarse.recall < default.recall
+        fine = ann.open_index(table, "nodes", "l2", note=notes.append, effort=high)
+        assert fine.recall == pytest.approx(recall_of(fine)) and fine.recall >= default.recall
+        if kind == "ivf":
+            assert fine.manifest["probes"] == fine.manifest["lists"] and fine.recall == 1.0  # every list probed: exact
+        assert ann._read_manifest(default.path)[setting] == default.manifest[setting]  # a search setting, not saved
+    with pytest.raises(DsaError, match="applies to ivf and hnsw"):
+        ann.open_index(TableRun(tmp_path / "flat", weights), "nodes", "l2", kind="flat", note=lambda text: None, effort=5)
+    with pytest.raises(DsaError, match="at least 1"):
+        ann.open_index(TableRun(tmp_path / "ivf", weights), "nodes", "l2", note=lambda text: None, effort=0)
+
+
 def test_a_stale_index_is_rebuilt_never_used(tmp_path):
     pytest.importorskip("faiss", reason=NEEDS_FAISS)
     weights = torch.randn(300, 8, generator=torch.Generator().manual_seed(2))
@@ -153,4 +181,6 @@ def test_approximate_neighbors_from_the_command_line(runs, tmp_path):  # noqa: F
     refused = CliRunner().invoke(app, ["neighbors", str(run), name, "--approximate", "--metric", "l1"])
     assert refused.exit_code != 0 and "cosine, dot, l2" in refused.output and "Traceback" not in refused.output
     stray = CliRunner().invoke(app, ["neighbors", str(run), name, "--index-type", "hnsw"])
+    assert stray.exit_code != 0 and "add --approximate" in stray.output
+    stray = CliRunner().invoke(app, ["neighbors", str(run), name, "--effort", "64"])
     assert stray.exit_code != 0 and "add --approximate" in stray.output

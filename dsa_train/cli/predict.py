@@ -126,6 +126,10 @@ def neighbors(
     index_dir: Path | None = typer.Option(
         None, "--index-dir", help="With --approximate: the folder that keeps the index. Default: the run folder's ann/.", show_default=False,
     ),
+    effort: int | None = typer.Option(
+        None, "--effort", min=1, help="With --approximate: how hard a search looks: hnsw's efSearch (default 128) or the lists ivf probes "
+        "(default 1/16, at least 16). Higher: more of the true neighbours, slower; the recall is measured again at it.", show_default=False,
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
 ) -> None:  # fmt: skip
     """The rows nearest to NAME's vector, exact (the table read a chunk at a time) or, with
@@ -141,8 +145,8 @@ def neighbors(
     """
     from ..results import open_run
 
-    if not approximate and (index_type is not None or index_dir is not None):
-        raise DsaError("--index-type and --index-dir choose the index of --approximate", hint="add --approximate, or leave them out for the exact search")
+    if not approximate and (index_type is not None or index_dir is not None or effort is not None):
+        raise DsaError("--index-type, --index-dir and --effort choose the index of --approximate", hint="add --approximate, or leave them out for the exact search")
     trained = open_run(run_dir, checkpoint)
     for text in trained.warnings:
         stderr.print(text, highlight=False)
@@ -150,7 +154,7 @@ def neighbors(
     index = None
     if approximate:
         note = (lambda text: stderr.print(text, highlight=False))  # noqa: E731
-        index = trained.ann_index(table, chosen, kind=index_type.value if index_type else None, folder=index_dir, note=note)
+        index = trained.ann_index(table, chosen, kind=index_type.value if index_type else None, folder=index_dir, note=note, effort=effort)
     found = trained.neighbors(name, k=k, metric=chosen, table=table, approximate=index or False)
     if as_json:
         document = {

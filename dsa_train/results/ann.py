@@ -86,13 +86,21 @@ class AnnIndex:
 
 def open_index(
     run: TrainedRun, table: str, metric: str, *, kind: str | None = None, folder: Path | None = None, note: Callable[[str], None] | None = None,
+    effort: int | None = None,
 ) -> AnnIndex:  # fmt: skip
     """The saved index of ``run``'s ``table`` in ``metric`` under ``folder`` (default: the run
     folder's ``ann/``), built and saved first if there is none or it is stale. ``kind``:
     ``flat`` (exact), ``ivf`` (IVF-Flat) or ``hnsw``; default ``flat`` below 20,000 rows,
     ``hnsw`` above (its recall holds on tables without cluster structure, where IVF's drops);
-    a saved index of another kind is rebuilt only when ``kind`` is given."""
+    a saved index of another kind is rebuilt only when ``kind`` is given.
+
+    ``effort``: how hard a search looks, traded against its time: the candidates an ``hnsw``
+    search keeps (faiss's ``efSearch``, default 128) or the lists an ``ivf`` search probes
+    (``nprobe``, default 1/16 of them, at least 16). It is a search setting, not saved with
+    the index; the recall@10 is measured again at the effort given."""
     faiss = faiss_module()
+    if effort is not None and effort < 1:
+        raise DsaError(f"the search effort must be at least 1, got {effort}", hint=f"e.g. {HNSW_SEARCH} (hnsw's default); higher finds more of the true neighbours, slower")
     if metric not in ANN_METRICS:
         raise DsaError(
             f"approximate search supports the metrics {', '.join(ANN_METRICS)}, not {metric!r}",
@@ -111,9 +119,11 @@ def open_index(
     if saved is not None:
         same = all(saved.get(key) == value for key, value in wanted.items()) and kind in (None, saved.get("kind"))
         if same:
-            return AnnIndex(_read_index(faiss, path), saved, path, built=False)
+            _refuse_effort_on_flat(saved["kind"], effort)
+            return _at_effort(run, table, AnnIndex(_read_index(faiss, path), saved, path, built=False), effort, note)
         note(f"the index at {path} was made for {_describe(saved)}; rebuilding it for {_describe(wanted)}")
     kind = kind or ("flat" if rows < FLAT_BELOW else "hnsw")
+    _refuse_effort_on_flat(kind, effort)
     index, settings = _build(faiss, run, table, metric, kind, rows, dim)
     manifest = {**wanted, "kind": kind, **settings}
     found = AnnIndex(index, manifest, path, built=True)
@@ -126,7 +136,28 @@ def open_index(
         raise DsaError(f"cannot save the index to '{path}': {e}", hint="give a writable folder with free space with --index-dir (folder=)") from None
     note(f"built a {kind} index of {table} ({rows:,} rows, {metric}): recall@10 {manifest['recall_at_10']:.3f} against the exact answer "
          f"on {manifest['recall_queries']} rows; saved to {path}")  # fmt: skip
-    return found
+    return _at_effort(run, table, found, effort, note)
+
+
+def _refuse_effort_on_flat(kind: str, effort: int | None) -> None:
+    if effort is not None and kind == "flat":
+        raise DsaError("a flat index compares every row: a search effort applies to ivf and hnsw indexes", hint="leave out the effort, or choose --index-type hnsw or ivf")
+
+
+def _at_effort(run: TrainedRun, table: str, found: AnnIndex, effort: int | None, note: Callable[[str], None]) -> AnnIndex:
+    """``found`` searching with ``effort`` (unchanged for ``None``), its recall@10 measured again."""
+    setting = {"hnsw": "ef_search", "ivf": "probes"}.get(found.manifest["kind"])
+    if effort is None or setting is None or found.manifest[setting] == effort:
+        return found
+    if setting == "ef_search":
+        found.index.hnsw.efSearch = effort
+    else:
+        effort = min(effort, found.manifest["lists"])
+        found.index.nprobe = effort
+    at_effort = AnnIndex(found.index, {**found.manifest, setting: effort}, found.path, found.built)
+    at_effort.manifest["recall_at_10"] = _recall(run, table, at_effort)
+    note(f"searching with {setting} {effort}: recall@10 {at_effort.recall:.3f} against the exact answer on {at_effort.manifest['recall_queries']} rows")
+    return at_effort
 
 
 def _build(faiss, run: TrainedRun, table: str, metric: str, kind: str, rows: int, dim: int) -> tuple[object, dict]:

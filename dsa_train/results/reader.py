@@ -305,7 +305,7 @@ class TrainedRun:
 
     def ann_index(
         self, table: str | None = None, metric: str | None = None, *, kind: str | None = None, folder: str | Path | None = None,
-        note: Callable[[str], None] | None = None,
+        note: Callable[[str], None] | None = None, effort: int | None = None,
     ) -> AnnIndex:  # fmt: skip
         """A faiss index of ``table`` (default: entities or nodes) in ``metric`` (default:
         :attr:`default_metric`; ``cosine``, ``dot`` or ``l2``), for ``neighbors(...,
@@ -313,10 +313,13 @@ class TrainedRun:
         saved there for this checkpoint, else built from the table a chunk at a time, its
         recall@10 against the exact answer measured and passed to ``note`` (default: printed
         on stderr), and saved. ``kind``: ``flat``, ``ivf`` or ``hnsw`` (default: ``flat``
-        below 20,000 rows, ``hnsw`` above). Needs ``pip install "dsa-train[faiss]"``."""
+        below 20,000 rows, ``hnsw`` above). ``effort``: the search's ``efSearch`` (hnsw) or
+        ``nprobe`` (ivf), higher for more recall at more time, the recall measured again at
+        it. Needs ``pip install "dsa-train[faiss]"``."""
         table = table or next(iter(self._tables))
         self._table(table)
-        return open_index(self, table, metric or self.default_metric, kind=kind, folder=None if folder is None else Path(folder), note=note)
+        folder = None if folder is None else Path(folder)
+        return open_index(self, table, metric or self.default_metric, kind=kind, folder=folder, note=note, effort=effort)
 
     # -- helpers ------------------------------------------------------------------------
     def _table(self, table: str) -> nn.Module:
