@@ -74,6 +74,20 @@ class ScoringCase:
             assert tracked.requires_grad and torch.equal(tracked.detach(), untracked)
             assert torch.equal(w.detach(), before)
 
+    @pytest.mark.parametrize("side", ["tail", "head"])
+    def test_ranking_keys_order_as_the_scores_and_give_them_back(self, side):
+        """A top-k kept by key (prediction) is a top-k by score, with the scores' own bits."""
+        for options in self.models:
+            model = self.build(options).float()
+            with torch.no_grad():
+                w = model.node_emb.weight
+                rel, scored = model.query_relations(torch.tensor([1, 3, 0]), side)
+                scores = model.score_sets(w[[0, 5, 7]], rel, w, scored)
+                keys = model.ranking_keys(w[[0, 5, 7]], rel, w, scored)
+                by_key = scores.gather(1, keys.argsort(dim=1, descending=True, stable=True))
+                assert (by_key[:, :-1] >= by_key[:, 1:]).all()
+                assert torch.equal(model.scores_of_keys(keys.clone()), scores)
+
     def test_gradients_are_sparse(self):
         model = SCORING_FUNCTIONS.get(self.kind)(N, R, D)
         model.score_candidates(model.embed(torch.tensor([1, 2])), torch.tensor([0, 1]), model.embed(torch.arange(N)), "tail").sum().backward()

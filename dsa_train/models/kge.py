@@ -155,6 +155,18 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
     def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
         raise NotImplementedError
 
+    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+        """Without autograd: ``(B, K)`` keys that order candidates as :meth:`score_sets` does (a
+        higher key never has a lower score), for a top-k that keeps only a few; a scoring function
+        whose score is a monotone step away from a cheaper key (a distance from its square) gives
+        the key and saves the passes of that step over the whole matrix. :meth:`scores_of_keys`
+        turns the kept keys into the scores bit for bit. The default key is the score."""
+        return self.score_sets(anchor, rel, candidates, side)
+
+    def scores_of_keys(self, keys: Tensor) -> Tensor:
+        """The scores of :meth:`ranking_keys`' keys, element by element (in place)."""
+        return keys
+
 
 def euclidean(query: Tensor, candidates: Tensor) -> Tensor:
     r"""``(B, K)`` Euclidean distances of ``B`` queries to ``K`` candidates in one matrix product:
@@ -164,8 +176,26 @@ def euclidean(query: Tensor, candidates: Tensor) -> Tensor:
     if torch.is_grad_enabled() and (query.requires_grad or candidates.requires_grad):
         squared = (query * query).sum(1, keepdim=True) - 2 * query @ candidates.T + (candidates * candidates).sum(1)
         return squared.clamp_min(1e-12).sqrt()
+    return distances_of_squares(squared_distances(query, candidates))
+
+
+def squared_distances(query: Tensor, candidates: Tensor) -> Tensor:
+    r"""``(B, K)`` squared Euclidean distances, without autograd, as :func:`euclidean` makes
+    them: :math:`-(2q) \cdot e + \lVert q \rVert^2 + \lVert e \rVert^2`, in place, in that order."""
     squared = (2 * query) @ candidates.T
-    squared.neg_().add_((query * query).sum(1, keepdim=True)).add_((candidates * candidates).sum(1))
+    return squared.neg_().add_((query * query).sum(1, keepdim=True)).add_((candidates * candidates).sum(1))
+
+
+def negative_squared_distances(query: Tensor, candidates: Tensor) -> Tensor:
+    r"""Minus :func:`squared_distances`, without autograd, in two passes fewer:
+    :math:`(2q) \cdot e - \lVert q \rVert^2 - \lVert e \rVert^2` in the same order, which rounds
+    to the negated value exactly (round-to-nearest is symmetric; a zero may change sign)."""
+    negative = (2 * query) @ candidates.T
+    return negative.sub_((query * query).sum(1, keepdim=True)).sub_((candidates * candidates).sum(1))
+
+
+def distances_of_squares(squared: Tensor) -> Tensor:
+    """The distances of :func:`squared_distances`' matrix (or of any of its entries), in place."""
     return squared.clamp_min_(1e-12).sqrt_()
 
 

@@ -200,20 +200,21 @@ class TrainedRun:
         running top-k over the entity table read in chunks; ``drop``: ``(query, entity)`` pairs
         scored as ``-inf``."""
         model, batch = self.model, len(anchors)
-        best_scores, best_ids = torch.empty(batch, 0), torch.empty(batch, 0, dtype=torch.long)
+        best_keys, best_ids = torch.empty(batch, 0), torch.empty(batch, 0, dtype=torch.long)
         with torch.no_grad():
             anchor_rows = model.entities(anchors)
+            rel, side = model.query_relations(relations, side)
             for start, block in self.chunks("entities", chunk_rows):
-                scores = model.score_candidates(anchor_rows, relations, model.constrain(block), side)
+                keys = model.ranking_keys(anchor_rows, rel, model.constrain(block), side)  # ordered as the scores, fewer passes
                 if drop is not None:
                     inside = (drop[1] >= start) & (drop[1] < start + len(block))
-                    scores[drop[0][inside], drop[1][inside] - start] = float("-inf")
-                chunk_top = torch.topk(scores, min(k, scores.shape[1]), dim=1)  # then merge k + k, not k + chunk
-                scores = torch.cat([best_scores, chunk_top.values], 1)
+                    keys[drop[0][inside], drop[1][inside] - start] = float("-inf")
+                chunk_top = torch.topk(keys, min(k, keys.shape[1]), dim=1)  # then merge k + k, not k + chunk
+                keys = torch.cat([best_keys, chunk_top.values], 1)
                 ids = torch.cat([best_ids, chunk_top.indices + start], 1)
-                top = torch.topk(scores, min(k, scores.shape[1]), dim=1)
-                best_scores, best_ids = top.values, ids.gather(1, top.indices)
-        return best_scores, best_ids
+                top = torch.topk(keys, min(k, keys.shape[1]), dim=1)
+                best_keys, best_ids = top.values, ids.gather(1, top.indices)
+        return model.scores_of_keys(best_keys), best_ids
 
     # -- click models -------------------------------------------------------------------
     def click_probabilities(self, path: str | Path) -> Iterator[Tensor]:

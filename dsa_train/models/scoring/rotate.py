@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kge import SCORING_FUNCTIONS, KGEModel, cubed_modulus, euclidean, halves, subtracted_from
+from ..kge import SCORING_FUNCTIONS, KGEModel, cubed_modulus, distances_of_squares, euclidean, halves, negative_squared_distances, subtracted_from
 
 
 @SCORING_FUNCTIONS.register_as("rotate")
@@ -59,6 +59,13 @@ class RotatE(KGEModel):
 
     def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
         return subtracted_from(self.gamma, euclidean(_rotate(anchor, rel if side == "tail" else -rel), candidates))
+
+    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+        """Minus the squared distance: the score without its square root and its ``gamma``."""
+        return negative_squared_distances(_rotate(anchor, rel if side == "tail" else -rel), candidates)
+
+    def scores_of_keys(self, keys: Tensor) -> Tensor:
+        return subtracted_from(self.gamma, distances_of_squares(keys.neg_()))
 
     def n3(self, entities: Tensor, relations: Tensor) -> Tensor:
         return cubed_modulus(entities).sum()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kge import SCORING_FUNCTIONS, KGEModel, euclidean, subtracted_from
+from ..kge import SCORING_FUNCTIONS, KGEModel, distances_of_squares, euclidean, negative_squared_distances, subtracted_from
 
 
 @SCORING_FUNCTIONS.register_as("transe")
@@ -36,8 +36,22 @@ class TransE(KGEModel):
         return -(head + rel - tail).norm(p=self.p_norm, dim=-1)
 
     def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
-        # tail side: -||(h + r) - e||;  head side: -||e + r - t|| = -||(t - r) - e||
-        query = anchor + rel if side == "tail" else anchor - rel
+        query = _query(anchor, rel, side)
         if self.p_norm == 1:
             return subtracted_from(None, torch.cdist(query, candidates, p=1))
         return subtracted_from(None, euclidean(query, candidates))
+
+    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+        """With :math:`p = 2`: minus the squared distance (the score without its square root)."""
+        if self.p_norm == 1:
+            return super().ranking_keys(anchor, rel, candidates, side)
+        return negative_squared_distances(_query(anchor, rel, side), candidates)
+
+    def scores_of_keys(self, keys: Tensor) -> Tensor:
+        return keys if self.p_norm == 1 else subtracted_from(None, distances_of_squares(keys.neg_()))
+
+
+def _query(anchor: Tensor, rel: Tensor, side: str) -> Tensor:
+    """The point the candidates are measured from. Tail side: -||(h + r) - e||; head side:
+    -||e + r - t|| = -||(t - r) - e||."""
+    return anchor + rel if side == "tail" else anchor - rel
