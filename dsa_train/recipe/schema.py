@@ -426,6 +426,13 @@ class TrainConfig:
         _positive,
         default=16384,
     )
+    query_chunk: int | None = _help(
+        "train.candidates sampled: score this many of a step's 2 x batch_size queries at a time; with several slices each is "
+        "recomputed in the backward pass instead of kept, so a step holds one slice's scores (about 8 x query_chunk x candidates "
+        "floats) for a second forward pass of the scores (default: all at once)",
+        _positive,
+        default=None,
+    )
     loss: Literal["cross_entropy", "softplus", "margin"] = _help(
         "cross_entropy: softmax over the positive and the negatives; softplus: logistic; "
         "margin: max(0, margin - f(pos) + f(neg))",
@@ -644,6 +651,8 @@ class Recipe:
         t = self.train
         if t.labels == "all" and t.candidates != "all":
             return [("train.labels", "'all' (k-vs-all) scores each query against every entity: set train.candidates: all")]
+        if t.query_chunk is not None and t.candidates == "all":
+            return [("train.query_chunk", "slices the queries of train.candidates: sampled; with 'all' a step holds train.entity_chunk entities' scores: lower that")]
         if t.labels == "all" and t.loss == "margin":
             return [("train.loss", "'margin' compares one answer with the other entities; k-vs-all has several: use cross_entropy or softplus")]
         if t.order == "partitioned":

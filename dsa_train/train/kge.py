@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from ..data import KnowledgeGraph, load_knowledge_graph
 from ..data.kg_queries import DistinctQueries, QueryBatch
@@ -58,13 +59,18 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
         rows = 4 * n + t.negatives + candidates + queries  # anchors, answers, negatives, their concat, relation rows
         width_keys = keys_of(train__negatives=t.negatives, model__dim=dim)
         step_hint = (
-            "lower train.batch_size or train.negatives: a step scores 2 x batch_size queries against negatives"
+            "set train.query_chunk (e.g. 1024) to score that many queries at a time, recomputed in the backward pass; "
+            "or lower train.batch_size or train.negatives: a step scores 2 x batch_size queries against negatives"
             + (" + 2 x batch_size candidates (train.batch_negatives: false drops the 2 x batch_size)" if t.batch_negatives else " candidates")
             + "; or lower model.dim (a step gathers model.dim floats for each of them)"
         )
-    step = FLOAT_BYTES * (8 * queries * candidates + 4 * rows * dim)
+    scored_at_once = min(queries, t.query_chunk or queries) if t.candidates == "sampled" else queries
+    step = FLOAT_BYTES * (8 * scored_at_once * candidates + 4 * rows * dim)
     step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + width_keys
     against = "entities at a time" if t.candidates == "all" else "candidates"
+    if scored_at_once < queries:
+        against += f", {scored_at_once:,} queries at a time"
+        step_keys += ", " + keys_of(train__query_chunk=t.query_chunk)
     working = [Working(f"one training step ({queries:,} queries x {candidates:,} {against})", step, step_keys, step_hint)]
     b = min(e.batch_size, max(eval_triples, 1))
     if e.sampled_negatives is not None:
@@ -89,13 +95,36 @@ def sampled_loss(model: KGEModel, cfg, sides, candidates: Tensor, masked: Tensor
     ``sides``: per side the queries score, ``(anchors, relations, answers, side)``, their rows
     as the scores see them (dropout applied); ``candidates``: ``(K, D)`` rows; ``masked``:
     ``(Q, K)``, True where a candidate is the query's own answer (queries in the order of
-    ``sides``); ``cfg``: the recipe's ``train`` section (loss, margin). ``total``: divide the
-    sum over the queries by it instead of taking their mean (a slice's share of a batch)."""
-    positive, negative = [], []
+    ``sides``); ``cfg``: the recipe's ``train`` section (loss, margin, query_chunk). ``total``:
+    divide the sum over the queries by it instead of taking their mean (a slice's share of a
+    batch).
+
+    With ``cfg.query_chunk`` below ``Q``, queries are scored that many at a time and each slice
+    is recomputed in the backward pass instead of kept (activation checkpointing): a step then
+    holds one slice's ``(query_chunk, K)`` scores and their intermediates, not all ``Q``, for a
+    second forward pass of the scores. The loss is the same sum over queries, added in another
+    order (equal up to float rounding)."""
+    queries = sum(len(anchors) for anchors, *_ in sides)
+    chunk = cfg.query_chunk or queries
+    if chunk >= queries:
+        positive, negative = [], []
+        for anchors, relations, answers, side in sides:
+            positive.append(model.answer_scores(anchors, relations, answers, side))
+            negative.append(model.score_sets(anchors, relations, candidates, side))
+        return ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin, total=total)
+
+    def slice_loss(anchors: Tensor, relations: Tensor, answers: Tensor, masked_rows: Tensor, side: str) -> Tensor:
+        positive, negative = model.answer_scores(anchors, relations, answers, side), model.score_sets(anchors, relations, candidates, side)
+        return ranking_loss(cfg.loss, positive, negative, masked_rows, margin=cfg.margin, total=total or queries)
+
+    pieces, offset = [], 0
     for anchors, relations, answers, side in sides:
-        positive.append(model.answer_scores(anchors, relations, answers, side))
-        negative.append(model.score_sets(anchors, relations, candidates, side))
-    return ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin, total=total)
+        for start in range(0, len(anchors), chunk):
+            rows = slice(start, min(start + chunk, len(anchors)))
+            masked_rows = masked[offset + rows.start : offset + rows.stop]
+            pieces.append(checkpoint(slice_loss, anchors[rows], relations[rows], answers[rows], masked_rows, side, use_reentrant=False))
+        offset += len(anchors)
+    return torch.stack(pieces).sum()
 
 
 class RankingForecast:
