@@ -24,6 +24,10 @@ they fit.
     python scripts/bench_long_run.py --rows 2000000 --dim 128 --minutes 10 --distribution power
     python scripts/bench_long_run.py --rows 10000000 --dim 64 --state-dir /dev/shm --minutes 10
     python scripts/bench_long_run.py --rows 100000000 --dim 64 --table disk --minutes 10 --only dsa
+    python scripts/bench_long_run.py --rows 10000000 --dim 64 --minutes 10 --busy 1    # another job on one core throughout
+
+``--busy N`` starts N processes that each keep one core and the memory bus busy for the whole
+invocation (every optimizer meets the same load): the busy-machine regime.
 """
 
 from __future__ import annotations
@@ -198,6 +202,16 @@ def child(args, kind: str, minutes: float) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def busy_load(workers: int) -> list[subprocess.Popen]:
+    """``workers`` processes that keep a core and the memory bus busy (a 2048 x 2048 float32
+    matrix product and a 256 MiB copy, over and over, each on one thread): another user's job
+    on the same machine, for the busy-machine regime."""
+    loop = ("import os; os.environ['OMP_NUM_THREADS'] = '1'\nimport torch\ntorch.set_num_threads(1)\n"
+            "a = torch.randn(2048, 2048); b = torch.empty(64 << 20); c = torch.empty_like(b)\n"
+            "while True:\n    a @ a\n    c.copy_(b)\n")  # fmt: skip
+    return [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(workers)]
+
+
 def fits_in_ram(args) -> bool:
     room = host_available_bytes()
     return room is None or 3 * 4 * args.rows * args.dim * 1.2 < room
@@ -217,6 +231,7 @@ def main() -> None:
     parser.add_argument("--table", choices=("memory", "disk"), default="memory")
     parser.add_argument("--memory-budget", default=None, help="DiskSparseAdam's memory_budget (default: its own)")
     parser.add_argument("--only", choices=KINDS, action="append", help="run only these (repeatable)")
+    parser.add_argument("--busy", type=int, default=0, help="processes that load the machine (a core and the memory bus each) throughout")
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -224,11 +239,17 @@ def main() -> None:
         return
     kinds = args.only or [k for k in KINDS if k == "dsa" or args.table == "memory" or fits_in_ram(args)]
     print(f"# {args.rows:,} x {args.dim}, {args.lookups:,} {args.distribution} lookups a step, table in {args.table}, "
-          f"state in {args.state_dir or tempfile.gettempdir()}, memory_budget {args.memory_budget or 'default'}", flush=True)  # fmt: skip
+          f"state in {args.state_dir or tempfile.gettempdir()}, memory_budget {args.memory_budget or 'default'}, "
+          f"{args.busy} busy processes beside it", flush=True)  # fmt: skip
     results = {}
-    for kind in kinds:
-        results[kind] = child(args, kind, args.minutes if kind == "dsa" else args.reference_minutes)
-        print(json.dumps(results[kind]), flush=True)
+    load = busy_load(args.busy)
+    try:
+        for kind in kinds:
+            results[kind] = child(args, kind, args.minutes if kind == "dsa" else args.reference_minutes)
+            print(json.dumps(results[kind]), flush=True)
+    finally:
+        for worker in load:
+            worker.kill()
     dsa = results.get("dsa", {})
     if "steady_median_ms" in dsa:
         print(f"DiskSparseAdam: steady {dsa['steady_median_ms']} ms a step, worst minute / best minute "
