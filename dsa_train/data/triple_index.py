@@ -11,9 +11,8 @@ all true :math:`(h, r, t)`; for a head query :math:`(?, r, t)` the :math:`h` of 
 
 sorted by :math:`(q, a)`, in two columns. With :math:`E` entities and :math:`R` relations,
 :math:`q \le (E - 1) R + (R - 1) = E R - 1`, so the query column cannot overflow int64
-whenever :math:`E R < 2^{63}` (checked; otherwise a :class:`DatasetError`). The former
-single key :math:`(h R + r) E + t` needed :math:`E^2 R < 2^{63}`, which fails at
-:math:`E = 10^8` with more than 922 relations and wraps silently.
+whenever :math:`E R < 2^{63}` (checked; otherwise a :class:`DatasetError`); one key
+:math:`(h R + r) E + t` would need :math:`E^2 R < 2^{63}`, which fails at :math:`E = 10^8`.
 
 A folder written by :func:`write_triple_index`::
 

@@ -1,4 +1,4 @@
-r"""Dropout on the CPU with torch's own mask, drawn 2.5x faster.
+r"""Dropout on the CPU with torch's own mask, drawn faster.
 
 Dropout with rate :math:`p` keeps each coordinate with probability :math:`q = 1 - p` and
 scales what it keeps by :math:`1 / q`: :math:`y = x \odot m / q`, :math:`m_i \sim
@@ -7,9 +7,8 @@ scales what it keeps by :math:`1 / q`: :math:`y = x \odot m / q`, :math:`m_i \si
 On the CPU, ``F.dropout`` draws :math:`m` with ``bernoulli_(q)``, which takes, coordinate by
 coordinate, one double :math:`u` uniform in :math:`[0, 1)` from the default generator and keeps
 the coordinate where :math:`u < q`. ``torch.rand(..., dtype=torch.float64)`` draws the same
-doubles from the same generator in the same order, much faster (measured on the development
-machine, 1.3 million coordinates, a FB15k-237 step's entity rows: 6.4 ms against 16 ms, where
-the whole step takes 69 ms). :func:`dropout` is therefore ``F.dropout`` bit for bit (the
+doubles from the same generator in the same order, faster (figures in docs/results.md).
+:func:`dropout` is therefore ``F.dropout`` bit for bit (the
 output, its gradient, and the generator's state after it; ``tests/test_dropout.py`` holds it
 to that), so a recipe trains as it did with torch's dropout, only faster. Off the CPU (CUDA's
 fused kernel is fast), in evaluation, or at :math:`p \notin (0, 1)` it is ``F.dropout``.
