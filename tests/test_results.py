@@ -219,6 +219,20 @@ def test_export_refuses_what_is_not_its_own(runs, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["fresh", "link", "vectors"]  # no partial or old folder left
 
 
+@pytest.mark.parametrize("bad", ["tab\there", "line\nbreak", "carriage\rreturn"])
+def test_a_name_a_names_file_cannot_hold_is_refused_by_name(runs, tmp_path, monkeypatch, bad):
+    from dsa_train.results.names import TableNames
+    from dsa_train.results.text_blobs import encoded
+
+    plain = TableNames.names
+    renamed = lambda self, table, ids: [bad if i == 41 else n for i, n in zip(ids, plain(self, table, ids))]  # noqa: E731
+    monkeypatch.setattr(TableNames, "names", renamed)
+    monkeypatch.setattr(TableNames, "name_bytes", lambda self, table, start, stop: encoded(renamed(self, table, range(start, stop))))
+    with pytest.raises(DsaError, match="holds a tab or a line break") as refused:
+        export_run(open_run(runs()), tmp_path / "out", "npy", chunk_rows=16)
+    assert repr(bad) in str(refused.value) and os.listdir(tmp_path) == []
+
+
 def test_a_failed_export_leaves_nothing_under_the_name(runs, tmp_path, monkeypatch):
     from dsa_train.results import export as export_module
 

@@ -23,6 +23,7 @@ from ..errors import DsaError
 from ..fsutil import fsync_directory, fsync_path
 from .names import INVERSE
 from .reader import CHUNK_ROWS, TrainedRun
+from .text_blobs import decimal, holds_tab_or_line_break, tab_lines
 
 FORMATS = ("npy", "tsv", "word2vec", "parquet")
 EXPORT_FORMAT = "dsa-train/export"
@@ -110,24 +111,22 @@ def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk
         return _export_parquet(trained, table, folder, chunk_rows, progress)
     rows, dim = trained.tables[table]
     names_file, weights_file = f"{table}.names.tsv", {"npy": f"{table}.npy", "tsv": f"{table}.tsv", "word2vec": f"{table}.w2v.txt"}[fmt]
-    names = _open_new(folder / names_file)
-    weights = None if fmt == "npy" else _open_new(folder / weights_file)
-    array = np.lib.format.open_memmap(folder / weights_file, mode="w+", dtype=np.float32, shape=(rows, dim)) if fmt == "npy" else None
+    names, weights = _open_new(folder / names_file), _open_new(folder / weights_file)
     try:
         if fmt == "word2vec":
             weights.write(f"{rows} {dim}\n".encode())
+        elif fmt == "npy":  # numpy's own header, then the rows in order: written, not faulted in through a mapping
+            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False, "shape": (rows, dim)}
+            np.lib.format.write_array_header_1_0(weights, header)
         for start, block in trained.chunks(table, chunk_rows):
-            labels = trained.names(table, range(start, start + len(block)))
-            bad = next((n for n in labels if "\t" in n or "\n" in n or "\r" in n), None)
-            if bad is not None:
-                raise DsaError(f"{table} name {bad!r} holds a tab or a line break, which a names file cannot hold", hint="rename it in the dataset")
-            names.write("".join(f"{start + i}\t{n}\n" for i, n in enumerate(labels)).encode("utf-8"))
+            names.write(_names_lines(trained, table, start, start + len(block)))
             values = block.numpy()
-            if array is not None:
-                array[start : start + len(block)] = values
+            if fmt == "npy":
+                weights.write(np.ascontiguousarray(values, dtype=np.float32).data)
             elif fmt == "tsv":
                 weights.write(_text_rows(values, "\t").encode())
             else:
+                labels = trained.names(table, range(start, start + len(block)))
                 spaced = next((n for n in labels if not n or any(c.isspace() for c in n)), None)
                 if spaced is not None:
                     raise DsaError(
@@ -138,18 +137,12 @@ def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk
                 weights.write("".join(f"{n} {line}\n" for n, line in zip(labels, lines)).encode("utf-8"))
             if progress is not None:
                 progress(table, start + len(block), rows)
-        if array is not None:
-            array.flush()
-            del array
-            fsync_path(folder / weights_file)
         for f in (names, weights):
-            if f is not None:
-                f.flush()
-                os.fsync(f.fileno())
+            f.flush()
+            os.fsync(f.fileno())
     finally:
-        for f in (names, weights):
-            if f is not None:
-                f.close()
+        names.close()
+        weights.close()
     return {"weights": weights_file, "names": names_file}
 
 
@@ -169,11 +162,12 @@ def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: i
     try:
         with pq.ParquetWriter(sink, schema) as writer:
             for start, block in trained.chunks(table, chunk_rows):
-                labels = trained.names(table, range(start, start + len(block)))
-                names.write("".join(f"{start + i}\t{n}\n" for i, n in enumerate(labels)).encode("utf-8"))
+                names.write(_names_lines(trained, table, start, start + len(block)))
+                blob, offsets = trained.name_bytes(table, start, start + len(block))
+                labels = pa.LargeStringArray.from_buffers(len(block), pa.py_buffer(offsets), pa.py_buffer(blob)).cast(pa.string())
                 vectors = pa.FixedSizeListArray.from_arrays(pa.array(block.numpy().reshape(-1)), dim)
-                ids = pa.array(range(start, start + len(block)), pa.int64())
-                writer.write_table(pa.Table.from_arrays([ids, pa.array(labels, pa.string()), vectors], schema=schema))
+                ids = pa.array(np.arange(start, start + len(block), dtype=np.int64))
+                writer.write_table(pa.Table.from_arrays([ids, labels, vectors], schema=schema))
                 if progress is not None:
                     progress(table, start + len(block), rows)
         names.flush()
@@ -183,6 +177,16 @@ def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: i
         sink.close()  # (a no-op if the writer closed it)
     fsync_path(folder / weights_file)
     return {"weights": weights_file, "names": names_file}
+
+
+def _names_lines(trained: TrainedRun, table: str, start: int, stop: int) -> bytes:
+    """The names file's lines ``id<TAB>name`` of rows ``[start, stop)``; a name holding a tab
+    or a line break is refused, naming it."""
+    blob, offsets = trained.name_bytes(table, start, stop)
+    if holds_tab_or_line_break(blob):
+        bad = next(n for n in trained.names(table, range(start, stop)) if "\t" in n or "\n" in n or "\r" in n)
+        raise DsaError(f"{table} name {bad!r} holds a tab or a line break, which a names file cannot hold", hint="rename it in the dataset")
+    return tab_lines(decimal(np.arange(start, stop)), (blob, offsets)).tobytes()
 
 
 def _text_rows(values: np.ndarray, sep: str) -> str:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from torch import nn
 
 from ..train.partitioned import SlotTable
+from .text_blobs import decimal, encoded
 
 INVERSE = "inverse:"  # the name of relation r's inverse, row r + R of a reciprocal model's table
 
@@ -49,6 +51,22 @@ class TableNames:
         base = self.graph.num_relations  # rows past it: the inverse relations of a reciprocal model
         names = self.graph.relation_names([i % base for i in ids])
         return [INVERSE + name if i >= base else name for i, name in zip(ids, names)]
+
+    def name_bytes(self, table: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """The names of rows ``[start, stop)`` as one UTF-8 ``(blob, offsets)``
+        (:mod:`.text_blobs`): sliced from the dataset's stored names, or the ids written in
+        decimal, without a Python string per row (relations, a small table, go by :meth:`names`)."""
+        dataset, space = None, None
+        if self.nodes is not None:
+            dataset, space = self.nodes.dataset, "nodes"
+        elif self.graph is not None and table == "entities":
+            dataset, space = self.graph.dataset, "entities"
+        elif self.graph is not None:
+            return encoded(self.names(table, range(start, stop)))
+        if dataset is not None and dataset.has(f"{space}.names"):
+            offsets = np.asarray(dataset.array(f"{space}.offsets")[start : stop + 1], dtype=np.int64)
+            return np.asarray(dataset.array(f"{space}.names")[offsets[0] : offsets[-1]]), offsets - offsets[0]
+        return decimal(np.arange(start, stop))
 
     def lookup(self, table: str, names: Sequence[str]) -> list[int | None]:
         """The rows of ``names`` (``None`` for a name this table does not have)."""

@@ -118,6 +118,12 @@ class TrainedRun:
         ids = range(rows) if ids is None else ids
         return self._names.names(table, ids.tolist() if isinstance(ids, Tensor) else ids)
 
+    def name_bytes(self, table: str, start: int, stop: int):
+        """The names of rows ``[start, stop)`` as one UTF-8 blob and offsets into it (numpy;
+        see :mod:`dsa_train.results.text_blobs`): :meth:`names` for many rows at once."""
+        total = table_shape(self._table(table))[0]
+        return self._names.name_bytes(table, start, min(stop, total))
+
     def lookup(self, table: str, names: Sequence[str]) -> list[int | None]:
         """The rows of ``names`` in ``table``, ``None`` for a name it does not have."""
         self._table(table)
