@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
-ZERO, TAB, NEWLINE, RETURN = ord("0"), ord("\t"), ord("\n"), ord("\r")
+TAB, NEWLINE, RETURN = ord("\t"), ord("\n"), ord("\r")
+FOUR_DIGITS = np.frombuffer(b"".join(b"%04d" % i for i in range(10_000)), dtype=np.uint32)  # "0000" .. "9999", 4 bytes each
 
 
 def decimal(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Non-negative integers written in decimal, as ``str(v)`` writes them: ``(blob, offsets)``.
-    Values of one width are written together as a ``(count, width)`` matrix of digits."""
+    Values of one width are written together, four digits at a time from a table of the
+    10,000 four-digit strings (integer division is the slow part; this does a quarter of it)."""
     values = np.asarray(values, dtype=np.int64)
     widths = np.ones(len(values), dtype=np.int64)
     top, power = (int(values.max()) if len(values) else 0), 10
@@ -24,8 +26,11 @@ def decimal(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     blob = np.empty(int(offsets[-1]), dtype=np.uint8)
     for width in np.unique(widths).tolist():
         rows = np.flatnonzero(widths == width)
-        places = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
-        digits = (values[rows, None] // places % 10 + ZERO).astype(np.uint8)
+        groups = -(-width // 4)
+        quads, rest = np.empty((len(rows), groups), dtype=np.uint32), values[rows]
+        for group in range(groups - 1, -1, -1):
+            rest, quads[:, group] = np.divmod(rest, 10_000)[0], FOUR_DIGITS[rest % 10_000]
+        digits = quads.view(np.uint8).reshape(len(rows), 4 * groups)[:, 4 * groups - width :]
         if rows[-1] - rows[0] + 1 == len(rows):  # consecutive values (ids): one slice
             blob[offsets[rows[0]] : offsets[rows[-1] + 1]] = digits.reshape(-1)
         else:
