@@ -21,7 +21,7 @@ from dsa_train import DiskSparseAdam, StateError
 from dsa_train.cli.app import app
 from dsa_train.fsutil import DirectoryLock
 from dsa_train.optim import functional, row_file
-from dsa_train.train.checkpoint import trainer_checksum
+from dsa_train.train.checkpoint_store import trainer_checksum
 from dsa_train.train.run_folder import RunFolder
 
 from .test_state_tools import finished_run, runs  # noqa: F401  (fixtures: a finished tiny run, made once)

@@ -8,7 +8,7 @@
       metrics.jsonl        one JSON object per logged step, epoch, evaluation and the summary
       optimizer_state/     the live DiskSparseAdam state directory
       checkpoints/<step>/  model weights, optimizer state, trainer state, row files as bases or
-                           deltas on an earlier checkpoint; see checkpoint.py, docs/checkpoints.md
+                           deltas on an earlier checkpoint; see checkpoint_store.py, docs/checkpoints.md
       .lock                who holds the run (the lock itself is on the folder: fsutil.DirectoryLock)
 
 dsa-train recognises a run folder by its marker, never by a folder name, and never follows a
@@ -30,18 +30,7 @@ from pathlib import Path
 from ..errors import ConfigError, StateError
 from ..fsutil import DirectoryLock, atomic_write_bytes, read_json_object
 from ..recipe import Recipe, load_recipe, recipe_to_yaml
-from .checkpoint_layout import (  # noqa: F401 (what the run folder's readers import from here)
-    CHECKPOINT_FORMAT,
-    CHECKPOINTS,
-    DOOMED,
-    PARTIAL,
-    TABLES,
-    TRAINER,
-    checkpoint_needs,
-    complete_checkpoints,
-    real_directories,
-    scratch_folders,
-)
+from .checkpoint_layout import CHECKPOINTS, TABLES
 
 
 # A torchrun job's run folder (see sharded_run.py): rank folders under ranks/, and on rank 0's
