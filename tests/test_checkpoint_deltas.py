@@ -26,9 +26,10 @@ from dsa_train.errors import StateError
 from dsa_train.fsutil import copy_sparse
 from dsa_train.nn import DiskEmbedding
 from dsa_train.optim import deltas
-from dsa_train.optim.deltas import DELTA_SUFFIX, DirtyRows, read_delta_header
+from dsa_train.optim.deltas import DELTA_SUFFIX, read_delta_header
 from dsa_train.train import checkpoint_rows as ckpt
 from dsa_train.train import checkpoint_store
+from dsa_train.train.changed_rows import DirtyRows, changed_rows
 from dsa_train.train.checkpoint_layout import VERSION
 from dsa_train.train.checkpoint_rows import MAX_LINKS
 from dsa_train.train.checkpoint_store import CheckpointStore
@@ -100,6 +101,28 @@ def test_dirty_rows_bitmap_holds_exactly_the_marked_rows():
     assert dirty._bits.nbytes == 125_001  # one bit a row: 12.5 MB at 10^8 rows
     dirty.clear()
     assert len(dirty.rows()) == 0
+
+
+def test_the_optimizer_announces_the_rows_it_writes_and_the_tracker_counts_them(parts):
+    """DiskSparseAdam knows no checkpoint: its write hook names each row file and the rows a
+    step touches, before the first byte; the checkpoint's ChangedRows attaches to it."""
+    heard = []
+    handle = parts.opt.register_write_hook(lambda path, rows: heard.append((path.name, sorted(set(rows.tolist())))))
+    assert {p.name: n for p, n in parts.opt.row_files().items()} == {"t.table": ROWS, "plain.weight.rows": ROWS}
+    assert changed_rows(parts.opt) is None  # nothing attached until a checkpoint says where the files are
+    CheckpointStore.count_from_creation(parts.opt)
+    tracker = changed_rows(parts.opt)
+    assert tracker.since == "initial"
+    parts.train(0, 1)
+    g = torch.Generator().manual_seed(0)  # step 0's rows, as Parts.train draws them
+    touched = sorted(set((torch.rand(12, generator=g) ** 3 * ROWS).long().tolist()))
+    assert heard == [("t.table", touched), ("plain.weight.rows", touched)]
+    assert tracker.rows(parts.tables / "t.table").tolist() == touched
+    assert tracker.rows(parts.state / "plain.weight.rows").tolist() == touched and tracker.rows(parts.tables / "other") is None
+    handle.remove()
+    tracker.reset("0000000001:abc")
+    parts.train(1, 1)
+    assert len(heard) == 2 and len(tracker.rows(parts.tables / "t.table")) > 0 and tracker.since == "0000000001:abc"
 
 
 def test_a_delta_checkpoint_restores_bit_for_bit(parts, tmp_path):
@@ -200,7 +223,7 @@ def test_a_replaced_parent_breaks_the_chain(parts, tmp_path):
     parts.save(checkpoints, 2)
     parts.train(4, 2)
     parts.save(checkpoints, 3)  # a delta on checkpoint 2
-    parts.opt.reset_dirty(None)  # whatever the tracker says, step 2 is now written afresh (a base)
+    changed_rows(parts.opt).reset(None)  # whatever the tracker says, step 2 is now written afresh (a base)
     parts.save(checkpoints, 2)
     path, _, warnings = CheckpointStore(checkpoints).find()
     assert path.name == "0000000002" and "another version of checkpoint" in warnings[0]

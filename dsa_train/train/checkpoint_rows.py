@@ -36,6 +36,7 @@ from ..optim import DiskSparseAdam
 from ..optim.deltas import DELTA_SUFFIX, VIRTUAL, ChainReader, LiveRows, chain_of, read_delta_header, snapshot_path, write_delta
 from ..optim.format import HEADER_BYTES, TABLE_LAYOUT, read_row_header
 from ..optim.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
+from . import changed_rows
 from .checkpoint_layout import CHECKPOINT_FORMAT, MODEL, PARTIAL, TABLES, TRAINER, VERSION
 from .optimizers import load_tensors, snapshot_optimizer
 
@@ -47,10 +48,12 @@ _CLONES: dict[str, bool] = {}  # checkpoints folder -> whether its file system c
 
 
 def count_from(optimizer: torch.optim.Optimizer, label: str | None) -> None:
-    """Count the optimizer's dirty rows from ``label`` (a checkpoint's ``<folder>:<id>``, or
-    :data:`FRESH`; ``None``: from no known version, so the next checkpoint writes bases) on."""
+    """Count the rows the optimizer writes from ``label`` (a checkpoint's ``<folder>:<id>``, or
+    :data:`FRESH`; ``None``: from no known version, so the next checkpoint writes bases) on: a
+    :class:`~.changed_rows.ChangedRows` attached to a DiskSparseAdam (other optimizers announce
+    no rows: their checkpoints are full copies)."""
     if isinstance(optimizer, DiskSparseAdam):
-        optimizer.reset_dirty(label)
+        changed_rows.count_from(optimizer, label)
 
 
 def checkpoint_mode(checkpoints: Path, optimizer: torch.optim.Optimizer) -> str:
@@ -146,13 +149,16 @@ class RowWriter:
         self.needs: set[str] = set()
         self.synced: set[str] = set()  # files written here, fsynced already
         self.digests: dict[str, str] = {}  # ... and those whose digest was computed as they were written
-        self._dirty: dict[Path, np.ndarray | None] = {}
+        self._changed = changed_rows.changed_rows(optimizer) if isinstance(optimizer, DiskSparseAdam) else None
+        self._owned = {p.resolve() for p in optimizer.row_files()} if isinstance(optimizer, DiskSparseAdam) else set()
+
+    def owned(self, source: Path) -> bool:
+        """Whether the optimizer writes the row file ``source`` (and so flushes it)."""
+        return Path(source).resolve() in self._owned
 
     def dirty_rows(self, source: Path) -> np.ndarray | None:
-        """The optimizer's dirty rows of ``source`` (``None``: a file it does not write), once."""
-        if source not in self._dirty:
-            self._dirty[source] = self.optimizer.dirty_rows(source) if isinstance(self.optimizer, DiskSparseAdam) else None
-        return self._dirty[source]
+        """The rows of ``source`` the optimizer wrote since the baseline (``None``: none counted)."""
+        return self._changed.rows(source) if self._changed is not None else None
 
     def __call__(self, source: Path, rel: str, live: np.ndarray | None = None) -> None:
         """Write ``source`` as ``rel`` in the checkpoint; ``live``: its records as the process
@@ -252,7 +258,8 @@ def baseline(store, optimizer: torch.optim.Optimizer, name: str) -> Baseline | N
     :class:`~.checkpoint_store.CheckpointStore`): the files as made (a fresh run), or a
     checkpoint, if it is still there as it was (its id matches) and is not the one about to be
     replaced; else ``None`` (write bases)."""
-    label = getattr(optimizer, "dirty_since", None) if isinstance(optimizer, DiskSparseAdam) else None
+    changed = changed_rows.changed_rows(optimizer) if isinstance(optimizer, DiskSparseAdam) else None
+    label = changed.since if changed is not None else None
     if label is None:
         return None
     if label == FRESH:
@@ -278,7 +285,7 @@ def write_checkpoint(partial: Path, model: torch.nn.Module, optimizer: torch.opt
     torch.save(model.state_dict(), partial / MODEL)  # a disk table's entry is a reference...
     for module in model.modules():  # ...and its file (weights and moments) is a base or a delta
         if isinstance(module, DiskTable):
-            if not (flushed and rows.dirty_rows(module.path) is not None):
+            if not (flushed and rows.owned(module.path)):
                 module.flush()  # a table no DiskSparseAdam writes (the one that does has just flushed it)
             rows(module.path, f"{TABLES}/{module.path.name}", live_records(module))
     snapshot_optimizer(optimizer, partial, rows, flushed=flushed)
