@@ -11,7 +11,7 @@ restoring the table from it, as ``--resume`` does. Then,
 things are timed, alternating on the same machine (the rows of a step are ``u^3 * rows`` for uniform u:
 a power law, low ids hot, the same rows every round):
 
-  (a) delta    ``save_checkpoint``: flush, model and optimizer files, the table as a delta of
+  (a) delta    ``CheckpointStore.save``: flush, model and optimizer files, the table as a delta of
                the rows written since the previous checkpoint, digests, fsyncs, commit;
   (b) records  the same record bytes (gathered beforehand) written with one sequential
                ``pwrite`` to a fresh file, then ``fsync``: the floor any checkpoint has;
