@@ -7,6 +7,8 @@
 * :class:`DirectoryLock` is an exclusive ``flock`` on a directory itself that records who holds
   it in ``<dir>/.lock``, so a second writer gets an error naming the first. The kernel drops
   the lock when its holder dies, so a lock left by a killed process never blocks anyone.
+* :func:`create_owned_folder` makes a new folder (absent or empty, never a link) and holds its
+  lock before anything is written into it: a run folder's, a tune folder's.
 * :func:`file_digest` digests a file (BLAKE2b of its size and non-zero 64 KiB blocks);
   :func:`write_digested` writes a new file and computes the same digest from the bytes as they
   are written (:class:`StreamDigest`, on a second thread), so the file is never read back.
@@ -178,6 +180,36 @@ class DirectoryLock:
         if self._fd is None:
             raise RuntimeError("the lock is not held")
         return self._fd
+
+
+def create_owned_folder(path: Path, what: str, *, link_hint: str, busy_hint: str) -> DirectoryLock:
+    """Make the folder ``path`` (a ``what``, e.g. ``"run folder"``) this process's own and
+    return its lock, held, before anything is written into it. A link is refused
+    (``link_hint``), and so is a folder that holds anything but our lock record
+    (``busy_hint``), before the lock and again once it is held: a second process started at
+    the same instant stops at the lock or there."""
+    path = Path(path)
+    if path.is_symlink():
+        raise StateError(f"{what} '{path}' is a symbolic link", hint=link_hint)
+    _refuse_non_empty(path, what, busy_hint)
+    path.mkdir(parents=True, exist_ok=True)
+    lock = DirectoryLock(path, purpose=what)
+    lock.acquire()
+    try:
+        _refuse_non_empty(path, what, busy_hint)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _refuse_non_empty(path: Path, what: str, hint: str) -> None:
+    """A ``StateError`` if the folder ``path`` holds anything but a lock record."""
+    if not path.is_dir():
+        return
+    name = DirectoryLock.FILE_NAME
+    if any(p.name != name and not p.name.startswith(name + ".tmp-") for p in path.iterdir()):
+        raise StateError(f"{what} '{path}' already exists and is not empty", hint=hint)
 
 
 def _record_holder(directory_fd: int, directory: Path) -> None:

@@ -11,7 +11,7 @@ restoring the table from it, as ``--resume`` does. Then,
 things are timed, alternating on the same machine (the rows of a step are ``u^3 * rows`` for uniform u:
 a power law, low ids hot, the same rows every round):
 
-  (a) delta    ``save_checkpoint``: flush, model and optimizer files, the table as a delta of
+  (a) delta    ``CheckpointStore.save``: flush, model and optimizer files, the table as a delta of
                the rows written since the previous checkpoint, digests, fsyncs, commit;
   (b) records  the same record bytes (gathered beforehand) written with one sequential
                ``pwrite`` to a fresh file, then ``fsync``: the floor any checkpoint has;
@@ -51,7 +51,7 @@ from dsa_train.fsutil import copy_sparse, file_digest
 from dsa_train.nn import DiskEmbedding
 from dsa_train.optim.deltas import read_delta_header
 from dsa_train.optim.format import HEADER_BYTES
-from dsa_train.train.checkpoint import count_from_creation, restore_row_file, save_checkpoint
+from dsa_train.train.checkpoint_store import CheckpointStore, restore_row_file
 
 
 def power_law_batch(rows: int, batch: int, seed: int) -> torch.Tensor:
@@ -159,7 +159,7 @@ def profiled_checkpoint(checkpoint) -> str:
     from dsa_train import fsutil
     from dsa_train.nn import DiskTable
     from dsa_train.optim import deltas, row_file, state_dir
-    from dsa_train.train import checkpoint as ckpt
+    from dsa_train.train import checkpoint_rows as ckpt
     from dsa_train.train import optimizers
 
     profile = Profile()
@@ -180,7 +180,7 @@ def profiled_checkpoint(checkpoint) -> str:
     profile.wrap(optimizers, "_copy_small", "copy the manifest")
     profile.wrap(ckpt, "copy_sparse", "copy_sparse (a base)")
     profile.wrap(ckpt, "file_digest", lambda path: f"file_digest {path.name} (read back)")
-    profile.wrap(ckpt, "_baseline", "read the previous checkpoint")
+    profile.wrap(ckpt, "baseline", "read the previous checkpoint")
     try:
         wall = timed(checkpoint)
     finally:
@@ -213,7 +213,7 @@ def run(args, root: Path) -> None:
     print(f"table: {args.rows:,} x {args.dim} float32 [w|m|v] = {size / 1e9:.2f} GB, written in {time.perf_counter() - started:.1f} s")
     checkpoints, step = root / "checkpoints", 0
     with DiskSparseAdam(model.named_parameters(), lr=0.01, state_dir=root / "state") as opt:
-        count_from_creation(opt)  # as a fresh run does: the table is as Table.create made it
+        CheckpointStore.count_from_creation(opt)  # as a fresh run does: the table is as Table.create made it
 
         def train() -> np.ndarray:
             nonlocal step
@@ -228,7 +228,7 @@ def run(args, root: Path) -> None:
             return np.unique(np.concatenate(touched))
 
         def checkpoint() -> Path:
-            return save_checkpoint(checkpoints, step, model, opt, {"run_id": "bench", "step": step}, keep=2)
+            return CheckpointStore(checkpoints).save(step, model, opt, {"run_id": "bench", "step": step}, keep=2)
 
         first_rows = train()
         first = timed(checkpoint)

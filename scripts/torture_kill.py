@@ -94,10 +94,10 @@ def moment_reached(moment: str, run: Path, seen: int) -> bool:
 
 def chain_is_full(run: Path) -> bool:
     from dsa_train.optim.deltas import read_delta_header
-    from dsa_train.train.checkpoint import MAX_LINKS
-    from dsa_train.train.run_folder import complete_checkpoints
+    from dsa_train.train.checkpoint_rows import MAX_LINKS
+    from dsa_train.train.checkpoint_store import CheckpointStore
 
-    complete = complete_checkpoints(run / "checkpoints")
+    complete = CheckpointStore(run / "checkpoints").complete()
     deltas = list((complete[-1] / "tables").glob("*.delta")) if complete else []
     try:
         return bool(deltas) and read_delta_header(deltas[0])["links"] == MAX_LINKS

@@ -81,3 +81,29 @@ def file_system_of(path) -> str:
             if inside and len(mount_point) >= len(best):
                 best, kind = mount_point, rest.split()[0]
     return kind
+
+
+NODE_RECIPE = """\
+name: {name}
+description: "{description}"
+dataset: {dataset}
+model:
+  kind: {model}
+  dim: 16
+  embedding_storage: {storage}
+  node2vec: {{walk_length: 6, context_size: 3, walks_per_node: 2}}
+  sage: {{task: {task}, layers: 2, hidden: 16, fanout: [4, 3]}}
+train: {train}
+optimizer: {{kind: {optimizer}, lr: 0.05, dense_lr: 0.01}}
+eval: {eval}
+"""
+
+
+def node_recipe(
+    name: str, dataset: str, *, train: str, eval: str, model: str = "node2vec", task: str = "link", optimizer: str = "dsa", storage: str = "memory",
+    description: str = "",
+) -> str:  # fmt: skip
+    """A small node-embedding recipe's YAML (node2vec or GraphSAGE, 16 wide): ``dataset``,
+    ``train`` and ``eval`` are its sections as YAML flow mappings."""
+    fields = dict(name=name, description=description, dataset=dataset, model=model, task=task, optimizer=optimizer, storage=storage)
+    return NODE_RECIPE.format(**fields, train=train, eval=eval)

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from dsa_train.errors import StateError
-from dsa_train.train.checkpoint import find_checkpoint, read_trainer_state, save_checkpoint
-from dsa_train.train.run_folder import complete_checkpoints
+from dsa_train.train.checkpoint_store import CheckpointStore
 
 
 @pytest.fixture
@@ -21,20 +20,20 @@ def parts():
 
 
 def save(path, step, parts, keep=5):
-    return save_checkpoint(path, step, *parts, {"step": step}, keep=keep)
+    return CheckpointStore(path).save(step, *parts, {"step": step}, keep=keep)
 
 
 def test_keep_newest_and_ignore_scratch(tmp_path, parts):
     for step in (1, 2, 3):
         save(tmp_path, step, parts, keep=2)
-    assert [p.name for p in complete_checkpoints(tmp_path)] == ["0000000002", "0000000003"]
+    assert [p.name for p in CheckpointStore(tmp_path).complete()] == ["0000000002", "0000000003"]
     (tmp_path / ".partial-0000000009").mkdir()  # a save killed half-way
     (tmp_path / ".deleting-0000000001").mkdir()  # a prune killed half-way
     (tmp_path / "0000000008").mkdir()  # renamed but without trainer state: not complete
-    assert find_checkpoint(tmp_path)[0].name == "0000000003"
+    assert CheckpointStore(tmp_path).find()[0].name == "0000000003"
     save(tmp_path, 4, parts, keep=2)
     assert not (tmp_path / ".partial-0000000009").exists() and not (tmp_path / ".deleting-0000000001").exists()
-    path, state, warnings = find_checkpoint(tmp_path, 4)
+    path, state, warnings = CheckpointStore(tmp_path).find(4)
     assert state["step"] == 4 and warnings == [] and set(state["files"]) == {"model.pt", "optimizer.pt"}
 
 
@@ -57,25 +56,25 @@ def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path, parts, da
     save(tmp_path, 1, parts)
     newest = save(tmp_path, 2, parts)
     damage(newest)
-    path, state, warnings = find_checkpoint(tmp_path)
+    path, state, warnings = CheckpointStore(tmp_path).find()
     assert path.name == "0000000001" and state["step"] == 1
     assert len(warnings) == 1 and expected in warnings[0] and str(newest) in warnings[0]
     with pytest.raises(StateError, match=expected):  # asked for by step: no silent substitute
-        find_checkpoint(tmp_path, 2)
+        CheckpointStore(tmp_path).find(2)
 
 
 def test_errors_name_what_is_wrong(tmp_path, parts):
     with pytest.raises(StateError, match="holds no complete checkpoint"):
-        find_checkpoint(tmp_path)
+        CheckpointStore(tmp_path).find()
     path = save(tmp_path, 7, parts, keep=1)
     with pytest.raises(StateError, match=r"no checkpoint of step 3.*"):
-        find_checkpoint(tmp_path, 3)
+        CheckpointStore(tmp_path).find(3)
     state = json.loads((path / "trainer.json").read_text())
     (path / "trainer.json").write_text(json.dumps({**state, "version": 99}))
     with pytest.raises(StateError, match="version 99"):
-        read_trainer_state(path)
+        CheckpointStore.read_state(path)
     with pytest.raises(StateError, match="every checkpoint .* is damaged"):
-        find_checkpoint(tmp_path)
+        CheckpointStore(tmp_path).find()
 
 
 def test_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path, parts, monkeypatch):
@@ -93,5 +92,5 @@ def test_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path, parts, 
     assert "previous checkpoints are intact" in err.value.hint
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no partial folder left
     monkeypatch.setattr(torch, "save", real_save)
-    assert find_checkpoint(tmp_path)[0] == first
+    assert CheckpointStore(tmp_path).find()[0] == first
     assert save(tmp_path, 2, parts).name == "0000000002"  # space freed: saving works again

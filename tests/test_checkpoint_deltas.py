@@ -26,12 +26,15 @@ from dsa_train.errors import StateError
 from dsa_train.fsutil import copy_sparse
 from dsa_train.nn import DiskEmbedding
 from dsa_train.optim import deltas
-from dsa_train.optim.deltas import DELTA_SUFFIX, DirtyRows, read_delta_header
-from dsa_train.train import checkpoint as ckpt
-from dsa_train.train.checkpoint import MAX_LINKS, find_checkpoint, load_model_state, restore_tables, save_checkpoint
+from dsa_train.optim.deltas import DELTA_SUFFIX, read_delta_header
+from dsa_train.train import checkpoint_rows as ckpt
+from dsa_train.train import checkpoint_store
+from dsa_train.train.changed_rows import DirtyRows, changed_rows
+from dsa_train.train.checkpoint_layout import VERSION
+from dsa_train.train.checkpoint_rows import MAX_LINKS
+from dsa_train.train.checkpoint_store import CheckpointStore
 from dsa_train.train.cleanup import plan_clean, remove
 from dsa_train.train.optimizers import load_optimizer_state, restore_state_dir
-from dsa_train.train.run_folder import complete_checkpoints
 
 from .helpers import error_at_step
 
@@ -65,7 +68,7 @@ class Parts:
         return {"t.table": (self.tables / "t.table").read_bytes(), "plain.weight.rows": (self.state / "plain.weight.rows").read_bytes()}
 
     def save(self, checkpoints: Path, step: int, keep: int = 50) -> Path:
-        return save_checkpoint(checkpoints, step, self.model, self.opt, {"run_id": "r", "step": step}, keep=keep)
+        return CheckpointStore(checkpoints).save(step, self.model, self.opt, {"run_id": "r", "step": step}, keep=keep)
 
     def close(self) -> None:
         self.opt.close()
@@ -79,7 +82,7 @@ def parts(tmp_path):
 
 
 def restored(checkpoint: Path, where: Path, owned: str) -> dict[str, bytes]:
-    restore_tables(checkpoint, where / "tables")
+    CheckpointStore.restore_tables(checkpoint, where / "tables")
     restore_state_dir(checkpoint, where / "state", owned={owned})
     return {"t.table": (where / "tables" / "t.table").read_bytes(), "plain.weight.rows": (where / "state" / "plain.weight.rows").read_bytes()}
 
@@ -98,6 +101,28 @@ def test_dirty_rows_bitmap_holds_exactly_the_marked_rows():
     assert dirty._bits.nbytes == 125_001  # one bit a row: 12.5 MB at 10^8 rows
     dirty.clear()
     assert len(dirty.rows()) == 0
+
+
+def test_the_optimizer_announces_the_rows_it_writes_and_the_tracker_counts_them(parts):
+    """DiskSparseAdam knows no checkpoint: its write hook names each row file and the rows a
+    step touches, before the first byte; the checkpoint's ChangedRows attaches to it."""
+    heard = []
+    handle = parts.opt.register_write_hook(lambda path, rows: heard.append((path.name, sorted(set(rows.tolist())))))
+    assert {p.name: n for p, n in parts.opt.row_files().items()} == {"t.table": ROWS, "plain.weight.rows": ROWS}
+    assert changed_rows(parts.opt) is None  # nothing attached until a checkpoint says where the files are
+    CheckpointStore.count_from_creation(parts.opt)
+    tracker = changed_rows(parts.opt)
+    assert tracker.since == "initial"
+    parts.train(0, 1)
+    g = torch.Generator().manual_seed(0)  # step 0's rows, as Parts.train draws them
+    touched = sorted(set((torch.rand(12, generator=g) ** 3 * ROWS).long().tolist()))
+    assert heard == [("t.table", touched), ("plain.weight.rows", touched)]
+    assert tracker.rows(parts.tables / "t.table").tolist() == touched
+    assert tracker.rows(parts.state / "plain.weight.rows").tolist() == touched and tracker.rows(parts.tables / "other") is None
+    handle.remove()
+    tracker.reset("0000000001:abc")
+    parts.train(1, 1)
+    assert len(heard) == 2 and len(tracker.rows(parts.tables / "t.table")) > 0 and tracker.since == "0000000001:abc"
 
 
 def test_a_delta_checkpoint_restores_bit_for_bit(parts, tmp_path):
@@ -123,7 +148,7 @@ def test_a_delta_checkpoint_restores_bit_for_bit(parts, tmp_path):
     uninterrupted = parts.files()
     parts.close()
     again = Parts(tmp_path / "back" / "tables", tmp_path / "back" / "state")
-    load_model_state(second, again.model)  # the in-memory embedding's weights
+    CheckpointStore.load_model(second, again.model)  # the in-memory embedding's weights
     load_optimizer_state(again.opt, second)
     again.train(6, 4)
     assert again.files() == uninterrupted
@@ -142,7 +167,7 @@ def test_chains_are_compacted_and_every_checkpoint_restores(parts, tmp_path):
     assert links[0] == 0 and max(links) == MAX_LINKS  # a base, then deltas up to the bound...
     compacted = [i for i in range(1, len(links)) if links[i - 1] == MAX_LINKS]
     assert compacted and all(links[i] == 1 for i in compacted)  # ...then the union of the chain, on the base
-    merged = read_delta_header(complete_checkpoints(checkpoints)[compacted[0]] / "tables" / "t.table.delta")
+    merged = read_delta_header(CheckpointStore(checkpoints).complete()[compacted[0]] / "tables" / "t.table.delta")
     assert merged["parent"]["snapshot"] == merged["base"] == "0000000001"
     for i, (path, files) in enumerate(expected.items()):
         assert restored(path, tmp_path / f"r{i}", parts.opt.state_id) == files, path.name
@@ -171,7 +196,7 @@ def test_a_flipped_bit_in_a_delta_passes_the_checkpoint_over(parts, tmp_path):
         parts.save(checkpoints, n)
     newest = checkpoints / "0000000003"
     flip(newest / "tables" / "t.table.delta", -5)  # a byte of the last record
-    path, state, warnings = find_checkpoint(checkpoints)
+    path, state, warnings = CheckpointStore(checkpoints).find()
     assert path.name == "0000000002" and len(warnings) == 1 and "t.table.delta does not match its digest" in warnings[0]
 
 
@@ -181,11 +206,11 @@ def test_a_damaged_earlier_link_damages_every_checkpoint_built_on_it(parts, tmp_
         parts.train(10 * n, 2)
         parts.save(checkpoints, n)
     flip(checkpoints / "0000000002" / "optimizer_state" / "plain.weight.rows.delta", -5)
-    path, _, warnings = find_checkpoint(checkpoints)
+    path, _, warnings = CheckpointStore(checkpoints).find()
     assert path.name == "0000000001" and len(warnings) == 2
     assert "applies to checkpoint" in warnings[0] and "which is damaged" in warnings[0] and str(checkpoints / "0000000002") in warnings[0]
     with pytest.raises(StateError, match="which is damaged"):
-        find_checkpoint(checkpoints, 3)
+        CheckpointStore(checkpoints).find(3)
 
 
 def test_a_replaced_parent_breaks_the_chain(parts, tmp_path):
@@ -198,9 +223,9 @@ def test_a_replaced_parent_breaks_the_chain(parts, tmp_path):
     parts.save(checkpoints, 2)
     parts.train(4, 2)
     parts.save(checkpoints, 3)  # a delta on checkpoint 2
-    parts.opt.reset_dirty(None)  # whatever the tracker says, step 2 is now written afresh (a base)
+    changed_rows(parts.opt).reset(None)  # whatever the tracker says, step 2 is now written afresh (a base)
     parts.save(checkpoints, 2)
-    path, _, warnings = find_checkpoint(checkpoints)
+    path, _, warnings = CheckpointStore(checkpoints).find()
     assert path.name == "0000000002" and "another version of checkpoint" in warnings[0]
 
 
@@ -209,15 +234,15 @@ def test_pruning_keeps_what_a_kept_checkpoint_needs(parts, tmp_path):
     for n in range(1, 6):
         parts.train(10 * n, 2)
         parts.save(checkpoints, n, keep=1)
-    names = [p.name for p in complete_checkpoints(checkpoints)]
+    names = [p.name for p in CheckpointStore(checkpoints).complete()]
     needs = json.loads((checkpoints / "0000000005" / "trainer.json").read_text())["needs"]
     assert needs == names[:-1] and names[0] == "0000000001"  # the base and every link stay...
-    path, _, warnings = find_checkpoint(checkpoints)
+    path, _, warnings = CheckpointStore(checkpoints).find()
     assert path.name == "0000000005" and warnings == []  # ...so the newest is intact
     assert restored(path, tmp_path / "back", parts.opt.state_id) == parts.files()
     parts.train(100, 1, everywhere=True)
     parts.save(checkpoints, 6, keep=1)  # a new base: nothing older is needed any more
-    assert [p.name for p in complete_checkpoints(checkpoints)] == ["0000000006"]
+    assert [p.name for p in CheckpointStore(checkpoints).complete()] == ["0000000006"]
 
 
 def test_clean_never_removes_a_needed_base(parts, tmp_path):
@@ -233,7 +258,7 @@ def test_clean_never_removes_a_needed_base(parts, tmp_path):
     assert sum("made of its deltas on this one" in why for _, why in plan.kept) == 3
     for candidate in plan_clean([run / "checkpoints"], keep_last=1).candidates:
         remove(candidate)
-    assert find_checkpoint(run / "checkpoints")[0].name == "0000000004"
+    assert CheckpointStore(run / "checkpoints").find()[0].name == "0000000004"
     assert len(plan_clean([run], keep_last=0).candidates) == 4  # nothing kept: all may go
 
 
@@ -243,7 +268,7 @@ KILLED_MID_DELTA = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, {root!r})
     from tests.test_checkpoint_deltas import Parts
-    from dsa_train.train import checkpoint
+    from dsa_train.train import checkpoint_rows as checkpoint
 
     tmp = Path({tmp!r})
     parts = Parts(tmp / "tables", tmp / "state")
@@ -270,8 +295,8 @@ def test_a_delta_write_killed_midway_leaves_no_complete_checkpoint(tmp_path):
     checkpoints = tmp_path / "checkpoints"
     partial = checkpoints / ".partial-0000000002"
     assert list(partial.rglob("*.delta")), "the kill did not land inside a delta write"
-    assert [p.name for p in complete_checkpoints(checkpoints)] == ["0000000001"]
-    assert find_checkpoint(checkpoints)[0].name == "0000000001"
+    assert [p.name for p in CheckpointStore(checkpoints).complete()] == ["0000000001"]
+    assert CheckpointStore(checkpoints).find()[0].name == "0000000001"
     parts = Parts(tmp_path / "t2", tmp_path / "s2")
     try:
         parts.save(checkpoints, 3)
@@ -293,12 +318,12 @@ def test_clones_are_used_for_bases_where_the_file_system_has_them(parts, tmp_pat
     monkeypatch.setattr(ckpt, "_clone", fake_clone)
     monkeypatch.setitem(ckpt._CLONES, str((tmp_path / "checkpoints").resolve()), True)
     (tmp_path / "checkpoints").mkdir()
-    assert "reflink clones" in ckpt.checkpoint_mode(tmp_path / "checkpoints", parts.opt)
+    assert "reflink clones" in CheckpointStore(tmp_path / "checkpoints").mode(parts.opt)
     for n in range(1, MAX_LINKS + 4):
         parts.train(10 * n, 2)
         parts.save(tmp_path / "checkpoints", n)
     assert cloned == ["t.table", "plain.weight.rows"] * 2  # the first base, and the one after MAX_LINKS deltas
-    newest = complete_checkpoints(tmp_path / "checkpoints")[-1]
+    newest = CheckpointStore(tmp_path / "checkpoints").complete()[-1]
     assert kinds(newest)["tables/t.table"] == "delta"
     assert restored(newest, tmp_path / "back", parts.opt.state_id) == parts.files()
 
@@ -329,7 +354,7 @@ def on_disk(folder: Path) -> int:
 
 
 def test_a_fresh_runs_first_checkpoint_is_a_delta_on_the_files_as_made(parts, tmp_path):
-    ckpt.count_from_creation(parts.opt)
+    CheckpointStore.count_from_creation(parts.opt)
     checkpoints = tmp_path / "checkpoints"
     parts.train(0, 3)
     first = parts.save(checkpoints, 3)
@@ -340,7 +365,7 @@ def test_a_fresh_runs_first_checkpoint_is_a_delta_on_the_files_as_made(parts, tm
     assert table_delta["parent"] == {"virtual": "initial"} and table_delta["base"] == "initial" and table_delta["links"] == 1
     assert rows_delta["parent"] == {"virtual": "zeros"} and 0 < table_delta["rows"] <= 36
     state = json.loads((first / "trainer.json").read_text())
-    assert state["version"] == ckpt.VERSION and state["needs"] == []  # no checkpoint holds a base
+    assert state["version"] == VERSION and state["needs"] == []  # no checkpoint holds a base
     assert on_disk(first / "tables") < (parts.tables / "t.table").stat().st_size / 10  # no file of the table's size
     assert on_disk(first / "optimizer_state") < on_disk(parts.state) / 2
 
@@ -351,7 +376,7 @@ def test_a_fresh_runs_first_checkpoint_is_a_delta_on_the_files_as_made(parts, tm
     uninterrupted = parts.files()
     parts.close()
     again = Parts(tmp_path / "back" / "tables", tmp_path / "back" / "state")
-    load_model_state(first, again.model)
+    CheckpointStore.load_model(first, again.model)
     load_optimizer_state(again.opt, first)
     again.train(3, 4)
     assert again.files() == uninterrupted
@@ -359,7 +384,7 @@ def test_a_fresh_runs_first_checkpoint_is_a_delta_on_the_files_as_made(parts, tm
 
 
 def test_chains_on_the_initial_table_are_compacted_onto_it_and_restore(parts, tmp_path):
-    ckpt.count_from_creation(parts.opt)
+    CheckpointStore.count_from_creation(parts.opt)
     checkpoints = tmp_path / "checkpoints"
     expected, headers = {}, []
     for n in range(1, 2 * MAX_LINKS + 4):
@@ -372,7 +397,7 @@ def test_chains_on_the_initial_table_are_compacted_onto_it_and_restore(parts, tm
     assert links[: MAX_LINKS + 1] == [*range(1, MAX_LINKS + 1), 1]  # compacted after MAX_LINKS links...
     merged = headers[MAX_LINKS]
     assert merged["parent"] == {"virtual": "initial"} and merged["rows"] > 24  # ...the chain's union, on the initial table
-    kept = complete_checkpoints(checkpoints)
+    kept = CheckpointStore(checkpoints).complete()
     newest = json.loads((kept[-1] / "trainer.json").read_text())["needs"]
     assert [p.name for p in kept] == sorted({*newest, kept[-2].name, kept[-1].name})  # pruning kept the chain only
     for i, path in enumerate(kept):
@@ -380,7 +405,7 @@ def test_chains_on_the_initial_table_are_compacted_onto_it_and_restore(parts, tm
 
 
 def test_a_fresh_run_touching_most_rows_writes_a_base(parts, tmp_path):
-    ckpt.count_from_creation(parts.opt)
+    CheckpointStore.count_from_creation(parts.opt)
     parts.train(0, 1, everywhere=True)
     first = parts.save(tmp_path / "checkpoints", 1)
     assert kinds(first)["tables/t.table"] == "base"
@@ -388,7 +413,7 @@ def test_a_fresh_run_touching_most_rows_writes_a_base(parts, tmp_path):
 
 
 def test_damage_to_a_delta_on_the_initial_table_is_found(parts, tmp_path):
-    ckpt.count_from_creation(parts.opt)
+    CheckpointStore.count_from_creation(parts.opt)
     checkpoints = tmp_path / "checkpoints"
     for n in (1, 2):
         parts.train(10 * n, 2)
@@ -396,17 +421,17 @@ def test_damage_to_a_delta_on_the_initial_table_is_found(parts, tmp_path):
     first = checkpoints / "0000000001"
     flip(first / "tables" / "t.table.delta", ckpt.HEADER_BYTES + 40)  # the header block: the creation parameters
     with pytest.raises(StateError, match="every checkpoint .* is damaged") as caught:
-        find_checkpoint(checkpoints)
+        CheckpointStore(checkpoints).find()
     assert "t.table.delta does not match its digest" in caught.value.message
     shutil.rmtree(first)  # a missing link
     with pytest.raises(StateError, match="needs checkpoint 0000000001, which is missing"):
-        find_checkpoint(checkpoints, 2)
+        CheckpointStore(checkpoints).find(2)
 
 
 def test_a_torch_that_draws_other_initial_weights_is_refused(parts, tmp_path, monkeypatch):
     from dsa_train.optim import table
 
-    ckpt.count_from_creation(parts.opt)
+    CheckpointStore.count_from_creation(parts.opt)
     parts.train(0, 2)
     first = parts.save(tmp_path / "checkpoints", 1)
     real = table.init_chunk
@@ -416,11 +441,11 @@ def test_a_torch_that_draws_other_initial_weights_is_refused(parts, tmp_path, mo
         chunk.add_(1e-3)
 
     monkeypatch.setattr(table, "init_chunk", other_numbers)
-    assert find_checkpoint(tmp_path / "checkpoints")[2] == []  # intact: the guard is not damage
+    assert CheckpointStore(tmp_path / "checkpoints").find()[2] == []  # intact: the guard is not damage
     where = tmp_path / "back" / "tables"
     where.mkdir(parents=True)
     with pytest.raises(StateError, match=r"cannot be re-created from its seed: it was made under torch .*, and torch .* draws other") as caught:
-        restore_tables(first, where)
+        CheckpointStore.restore_tables(first, where)
     assert f"torch=={torch.__version__}" in caught.value.hint
     assert list(where.iterdir()) == []  # nothing half-restored left
 
@@ -435,11 +460,11 @@ def test_reading_a_chain_on_the_initial_table_draws_only_its_chunks(tmp_path):
     emb = DiskEmbedding(rows, 2, path=tmp_path / "t.table", std=0.1, seed=5)
     model = torch.nn.ModuleDict({"t": emb})
     with DiskSparseAdam(model.named_parameters(), lr=0.01, state_dir=tmp_path / "state") as opt:
-        ckpt.count_from_creation(opt)
+        CheckpointStore.count_from_creation(opt)
         picked = torch.tensor([0, 5, table.INIT_CHUNK_ROWS - 1, table.INIT_CHUNK_ROWS, rows - 1])
         emb(picked).pow(2).sum().backward()
         opt.step()
-        path = save_checkpoint(tmp_path / "checkpoints", 1, model, opt, {"run_id": "r", "step": 1}, keep=2)
+        path = CheckpointStore(tmp_path / "checkpoints").save(1, model, opt, {"run_id": "r", "step": 1}, keep=2)
         emb.flush()
     live = np.fromfile(tmp_path / "t.table", dtype=np.uint8, offset=ckpt.HEADER_BYTES).reshape(rows, -1)
     drawn = []
@@ -460,7 +485,7 @@ def test_reading_a_chain_on_the_initial_table_draws_only_its_chunks(tmp_path):
 def test_inspect_state_reads_a_checkpoint_kept_as_a_delta_on_the_initial_table(parts, tmp_path):
     from dsa_train.optim.inspect import StateInspector
 
-    ckpt.count_from_creation(parts.opt)
+    CheckpointStore.count_from_creation(parts.opt)
     parts.train(0, 3)
     first = parts.save(tmp_path / "checkpoints", 3)
     moments = parts.table.table.rows.moments.clone()
@@ -511,7 +536,7 @@ def final_versions(run: Path) -> dict[str, np.ndarray]:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
     from torture_kill import records_of
 
-    final = complete_checkpoints(run / "checkpoints")[-1]
+    final = CheckpointStore(run / "checkpoints").complete()[-1]
     return {name: records_of(final, name) for name in ("tables/entities.table", "optimizer_state/rel_emb.weight.rows")}
 
 
@@ -547,7 +572,7 @@ def test_a_run_resumed_from_its_first_checkpoint_a_delta_on_the_initial_table_en
 KILLED_IN_THE_FIRST_DELTA = textwrap.dedent(
     """
     import os, signal, sys
-    from dsa_train.train import checkpoint
+    from dsa_train.train import checkpoint_rows as checkpoint
 
     real = checkpoint.write_delta
 
@@ -571,7 +596,7 @@ def test_a_kill_in_the_first_delta_then_resume_ends_as_uninterrupted(uninterrupt
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == -signal.SIGKILL, done.stderr
     assert list((victim / "checkpoints").glob(".partial-0000000003/*/*.delta")), "the kill did not land in the first delta"
-    assert complete_checkpoints(victim / "checkpoints") == []
+    assert CheckpointStore(victim / "checkpoints").complete() == []
     resumed = cli("run", recipe, "--output", victim, "--resume")
     assert resumed.exit_code == 0 and "has no checkpoint yet" in resumed.stderr, resumed.stderr
     assert history(victim) == history(whole)
@@ -590,12 +615,12 @@ def test_eval_of_a_delta_checkpoint_reads_it_through_its_chain_and_scores_as_the
     from dsa_train.train.tasks import make_task
 
     recipe, whole = uninterrupted
-    final = complete_checkpoints(whole / "checkpoints")[-1]
+    final = CheckpointStore(whole / "checkpoints").complete()[-1]
     assert (final / "tables" / "entities.table.delta").exists() and not (final / "tables" / "entities.table").exists()
     def never(*args, **kwargs):
         raise AssertionError("a table was materialised")
 
-    monkeypatch.setattr(ckpt, "materialise", never)
+    monkeypatch.setattr(checkpoint_store, "materialise", never)
     monkeypatch.setattr(deltas, "copy_sparse", never)
     folders = [whole, *(p for p in whole.rglob("*") if p.is_dir())]
     before = {p: p.stat().st_mtime_ns for p in folders}  # an entry made (or removed) anywhere shows here
@@ -605,7 +630,7 @@ def test_eval_of_a_delta_checkpoint_reads_it_through_its_chain_and_scores_as_the
     run_recipe = RunFolder.find(whole).read_config([])
     torch.manual_seed(run_recipe.train.seed)
     task = make_task(run_recipe, torch.device("cpu"), TableSite(whole / "tables", writable=False))
-    load_model_state(final, task.model)
+    CheckpointStore.load_model(final, task.model)
     task.model.eval()
     assert metrics == task.evaluate("test", final=True, reporter=loop.SilentReporter())
     assert metrics["both"]["queries"] == 400
@@ -639,7 +664,7 @@ def test_node2vec_eval_of_a_delta_checkpoint_reads_only_the_rows_it_scores(tmp_p
     (tmp_path / "n.yaml").write_text(NODE2VEC_RECIPE)
     assert cli("run", tmp_path / "n.yaml", "--output", tmp_path / "run").exit_code == 0
     run = RunFolder.find(tmp_path / "run")
-    final = complete_checkpoints(run.checkpoints)[-1]
+    final = CheckpointStore(run.checkpoints).complete()[-1]
     assert read_delta_header(final / "tables" / "nodes.table.delta")["base"] == "initial"
     read, real = [], TableRows.__getitem__
     monkeypatch.setattr(TableRows, "__getitem__", lambda self, ids: read.append(len(ids)) or real(self, ids))
@@ -649,7 +674,7 @@ def test_node2vec_eval_of_a_delta_checkpoint_reads_only_the_rows_it_scores(tmp_p
     recipe = run.read_config([])
     torch.manual_seed(recipe.train.seed)
     task = make_task(recipe, torch.device("cpu"), TableSite(run.tables_dir, writable=False))
-    load_model_state(final, task.model)
+    CheckpointStore.load_model(final, task.model)
     task.model.eval()
     assert metrics == task.evaluate("test", final=True, reporter=loop.SilentReporter())
 
@@ -783,4 +808,4 @@ def test_a_checkpoint_fsyncs_each_file_once_and_never_reads_a_delta_back(parts, 
     state = json.loads((second / "trainer.json").read_text())
     assert kinds(second) == {"tables/t.table": "delta", "optimizer_state/plain.weight.rows": "delta"}
     assert {name: fsutil.file_digest(second / name) for name in state["files"]} == state["files"]
-    assert find_checkpoint(checkpoints)[0] == second
+    assert CheckpointStore(checkpoints).find()[0] == second

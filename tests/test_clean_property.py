@@ -24,7 +24,8 @@ from dsa_train.errors import DsaError
 from dsa_train.fsutil import DirectoryLock, lock_holder
 from dsa_train.optim.format import STATE_FORMAT
 from dsa_train.train.cleanup import plan_clean, remove
-from dsa_train.train.run_folder import CHECKPOINT_FORMAT, RUN_FORMAT
+from dsa_train.train.checkpoint_layout import CHECKPOINT_FORMAT
+from dsa_train.train.run_folder import RUN_FORMAT
 
 OTHER_RUN = "f" * 32
 

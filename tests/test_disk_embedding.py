@@ -270,7 +270,7 @@ def test_a_table_records_how_it_was_made_and_an_older_header_still_opens(tmp_pat
     were recorded opens as before, and a fresh run's first checkpoint of it is a full copy
     (there is nothing to re-create it from)."""
     from dsa_train.optim.table import InitialTable, Table, table_header
-    from dsa_train.train.checkpoint import count_from_creation, save_checkpoint
+    from dsa_train.train.checkpoint_store import CheckpointStore
 
     disk = DiskEmbedding(ROWS, DIM, path=tmp_path / "t.table", init="uniform", bound=0.3, seed=11)
     meta = read_row_header(tmp_path / "t.table")
@@ -288,10 +288,10 @@ def test_a_table_records_how_it_was_made_and_an_older_header_still_opens(tmp_pat
     assert Table.open(old, (ROWS, DIM), torch.float32).creation is None
     older = DiskEmbedding(ROWS, DIM, path=old)
     opt = DiskSparseAdam(older.named_parameters(), lr=0.01, state_dir=tmp_path / "state")
-    count_from_creation(opt)
+    CheckpointStore.count_from_creation(opt)
     older(torch.tensor([1, 2])).sum().backward()
     opt.step()
-    first = save_checkpoint(tmp_path / "checkpoints", 1, older, opt, {"step": 1}, keep=1)
+    first = CheckpointStore(tmp_path / "checkpoints").save(1, older, opt, {"step": 1}, keep=1)
     assert (first / "tables" / "t.table").is_file() and not (first / "tables" / "t.table.delta").exists()
     opt.close()
 

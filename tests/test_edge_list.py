@@ -17,6 +17,7 @@ from dsa_train.data.store import imports_root
 from dsa_train.errors import ConfigError, DatasetError
 from dsa_train.recipe import DatasetConfig, EdgeListConfig
 
+from .helpers import node_recipe
 from .test_graph_import import brute_force_csr, pairs_of
 
 
@@ -267,25 +268,6 @@ def test_cora_as_an_edge_list_trains_as_cora_through_planetoid(tmp_path, test_da
     assert int(labelled.sum()) == len(split) and torch.equal(named_graph.labels[labelled].long(), cora.labels.long()[renamed][labelled])
 
 
-TWO_GROUPS = """\
-name: {name}
-dataset:
-  kind: edge_list
-  path: {edges}
-  labels: {labels}
-  link_split: [0.1, 0.2]
-model:
-  kind: {model}
-  dim: 16
-  embedding_storage: {storage}
-  node2vec: {{walk_length: 6, context_size: 3, walks_per_node: 2}}
-  sage: {{task: link, layers: 2, hidden: 16, fanout: [4, 3]}}
-train: {{epochs: 4, batch_size: 32, log_every: 50, checkpoint_every: 1000, order: {order}, partitions: {partitions}}}
-optimizer: {{kind: dsa, lr: 0.05, dense_lr: 0.01}}
-eval: {{every_epochs: 4, final_splits: [test]}}
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "model,order,partitions,storage",
@@ -311,7 +293,11 @@ def test_models_train_on_a_named_edge_list_and_results_speak_its_names(tmp_path,
     edges.write_text("from,to\n" + "".join(f"{a},{b}\n" for a, b in sorted(pairs)))
     labels.write_text("".join(f"{n}\t{'red' if g else 'blue'}\n" for n, g in group.items()))
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(TWO_GROUPS.format(name=model, edges=edges, labels=labels, model=model, storage=storage, order=order, partitions=partitions))
+    recipe.write_text(node_recipe(
+        model, f"{{kind: edge_list, path: '{edges}', labels: '{labels}', link_split: [0.1, 0.2]}}", model=model, storage=storage,
+        train=f"{{epochs: 4, batch_size: 32, log_every: 50, checkpoint_every: 1000, order: {order}, partitions: {partitions}}}",
+        eval="{every_epochs: 4, final_splits: [test]}",
+    ))  # fmt: skip
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", str(recipe), "--output", str(out)])
     assert result.exit_code == 0, result.stderr

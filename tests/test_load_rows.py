@@ -15,6 +15,7 @@ from torch import nn
 
 from dsa_train import DiskSparseAdam
 from dsa_train.optim.inspect import StateInspector
+from dsa_train.train.changed_rows import count_from
 
 ROWS, DIM = 120, 8
 
@@ -65,7 +66,7 @@ def test_loaded_rows_are_in_the_next_checkpoint_delta(tmp_path):
     """Rows set by load_rows count as written: a checkpoint delta counted from creation has them."""
     emb = nn.Embedding(ROWS, DIM, sparse=True)
     with DiskSparseAdam(emb.named_parameters(), state_dir=tmp_path / "s") as opt:
-        opt.reset_dirty("initial")
+        changed = count_from(opt, "initial")
         rows = torch.tensor([3, 50, 7])
         opt.load_rows(emb.weight, rows, torch.ones(3, DIM), torch.ones(3, DIM), step=4)
-        assert opt.dirty_rows(tmp_path / "s" / "weight.rows").tolist() == [3, 7, 50]
+        assert changed.rows(tmp_path / "s" / "weight.rows").tolist() == [3, 7, 50]

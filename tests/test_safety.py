@@ -19,9 +19,9 @@ from typer.testing import CliRunner
 
 from dsa_train import DiskSparseAdam, StateError
 from dsa_train.cli.app import app
-from dsa_train.fsutil import DirectoryLock
+from dsa_train.fsutil import DirectoryLock, create_owned_folder
 from dsa_train.optim import functional, row_file
-from dsa_train.train.checkpoint import trainer_checksum
+from dsa_train.train.checkpoint_store import trainer_checksum
 from dsa_train.train.run_folder import RunFolder
 
 from .test_state_tools import finished_run, runs  # noqa: F401  (fixtures: a finished tiny run, made once)
@@ -470,3 +470,28 @@ def test_a_link_planted_at_a_pending_row_file_is_never_written_through(tmp_path)
     with pytest.raises(StateError, match="is in the way of a new row file and is not a regular file"):
         DiskSparseAdam(nn.Embedding(4, 2, sparse=True).parameters(), state_dir=state)
     assert precious.read_text() == "precious" and (state / "param0.rows.pending").is_symlink()
+
+
+def test_an_owned_folder_is_new_or_empty_never_a_link_and_locked_before_use(tmp_path):
+    """The run folder's and the tune folder's creation (fsutil.create_owned_folder)."""
+    hints = dict(link_hint="pass a real folder", busy_hint="choose another folder")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(StateError, match=r"run folder '.*link' is a symbolic link") as err:
+        create_owned_folder(tmp_path / "link", "run folder", **hints)
+    assert err.value.hint == "pass a real folder" and not DirectoryLock(target, purpose="x").path.exists()  # nothing written through it
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "notes.txt").write_text("someone's")
+    with pytest.raises(StateError, match=r"tune folder '.*used' already exists and is not empty") as err:
+        create_owned_folder(tmp_path / "used", "tune folder", **hints)
+    assert err.value.hint == "choose another folder"
+    lock = create_owned_folder(tmp_path / "new" / "run", "run folder", **hints)  # parents made
+    try:
+        assert lock.held and (tmp_path / "new" / "run" / DirectoryLock.FILE_NAME).is_file()
+        with pytest.raises(StateError, match="is locked by"):  # a second process started at the same instant
+            create_owned_folder(tmp_path / "new" / "run", "run folder", **hints)
+    finally:
+        lock.release()
+    again = create_owned_folder(tmp_path / "new" / "run", "run folder", **hints)  # only our lock record in it: empty
+    again.release()

@@ -14,27 +14,11 @@ from dsa_train.models import node
 from dsa_train.recipe import DatasetConfig
 from dsa_train.train.run_folder import MetricsLog
 
-from .helpers import assert_same_tensors, error_at_step
+from .helpers import assert_same_tensors, error_at_step, node_recipe
 
 REPO_RECIPES = __import__("pathlib").Path(__file__).resolve().parent.parent / "recipes"
 
-SBM = """\
-name: {name}
-description: a small graph for the tests
-dataset:
-  kind: synthetic_graph
-  graph: {{nodes: 400, communities: 4, average_degree: 8, homophily: 0.9, seed: 1}}
-  link_split: [0.1, 0.2]
-model:
-  kind: {model}
-  dim: 16
-  embedding_storage: {storage}
-  node2vec: {{walk_length: 6, context_size: 3, walks_per_node: 2}}
-  sage: {{task: {task}, layers: 2, hidden: 16, fanout: [4, 3]}}
-train: {{epochs: 8, batch_size: 64, log_every: 2, checkpoint_every: 4, keep_checkpoints: 2}}
-optimizer: {{kind: {optimizer}, lr: 0.05, dense_lr: 0.01}}
-eval: {{every_epochs: 2, final_splits: [valid, test], link_negatives: 20}}
-"""
+SBM = "{kind: synthetic_graph, graph: {nodes: 400, communities: 4, average_degree: 8, homophily: 0.9, seed: 1}, link_split: [0.1, 0.2]}"
 
 
 def invoke(*args):
@@ -43,7 +27,11 @@ def invoke(*args):
 
 def write(tmp_path, model="node2vec", task="link", optimizer="dsa", storage="memory"):
     path = tmp_path / f"{model}-{task}-{optimizer}-{storage}.yaml"
-    path.write_text(SBM.format(name=f"{model}-{task}", model=model, task=task, optimizer=optimizer, storage=storage))
+    path.write_text(node_recipe(
+        f"{model}-{task}", SBM, model=model, task=task, optimizer=optimizer, storage=storage, description="a small graph for the tests",
+        train="{epochs: 8, batch_size: 64, log_every: 2, checkpoint_every: 4, keep_checkpoints: 2}",
+        eval="{every_epochs: 2, final_splits: [valid, test], link_negatives: 20}",
+    ))  # fmt: skip
     return path
 
 

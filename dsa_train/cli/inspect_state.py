@@ -14,7 +14,7 @@ from ..errors import DsaError, StateError
 from ..optim.inspect import PROBLEMS, StateInspector, live_holder
 from ..train.cleanup import is_job_folder, job_ranks
 from ..optim.format import MANIFEST
-from ..train.checkpoint_layout import CHECKPOINTS, TRAINER, complete_checkpoints
+from ..train.checkpoint_store import CheckpointStore
 from ..train.run_folder import JOB_MANIFEST, RANKS, STATE_DIR, RunFolder, job_checkpoints, read_marker
 from ._errors import handle_errors
 from ._output import ProgressReporter, stderr, stdout
@@ -121,15 +121,15 @@ def state_of(path: Path) -> tuple[Path, Path | None]:
     ``optimizer.state_dir``); a checkpoint folder names its copy. A run whose live state was
     removed (``dsa-train clean``) points to its newest checkpoint's copy."""
     path = Path(path)
-    if (path / TRAINER).is_file():  # a checkpoint folder
+    if CheckpointStore.get_trainer_file(path).is_file():  # a checkpoint folder
         return path / STATE_DIR, path
-    if path.name == STATE_DIR and (path.parent / TRAINER).is_file():  # a checkpoint's copy
+    if path.name == STATE_DIR and CheckpointStore.get_trainer_file(path.parent).is_file():  # a checkpoint's copy
         return path, path.parent
     if read_marker(path) is None:
         return path, None  # a state directory (StateInspector says if it is not one)
     state = RunFolder(path).live_state_dir
     if not (state / MANIFEST).is_file():
-        kept = complete_checkpoints(path / CHECKPOINTS)
+        kept = CheckpointStore.of_run(path).complete()
         if kept:
             raise DsaError(
                 f"run '{path}' has no live optimizer state any more (at '{state}': removed by dsa-train clean once the run "

@@ -13,7 +13,8 @@ from pathlib import Path
 import typer
 
 from ..recipe import Recipe, load_recipe, recipe_differences, with_data_root
-from ..train.run_folder import MetricsLog, RunFolder, complete_checkpoints
+from ..train.checkpoint_store import CheckpointStore
+from ..train.run_folder import MetricsLog, RunFolder
 from ._errors import debug, handle_errors
 from ._output import ProgressReporter, print_final_metrics, stdout
 from .recipes import find_recipe
@@ -136,7 +137,7 @@ def run(
             training.close(after_error=True)  # the first error is the one the user sees
             # a new run that failed before its first step leaves nothing behind (no folder that
             # clean would not know and --resume would pick)
-            discard = not resume and training.step_count == 0 and not complete_checkpoints(folder.checkpoints)
+            discard = not resume and training.step_count == 0 and not CheckpointStore(folder.checkpoints).complete()
             raise
         training.close()
     finally:

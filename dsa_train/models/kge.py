@@ -168,6 +168,29 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         return keys
 
 
+class QueryProduct(KGEModel):
+    r"""A scoring function whose score is a query's dot product with the candidate's row:
+    :math:`f(h, r, t) = q_\text{tail}(h, r) \cdot t = q_\text{head}(t, r) \cdot h`, so against
+    many candidates it is one matrix product. A subclass gives the two queries."""
+
+    def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
+        return (self.tail_query(head, rel) * tail).sum(dim=-1)
+
+    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+        query = self.tail_query(anchor, rel) if side == "tail" else self.head_query(anchor, rel)
+        return query @ candidates.T
+
+    @staticmethod
+    def tail_query(head: Tensor, rel: Tensor) -> Tensor:
+        """``q`` with ``q . c`` the score of ``(head, rel, c)``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def head_query(tail: Tensor, rel: Tensor) -> Tensor:
+        """``q`` with ``q . c`` the score of ``(c, rel, tail)``."""
+        raise NotImplementedError
+
+
 def euclidean(query: Tensor, candidates: Tensor) -> Tensor:
     r"""``(B, K)`` Euclidean distances of ``B`` queries to ``K`` candidates in one matrix product:
     :math:`\lVert q - e \rVert^2 = \lVert q \rVert^2 - 2\, q \cdot e + \lVert e \rVert^2`.

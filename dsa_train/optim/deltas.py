@@ -1,9 +1,8 @@
-"""Which records of a row file changed, and row-file deltas: those records, written alone.
+"""Row-file deltas: the records of a row file that changed, written alone.
 
-:class:`DirtyRows` is a bitmap of one bit per record (12.5 MB for 10^8 rows) that
-:class:`~dsa_train.DiskSparseAdam` sets for every row a step writes. A *delta* holds the
-records of such a set, copied out of a row file (see :mod:`.format`), so that a snapshot of a
-file costs the rows written since the previous snapshot, not the file. Its layout (offsets in
+A *delta* holds a set of records copied out of a row file (see :mod:`.format`), so that a
+snapshot of a file costs the rows written since the previous snapshot, not the file (which
+rows: :mod:`dsa_train.train.changed_rows` counts them, from the optimizer's write hook). Its layout (offsets in
 bytes, integers little-endian)::
 
     [0, 4096)                      DELTA_MAGIC, then one line of JSON, NUL-padded:
@@ -69,28 +68,6 @@ WRITE_BUFFERS = 3  # the ring those chunks are gathered into
 MAX_CHAIN = 64  # a longer chain is damage (the writer compacts long before)
 VIRTUAL = ("initial", "zeros")  # bases no file holds: a table as created, a row file as created
 _SNAPSHOT = re.compile(r"[0-9]{1,20}")
-
-
-class DirtyRows:
-    """The set of rows of an ``N``-row file written since :meth:`clear`: ``N`` bits."""
-
-    def __init__(self, num_rows: int) -> None:
-        self.num_rows = num_rows
-        self._bits = np.zeros((num_rows + 7) // 8, dtype=np.uint8)
-
-    def mark(self, rows) -> None:
-        """Add the row indices ``rows`` (a tensor or array, duplicates allowed)."""
-        rows = np.asarray(rows.cpu() if hasattr(rows, "cpu") else rows, dtype=np.int64).reshape(-1)
-        np.bitwise_or.at(self._bits, rows >> 3, np.left_shift(1, rows & 7).astype(np.uint8))
-
-    def rows(self) -> np.ndarray:
-        """The marked rows, sorted, as int64 (memory grows with their number, not with ``N``)."""
-        bytes_ = np.flatnonzero(self._bits).astype(np.int64)
-        bits = np.flatnonzero(np.unpackbits(self._bits[bytes_], bitorder="little"))  # of those bytes' bits
-        return bytes_[bits >> 3] * 8 + (bits & 7)
-
-    def clear(self) -> None:
-        self._bits[:] = 0
 
 
 def snapshot_path(root: Path, snapshot: str, file: str, *, delta: bool) -> Path:

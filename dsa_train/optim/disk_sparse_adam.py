@@ -7,11 +7,14 @@ import re
 import time
 import warnings
 import weakref
+from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
+from torch.utils.hooks import RemovableHandle
 
 from ..errors import StateError, TrainingError
 from ..fsutil import require_linux
@@ -25,7 +28,6 @@ from .functional import (
     fused_sparse_adam_rows_,
     sparse_adam_rows_,
 )
-from .deltas import DirtyRows
 from .format import LAYOUT, TABLE_LAYOUT
 from .residency import memory_shortfall, resolve_budget
 from .row_file import DTYPES, RowFile, dtype_name
@@ -142,8 +144,7 @@ class DiskSparseAdam(Optimizer):
         self._names: dict[str, str] = {}  # file key -> the parameter's own name
         self._workspace = Workspace()
         self._staging: dict[torch.device, CudaStaging] = {}  # per CUDA device, made on first use
-        self._dirty: dict[str, DirtyRows] = {}  # file key -> rows written since reset_dirty()
-        self._dirty_since: str | None = None
+        self._write_hooks: OrderedDict[int, Callable[[Path, Tensor], None]] = OrderedDict()  # register_write_hook
         defaults = {"lr": lr, "betas": betas, "eps": eps, "maximize": maximize}
         super().__init__(params, defaults)
         _check_params(self.param_groups, range(len(self.param_groups)), compact=self._layout != LAYOUT)
@@ -241,7 +242,6 @@ class DiskSparseAdam(Optimizer):
         for p, key in self._keys.items():
             if steps.get(key) and "step" not in self.state[p]:
                 self.state[p]["step"] = steps[key]
-            self._dirty.setdefault(key, DirtyRows(p.shape[0]))
         self._store.groups = self._groups_summary()
 
     def _share_budget(self) -> None:
@@ -349,7 +349,7 @@ class DiskSparseAdam(Optimizer):
                 store.steps[self._keys[p]] = state["step"]
                 if p.grad._values().numel() == 0:
                     continue  # an empty gradient counts as a step, as in SparseAdam
-                self._dirty[self._keys[p]].mark(p.grad._indices()[0])  # before the first byte
+                self._announce(store.files[self._keys[p]], p.grad._indices()[0])  # before the first byte
                 self._update(p, store.files[self._keys[p]], group, state["step"])
         except BaseException as e:
             # Some parameters may be updated and others not: the directory stays unclean.
@@ -375,8 +375,8 @@ class DiskSparseAdam(Optimizer):
 
         ``exp_avg`` and ``exp_avg_sq`` are ``(len(rows), W)``; they are stored in the state's
         own dtype and layout (a row-wise ``v`` keeps column 0, which a row-wise state gives
-        for every column). The rows count as written, as a step's do (checkpoint deltas
-        include them); the other rows keep their moments."""
+        for every column). The rows are announced to the write hooks, as a step's are; the
+        other rows keep their moments."""
         store = self._open_store()
         key = self._keys[param]
         moments = store.files[key]
@@ -385,7 +385,7 @@ class DiskSparseAdam(Optimizer):
         if store.clean:
             store.groups = self._groups_summary()
             store.mark_dirty()
-        self._dirty[key].mark(rows)
+        self._announce(moments, rows)
         moments.m[rows] = exp_avg.to(moments.m.dtype)
         moments.v[rows] = exp_avg_sq[:, : moments.v.shape[1]].to(moments.v.dtype)
         moments.settle()
@@ -437,31 +437,25 @@ class DiskSparseAdam(Optimizer):
             )
         return self._store
 
-    def dirty_rows(self, path: str | Path):
-        """The rows (a sorted int64 numpy array) whose records in the row file ``path`` (a
-        parameter's ``.rows`` file in ``state_dir``, or a disk table) this optimizer's steps
-        wrote since :meth:`reset_dirty`, or since it was opened; ``None`` when no parameter of
-        this optimizer keeps its records in that file. Rows are marked before they are
-        written, so a step that failed half-way leaves them marked. Writes made by anything
-        else (loading weights into a table, say) are not seen."""
-        wanted = Path(path).resolve()
-        for key, row_file in self._open_store().files.items():
-            if row_file.path.resolve() == wanted:
-                return self._dirty[key].rows()
-        return None
+    def row_files(self) -> dict[Path, int]:
+        """The row files this optimizer writes (a parameter's ``.rows`` file in ``state_dir``, or
+        its disk table), each with its number of rows."""
+        files = self._open_store().files
+        return {files[key].path: p.shape[0] for p, key in self._keys.items()}
 
-    @property
-    def dirty_since(self) -> str | None:
-        """The label given to the last :meth:`reset_dirty` (``None``: none since the optimizer
-        was opened, so :meth:`dirty_rows` covers every write since then)."""
-        return self._dirty_since
+    def register_write_hook(self, hook: Callable[[Path, Tensor], None]) -> RemovableHandle:
+        """Call ``hook(path, rows)`` before this optimizer writes the records ``rows`` (an int64
+        tensor, duplicates allowed) of the row file ``path`` (one of :meth:`row_files`): a
+        step's touched rows, :meth:`load_rows`' rows. They are announced before the first byte,
+        so a step that fails half-way has announced them. Writes made by anything else (loading
+        weights into a table, say) are not seen. ``handle.remove()`` unregisters the hook."""
+        handle = RemovableHandle(self._write_hooks)
+        self._write_hooks[handle.id] = hook
+        return handle
 
-    def reset_dirty(self, label: str | None) -> None:
-        """Forget the rows written so far and remember ``label`` (an opaque name of the point
-        the files are known to be at, for the caller to check later)."""
-        for dirty in self._dirty.values():
-            dirty.clear()
-        self._dirty_since = label
+    def _announce(self, row_file: RowFile, rows: Tensor) -> None:
+        for hook in self._write_hooks.values():
+            hook(row_file.path, rows)
 
     def flush(self) -> None:
         """Write every touched row to disk, then commit the step counters (durable on return)."""

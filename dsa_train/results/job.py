@@ -23,7 +23,7 @@ from ..errors import DsaError
 from ..models import build_kge_model
 from ..models.node import SkipGram
 from ..recipe import Recipe
-from ..train.checkpoint import MODEL, TABLES, find_checkpoint, table_versions
+from ..train.checkpoint_store import CheckpointStore
 from ..train.optimizers import load_tensors
 from ..train.run_folder import RANKS, RunFolder, job_checkpoints, rank_folder_name
 from ..train.tables import TableSite, disk_table
@@ -66,13 +66,13 @@ def open_job(run: RunFolder, recipe: Recipe, checkpoint: int | None, note) -> tu
     paths = []
     for rank in range(world):
         rank_run = RunFolder.find(run.path / RANKS / rank_folder_name(rank, world))
-        path, _, _ = find_checkpoint(rank_run.checkpoints, step)  # a step asked for is never substituted
+        path, _, _ = CheckpointStore(rank_run.checkpoints).find(step)  # a step asked for is never substituted
         paths.append(path)
     if recipe.is_kge:
         kg = load_knowledge_graph(recipe.dataset, note=note)
         table = _sharded(recipe, paths, "entities", "node_emb.weight", kg.num_entities)
         model = build_kge_model(recipe.model, kg.num_entities, kg.num_relations, table)
-        rank_zero = load_tensors(paths[0] / MODEL)
+        rank_zero = load_tensors(CheckpointStore.get_model_file(paths[0]))
         with torch.no_grad():
             for name in model.replicated:  # the same on every rank
                 getattr(model, name).weight.copy_(rank_zero[f"{name}.weight"])
@@ -89,9 +89,9 @@ def _sharded(recipe: Recipe, paths: list[Path], name: str, key: str, num_rows: i
     shards = []
     for rank, path in enumerate(paths):
         if recipe.model.embedding_storage == "disk":  # the rank's version: whole, or a chain of deltas
-            site = TableSite(path / TABLES, writable=False, versions=table_versions(path))
+            site = TableSite(CheckpointStore.get_tables_dir(path), writable=False, versions=CheckpointStore.table_versions(path))
             std = recipe.model.init_std if recipe.is_kge else SkipGram.INIT_STD
             shards.append(disk_table(recipe, site, name, sharding.rows_of(rank), std=std, first_row=rank * sharding.block, total_rows=num_rows))
         else:
-            shards.append(nn.Embedding.from_pretrained(load_tensors(path / MODEL)[key], freeze=True))
+            shards.append(nn.Embedding.from_pretrained(load_tensors(CheckpointStore.get_model_file(path))[key], freeze=True))
     return ShardedTable(sharding, shards, recipe.model.dim)

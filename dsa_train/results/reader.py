@@ -23,7 +23,7 @@ from ..data.clicks_import import click_columns, click_log_file, read_click_chunk
 from ..errors import DsaError
 from ..models import SCORING_FUNCTIONS, KGEModel
 from ..recipe import with_data_root
-from ..train.checkpoint import TABLES, find_checkpoint, load_model_state, table_versions
+from ..train.checkpoint_store import CheckpointStore
 from ..nn import DiskTable
 from ..train.run_folder import RunFolder, is_job
 from ..train.tables import TableSite
@@ -70,12 +70,13 @@ class TrainedRun:
             paths, self.step, self.task = open_job(run, self.recipe, checkpoint, self.warnings.append)
             self.path = paths[0]
         else:
-            self.path, _, damaged = find_checkpoint(run.checkpoints, checkpoint)
+            store = CheckpointStore(run.checkpoints)
+            self.path, _, damaged = store.find(checkpoint)
             self.warnings += [f"warning: {text}" for text in damaged]
             self.step = int(self.path.name)
-            site = TableSite(self.path / TABLES, writable=False, versions=table_versions(self.path))
+            site = TableSite(store.get_tables_dir(self.path), writable=False, versions=store.table_versions(self.path))
             self.task = make_task(self.recipe, torch.device("cpu"), site, note=self.warnings.append)
-            load_model_state(self.path, self.task.model)
+            store.load_model(self.path, self.task.model)
         self.model: nn.Module = self.task.model.eval()
         self.kind: str = self.recipe.model.kind
         self.settings: dict = dataclasses.asdict(self.recipe.model)

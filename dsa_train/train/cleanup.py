@@ -51,7 +51,8 @@ from pathlib import Path
 from ..errors import DsaError, StateError
 from ..fsutil import DirectoryLock, is_regular_file, lock_holder, read_json_object
 from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, STATE_FORMAT, TABLE_LAYOUT
-from .checkpoint_layout import CHECKPOINT_FORMAT, CHECKPOINTS, DOOMED, PARTIAL, TRAINER, is_step_name, real_directories, retained
+from .checkpoint_layout import CHECKPOINT_FORMAT, CHECKPOINTS, TRAINER, real_directories
+from .checkpoint_store import CheckpointStore
 from .run_folder import (
     JOB_MANIFEST,
     RANKS,
@@ -113,7 +114,7 @@ def is_state_dir(path: Path) -> bool:
 
 
 def checkpoint_state(path: Path) -> dict | None:
-    state = read_json_object(path / TRAINER)
+    state = read_json_object(CheckpointStore.get_trainer_file(path))
     return state if state and state.get("format") == CHECKPOINT_FORMAT else None
 
 
@@ -364,18 +365,20 @@ def _survey(path: Path, plan: CleanPlan) -> _Run | None:
     for name in (CHECKPOINTS, STATE):
         if (path / name).is_symlink():
             plan.kept.append((path / name, "a symbolic link: clean never follows links"))
-    checkpoints = path / CHECKPOINTS
+    store = CheckpointStore.of_run(path)
+    for folder in store.scratch():
+        plan.candidates.append(
+            Candidate("unfinished checkpoint", folder, allocated_bytes(folder), _mtime(folder), path, (CHECKPOINTS, folder.name))
+        )
     complete = []
-    for folder in real_directories(checkpoints) if not checkpoints.is_symlink() else []:
-        if folder.name.startswith((PARTIAL, DOOMED)):
-            plan.candidates.append(
-                Candidate("unfinished checkpoint", folder, allocated_bytes(folder), _mtime(folder), path, (CHECKPOINTS, folder.name))
-            )
-        elif is_step_name(folder.name) and checkpoint_state(folder) is not None:
-            if checkpoint_state(folder).get("run_id") == marker["run_id"]:
-                complete.append(folder)
-            else:
-                plan.kept.append((folder, "a checkpoint of another run (its trainer.json names another run id)"))
+    for folder in store.complete():
+        state = checkpoint_state(folder)
+        if state is None:
+            continue
+        if state.get("run_id") == marker["run_id"]:
+            complete.append(folder)
+        else:
+            plan.kept.append((folder, "a checkpoint of another run (its trainer.json names another run id)"))
     opened = {}
     for checkpoint in complete:
         holder = lock_holder(checkpoint / STATE) if (checkpoint / STATE).is_dir() and not (checkpoint / STATE).is_symlink() else None
@@ -390,7 +393,7 @@ def _with_needs(run: _Run, keep: dict[Path, str]) -> dict[Path, str]:
     held = dict(run.open)
     for checkpoint, reason in keep.items():
         held.setdefault(checkpoint, reason)
-    return retained(run.complete, 0, held=held)
+    return CheckpointStore.of_run(run.path).retained(0, complete=run.complete, held=held)
 
 
 def _settle(run: _Run, plan: CleanPlan, why: dict[Path, str], *, job: Path | None = None, keep_last: int = 0) -> None:
@@ -402,7 +405,7 @@ def _settle(run: _Run, plan: CleanPlan, why: dict[Path, str], *, job: Path | Non
             plan.kept.append((checkpoint, why[checkpoint]))
         else:
             plan.candidates.append(
-                Candidate("checkpoint", checkpoint, allocated_bytes(checkpoint), _mtime(checkpoint / TRAINER), path,
+                Candidate("checkpoint", checkpoint, allocated_bytes(checkpoint), _mtime(CheckpointStore.get_trainer_file(checkpoint)), path,
                           (CHECKPOINTS, checkpoint.name), job, keep_last)  # fmt: skip
             )
     state = path / STATE
@@ -606,10 +609,10 @@ def _remove_checkpoint(run_fd: int, candidate: Candidate) -> None:
                 state = read_json_object(TRAINER, dir_fd=checkpoint_fd)
                 if not (marker and state and state.get("format") == CHECKPOINT_FORMAT and state.get("run_id") == marker.get("run_id")):
                     raise _changed(candidate, "it is no longer a checkpoint of this run")
-                doomed = DOOMED + name
+                doomed = CheckpointStore.get_doomed_dir(Path(name)).name
                 os.rename(name, doomed, src_dir_fd=checkpoints_fd, dst_dir_fd=checkpoints_fd)  # incomplete from here
                 name = doomed
-            elif not name.startswith((PARTIAL, DOOMED)):
+            elif not CheckpointStore.is_scratch_name(name):
                 raise _changed(candidate, "not a scratch folder")
             if not os.path.samestat(os.fstat(checkpoint_fd), os.lstat(name, dir_fd=checkpoints_fd)):
                 raise _changed(candidate, "it was replaced")

@@ -34,18 +34,9 @@ from ..errors import DsaError
 from ..memory import peak_rss_bytes
 from ..recipe import Recipe, with_data_root
 from .callbacks import Callback, default_callbacks
-from .checkpoint import (
-    TABLES,
-    checkpoint_mode,
-    count_from_creation,
-    find_checkpoint,
-    load_model_state,
-    restore_tables,
-    save_checkpoint,
-    table_versions,
-)
+from .checkpoint_store import CheckpointStore
 from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, load_tensors, restore_state_dir
-from .run_folder import MetricsLog, RunFolder, complete_checkpoints
+from .run_folder import MetricsLog, RunFolder
 from .tables import TableSite
 from .task import Task
 from .tasks import make_task
@@ -159,6 +150,7 @@ class Training:
         self.commit = None  # called with the step after each checkpoint (a torchrun job's manifest)
         self.interrupted = False  # Ctrl-C during train(): stop after the step, with a checkpoint (callbacks.CheckpointOnInterrupt)
         self.run = run
+        self.store = CheckpointStore(run.checkpoints)  # its checkpoints: saved, found, verified, restored, pruned
         self.reporter = reporter or SilentReporter()
         self.device = resolve_device(recipe.train.device)
         self.step_count = 0  # optimizer steps done
@@ -179,8 +171,8 @@ class Training:
         recipe = self.recipe
         state_dir, tables = self.run.state_dir(recipe), self.run.tables_dir
         checkpoint, trainer = None, {}
-        if resume and complete_checkpoints(self.run.checkpoints):
-            checkpoint, trainer, damaged = find_checkpoint(self.run.checkpoints, at_step)
+        if resume and self.store.complete():
+            checkpoint, trainer, damaged = self.store.find(at_step)
             for warning in damaged:
                 self.reporter.note(f"warning: {warning}")
         if not resume:
@@ -193,7 +185,7 @@ class Training:
         else:  # what is there came after the checkpoint: back to the checkpoint's copies
             if checkpoint is not None:
                 _check_trainer_state(checkpoint, trainer, self.run.run_id)
-            restore_tables(checkpoint, tables)
+            self.store.restore_tables(checkpoint, tables)
             restore_state_dir(checkpoint, state_dir, owned={self.run.marker.get("state_id")})
         torch.manual_seed(recipe.train.seed)
         site = TableSite(tables, progress=WorkProgress(self.reporter, "writing the new disk table"))
@@ -207,7 +199,7 @@ class Training:
                 )
             self.warm_started = self.warm_start(self.task, recipe, self.reporter.note)
         if checkpoint is not None:
-            load_model_state(checkpoint, self.task.model)
+            self.store.load_model(checkpoint, self.task.model)
             self.step_count, self.epoch, self.batch = trainer["step"], trainer["epoch"], trainer["batch"]
             self.window, self.epoch_loss = trainer["window"], trainer["epoch_loss"]
             self.optimizer_ram = trainer["optimizer_ram"]
@@ -218,15 +210,16 @@ class Training:
             self.reporter.note(f"{self.run.path} has no checkpoint yet: starting it from the beginning")
         self.optimizer = build_optimizer(recipe.optimizer, self.task.sparse_parameters(), state_dir)
         self.run.record_state_id(getattr(self.optimizer, "state_id", None), state_dir)
-        self.reporter.note(f"checkpoints: {checkpoint_mode(self.run.checkpoints, self.optimizer)}")
+        self.reporter.note(f"checkpoints: {self.store.mode(self.optimizer)}")
         dense = self.task.dense_parameters()
         if dense:
             self.dense_optimizer = torch.optim.Adam(dense, lr=recipe.optimizer.dense_lr)
         if checkpoint is None:
             if self.warm_started is None:  # its tables and row files as made: checkpoints start as deltas on them
-                count_from_creation(self.optimizer)  # (a warm start wrote rows no delta would hold: bases first)
+                self.store.count_from_creation(self.optimizer)  # (a warm start wrote rows no delta would hold: bases first)
         else:
             load_optimizer_state(self.optimizer, checkpoint, recipe.optimizer)
+            self.store.count_from_checkpoint(self.optimizer, checkpoint, trainer)
             if hasattr(self.optimizer, "skipped_steps"):
                 self.optimizer.skipped_steps = trainer["skipped_steps"]
             if self.dense_optimizer is not None:
@@ -328,8 +321,7 @@ class Training:
 
     def checkpoint_unless_saved(self) -> None:
         """A checkpoint of this step, unless the newest one is of it already."""
-        last = complete_checkpoints(self.run.checkpoints)
-        if not last or int(last[-1].name) != self.step_count:
+        if self.store.newest_step() != self.step_count:
             self.save_checkpoint()
 
     def _step_limit_reached(self) -> bool:
@@ -401,8 +393,8 @@ class Training:
             "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
         }
         extra = {DENSE_STATE: self.dense_optimizer.state_dict()} if self.dense_optimizer is not None else {}
-        saved = save_checkpoint(
-            self.run.checkpoints, self.step_count, self.task.model, self.optimizer, trainer,
+        saved = self.store.save(
+            self.step_count, self.task.model, self.optimizer, trainer,
             # a torchrun job keeps one more: the newest may be one the other ranks never finished
             keep=self.recipe.train.keep_checkpoints + (self.commit is not None), extra=extra,
         )  # fmt: skip
@@ -470,13 +462,14 @@ def evaluate_run(
     ``save_ranks``: write each query's rank there (knowledge graphs, one process)."""
     reporter = reporter or SilentReporter()
     recipe = with_data_root(run.read_config([f"train.device={device}"] if device else []), stored=True, note=reporter.note)
-    path, _, damaged = find_checkpoint(run.checkpoints, checkpoint)
+    store = CheckpointStore(run.checkpoints)
+    path, _, damaged = store.find(checkpoint)
     for warning in damaged:
         reporter.note(f"warning: {warning}")
     torch.manual_seed(recipe.train.seed)
-    site = TableSite(path / TABLES, writable=False, versions=table_versions(path))  # deltas read through their chains
+    site = TableSite(store.get_tables_dir(path), writable=False, versions=store.table_versions(path))  # deltas read through their chains
     task = make_task(recipe, resolve_device(recipe.train.device), site, progress=WorkProgress(reporter), note=reporter.note, world=world)
-    load_model_state(path, task.model)
+    store.load_model(path, task.model)
     task.model.eval()
     if save_ranks is not None and not task.saves_ranks:
         raise DsaError(

@@ -2,7 +2,7 @@
 
 DiskSparseAdam's moments live in the run's ``optimizer_state/``: a checkpoint flushes them,
 copies the manifest and hands each row file to the checkpoint's row writer (a base copy, or a
-delta of the rows written since the previous checkpoint: see checkpoint.py), and a resume
+delta of the rows written since the previous checkpoint: see checkpoint_rows.py), and a resume
 writes each one back (base and deltas, under a temporary name, renamed into place) before the
 optimizer opens it. The optimizer's dirty rows then count from that checkpoint. SparseAdam's moments are tensors: they go into ``optimizer.pt``, read back with
 ``weights_only=True`` (a checkpoint never runs code). Before a resume replaces the live
@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 from ..errors import StateError
-from ..fsutil import DirectoryLock, fsync_directory, is_regular_file, lock_holder, read_json_object, temporary_prefix
+from ..fsutil import DirectoryLock, fsync_directory, is_regular_file, lock_holder, temporary_prefix
 from ..optim import DiskSparseAdam
 from ..optim.deltas import DELTA_SUFFIX, chain_of, materialise
 from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, TABLE_LAYOUT, load_manifest
 from ..recipe import OptimizerConfig
-from .checkpoint_layout import RESTORING, TRAINER
+from .checkpoint_layout import RESTORING
 from .run_folder import STATE_DIR
 
 STATE_COPY = STATE_DIR  # a checkpoint's copy of the state has the live directory's name
@@ -170,16 +170,12 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Path, con
     """Load the checkpoint's step counters into an optimizer opened on the state the
     checkpoint was restored into. Given the recipe's ``config``, its hyper-parameters (``lr``,
     ``betas``, ``eps``) replace the checkpoint's: a resumed run's ``--set optimizer.lr=...``
-    applies from its next step, as its config.yaml says. DiskSparseAdam then counts dirty
-    rows from that checkpoint (its folder and id), so the next checkpoint can be a delta on it."""
+    applies from its next step, as its config.yaml says. (The checkpoint store then counts
+    DiskSparseAdam's dirty rows from that checkpoint: CheckpointStore.count_from_checkpoint.)"""
     state = load_tensors(checkpoint / STATE_DICT)
     for group in state.get("param_groups", []) if config is not None and isinstance(state, dict) else []:
         group.update(lr=config.lr, betas=tuple(config.betas), eps=config.eps)
     optimizer.load_state_dict(state)
-    if isinstance(optimizer, DiskSparseAdam):
-        trainer = read_json_object(checkpoint / TRAINER) or {}
-        checkpoint_id = trainer.get("checkpoint_id")
-        optimizer.reset_dirty(f"{checkpoint.name}:{checkpoint_id}" if isinstance(checkpoint_id, str) else None)
 
 
 def close_optimizer(optimizer: torch.optim.Optimizer) -> None:

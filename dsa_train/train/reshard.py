@@ -33,8 +33,7 @@ from ..errors import StateError
 from ..optim import DiskSparseAdam
 from ..optim.inspect import StateInspector
 from ..nn import DiskEmbedding
-from .checkpoint import table_versions, verify_checkpoint
-from .checkpoint_layout import CHECKPOINTS, MODEL, TABLES, TRAINER, step_name
+from .checkpoint_store import CheckpointStore
 from .optimizers import STATE_COPY, load_tensors
 from .run_folder import MetricsLog, RunFolder
 
@@ -50,7 +49,8 @@ def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
             "resuming at another number of ranks moves DiskSparseAdam's state; this run trains with torch's SparseAdam",
             hint=f"resume it with the {len(old_folders)} ranks it was checkpointed by",
         )
-    checkpoints = [folder / CHECKPOINTS / step_name(step) for folder in old_folders]
+    stores = [CheckpointStore.of_run(folder) for folder in old_folders]
+    checkpoints = [store.get_checkpoint_dir(step) for store in stores]
     readers = _readers(world, checkpoints)
     shards = training.task.shards
     named = dict(training.task.model.named_parameters())
@@ -59,8 +59,8 @@ def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
     old = RowSharding(shards.sharding.num_rows, len(old_folders), training.recipe.train.seed)
     mine = [k for k, reader in enumerate(readers) if reader == world.rank]
     for k in mine:
-        verify_checkpoint(checkpoints[k])
-    trainer_text = (checkpoints[0] / TRAINER).read_text() if readers[0] == world.rank else ""
+        stores[k].verify(checkpoints[k])
+    trainer_text = CheckpointStore.get_trainer_file(checkpoints[0]).read_text() if readers[0] == world.rank else ""
     with world.guard(f"resharding the checkpoint of step {step}"):
         trainer = json.loads(broadcast_bytes(trainer_text.encode(), readers[0]).decode())
         steps = _broadcast_steps(checkpoints[0], readers[0], world, list(named))
@@ -77,7 +77,7 @@ def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
 
 def _readers(world: World, checkpoints: list[Path]) -> list[int]:
     """For each old rank's checkpoint, the lowest new rank that has it on its disk."""
-    seen = torch.tensor([(c / TRAINER).is_file() for c in checkpoints], dtype=torch.uint8)
+    seen = torch.tensor([CheckpointStore.get_trainer_file(c).is_file() for c in checkpoints], dtype=torch.uint8)
     everyone = [torch.empty_like(seen) for _ in range(world.world_size)]
     with world.guard("finding the old ranks' checkpoints"):
         dist.all_gather(everyone, seen)
@@ -117,7 +117,7 @@ def _copy_replicated(checkpoint: Path, source: int, world: World, name: str, wei
     """A replicated table (relations) and its moments, from old rank 0's checkpoint to every rank."""
     rows = len(weight)
     if world.rank == source:
-        values = load_tensors(checkpoint / MODEL)[name].to(torch.float32)
+        values = load_tensors(CheckpointStore.get_model_file(checkpoint))[name].to(torch.float32)
         m, v = _moments(checkpoint, name, 0, rows)
         packed = torch.cat([values, m, v], dim=1).contiguous()
     else:
@@ -167,13 +167,14 @@ class OldShard:
 
     def __init__(self, checkpoint: Path, name: str, file: str, rows: int, dim: int) -> None:
         self.checkpoint = checkpoint
-        saved = load_tensors(checkpoint / MODEL).get(name)
+        saved = load_tensors(CheckpointStore.get_model_file(checkpoint)).get(name)
         self.table = None
         if isinstance(saved, Tensor) and saved.shape == (rows, dim):
             self.rows = saved
             return
-        versions = table_versions(checkpoint)  # a DiskEmbedding's entry is a reference to its file
-        self.table = versions[file]() if file in versions else DiskEmbedding(rows, dim, path=checkpoint / TABLES / file, writable=False)
+        versions = CheckpointStore.table_versions(checkpoint)  # a DiskEmbedding's entry is a reference to its file
+        tables = CheckpointStore.get_tables_dir(checkpoint)
+        self.table = versions[file]() if file in versions else DiskEmbedding(rows, dim, path=tables / file, writable=False)
         self.rows = self.table.weight
 
     def weights(self, start: int, stop: int) -> Tensor:

@@ -8,7 +8,7 @@
       metrics.jsonl        one JSON object per logged step, epoch, evaluation and the summary
       optimizer_state/     the live DiskSparseAdam state directory
       checkpoints/<step>/  model weights, optimizer state, trainer state, row files as bases or
-                           deltas on an earlier checkpoint; see checkpoint.py, docs/checkpoints.md
+                           deltas on an earlier checkpoint; see checkpoint_store.py, docs/checkpoints.md
       .lock                who holds the run (the lock itself is on the folder: fsutil.DirectoryLock)
 
 dsa-train recognises a run folder by its marker, never by a folder name, and never follows a
@@ -28,20 +28,9 @@ import uuid
 from pathlib import Path
 
 from ..errors import ConfigError, StateError
-from ..fsutil import DirectoryLock, atomic_write_bytes, read_json_object
+from ..fsutil import DirectoryLock, atomic_write_bytes, create_owned_folder, read_json_object
 from ..recipe import Recipe, load_recipe, recipe_to_yaml
-from .checkpoint_layout import (  # noqa: F401 (what the run folder's readers import from here)
-    CHECKPOINT_FORMAT,
-    CHECKPOINTS,
-    DOOMED,
-    PARTIAL,
-    TABLES,
-    TRAINER,
-    checkpoint_needs,
-    complete_checkpoints,
-    real_directories,
-    scratch_folders,
-)
+from .checkpoint_layout import CHECKPOINTS, TABLES
 
 
 # A torchrun job's run folder (see sharded_run.py): rank folders under ranks/, and on rank 0's
@@ -139,16 +128,14 @@ class RunFolder:
             if name in (".", "..") or Path(name).name != name or "\0" in name:
                 raise ConfigError([f"run folder name {name!r} is not a plain folder name"], hint="set name or output.run_name to a plain name")
             path = Path(recipe.output.dir) / name
-        path = Path(path)
-        if path.is_symlink():
-            raise StateError(f"run folder '{path}' is a symbolic link", hint="pass a real folder with --output")
-        cls._refuse_non_empty(path)
-        path.mkdir(parents=True, exist_ok=True)
         run = cls(path)
+        run._lock = create_owned_folder(  # locked before the first byte
+            run.path, "run folder", link_hint="pass a real folder with --output",
+            busy_hint="pass --resume to continue it, or choose another --output",
+        )  # fmt: skip
         run._created = True
-        run.lock()  # before the first byte: a second process started at the same instant stops here
+        path = run.path
         try:
-            cls._refuse_non_empty(path)
             marker = {"format": RUN_FORMAT, "version": RUN_VERSION, "run_id": uuid.uuid4().hex, "state_id": None,
                       "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
             atomic_write_bytes(path / cls.MARKER, json.dumps(marker, indent=2).encode())
@@ -157,17 +144,6 @@ class RunFolder:
             run.release()
             raise
         return run
-
-    @staticmethod
-    def _refuse_non_empty(path: Path) -> None:
-        if not path.is_dir():
-            return
-        ours = {DirectoryLock.FILE_NAME}
-        if any(p.name not in ours and not p.name.startswith(DirectoryLock.FILE_NAME + ".tmp-") for p in path.iterdir()):
-            raise StateError(
-                f"run folder '{path}' already exists and is not empty",
-                hint="pass --resume to continue it, or choose another --output",
-            )
 
     @classmethod
     def find(cls, path: Path) -> RunFolder:

@@ -10,7 +10,7 @@ checkpoints all ranks commit together.
         run.json, config.yaml, metrics.jsonl, optimizer_state/, checkpoints/<step>/
 
 A rank's folder is an ordinary run folder holding its shard (:mod:`.run_folder`,
-:mod:`.checkpoint`). A checkpoint of the job is complete when ``checkpoints.json`` lists its
+:mod:`.checkpoint_store`). A checkpoint of the job is complete when ``checkpoints.json`` lists its
 step: rank 0 adds it only after every rank has committed its own checkpoint of that step (a
 barrier), by an atomic rewrite, so a job killed while checkpointing resumes from the step
 before. ``--resume`` reads the newest listed step on rank 0 and every rank restores its own

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError, DatasetError, DsaError, StateError, TrainingError
-from ..fsutil import DirectoryLock, atomic_write_bytes, read_json_object
+from ..fsutil import DirectoryLock, atomic_write_bytes, create_owned_folder, read_json_object
 from ..recipe import Recipe, load_recipe, recipe_to_yaml
 from .space import Space, apply, choice_text, load_space, space_to_yaml
 
@@ -100,15 +100,12 @@ class TuneFolder:
     @classmethod
     def create(cls, base: Recipe, space: Space, path: Path) -> TuneFolder:
         """A new tune folder at ``path`` (absent or empty), locked, with its study made."""
-        path = Path(path)
-        if path.is_symlink():
-            raise StateError(f"tune folder '{path}' is a symbolic link", hint="pass a real folder with -o")
-        cls._refuse_non_empty(path)
-        path.mkdir(parents=True, exist_ok=True)
         folder = cls(path)
-        folder.lock()
+        folder._lock = create_owned_folder(
+            folder.path, "tune folder", link_hint="pass a real folder with -o", busy_hint="pass --resume to continue its search, or choose another -o"
+        )
+        path = folder.path
         try:
-            cls._refuse_non_empty(path)  # (a second tune started at the same instant stops at the lock or here)
             atomic_write_bytes(path / cls.RECIPE, recipe_to_yaml(base).encode())
             atomic_write_bytes(path / cls.SPACE, space_to_yaml(space).encode())
             _optuna().create_study(study_name=STUDY, storage=folder.storage(), direction="maximize")
@@ -136,11 +133,6 @@ class TuneFolder:
             if (folder.path / name).is_symlink():
                 raise StateError(f"'{folder.path / name}' is a symbolic link; dsa-train never follows links inside a tune folder")
         return folder
-
-    @staticmethod
-    def _refuse_non_empty(path: Path) -> None:
-        if path.is_dir() and any(p.name != DirectoryLock.FILE_NAME and not p.name.startswith(DirectoryLock.FILE_NAME + ".tmp-") for p in path.iterdir()):
-            raise StateError(f"tune folder '{path}' already exists and is not empty", hint="pass --resume to continue its search, or choose another -o")
 
     def lock(self) -> None:
         """Hold the folder for one search (its worker processes share it through the database)."""

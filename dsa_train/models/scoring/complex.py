@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kge import SCORING_FUNCTIONS, KGEModel, cubed_modulus, halves
+from ..kge import SCORING_FUNCTIONS, QueryProduct, cubed_modulus, halves
 
 
 @SCORING_FUNCTIONS.register_as("complex")
-class ComplEx(KGEModel):
+class ComplEx(QueryProduct):
     r"""ComplEx (Trouillon et al., ICML 2016), as PyG's ``ComplEx`` scores it.
 
     .. math::
@@ -32,21 +32,14 @@ class ComplEx(KGEModel):
         "relations": "complex vectors, columns [real parts | imaginary parts]",
     }
 
-    def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
-        return (self._tail_query(head, rel) * tail).sum(dim=-1)
-
-    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
-        query = self._tail_query(anchor, rel) if side == "tail" else self._head_query(anchor, rel)
-        return query @ candidates.T
-
     @staticmethod
-    def _tail_query(head: Tensor, rel: Tensor) -> Tensor:
+    def tail_query(head: Tensor, rel: Tensor) -> Tensor:
         r"""``[re | im]`` of :math:`e_h r_r`: its dot product with ``[t_re | t_im]`` is the score."""
         (h_re, h_im), (r_re, r_im) = halves(head), halves(rel)
         return torch.cat([h_re * r_re - h_im * r_im, h_re * r_im + h_im * r_re], dim=-1)
 
     @staticmethod
-    def _head_query(tail: Tensor, rel: Tensor) -> Tensor:
+    def head_query(tail: Tensor, rel: Tensor) -> Tensor:
         r"""``[a | b]`` with :math:`\operatorname{Re}(e\, r \overline{t}) = e_{re} \cdot a + e_{im} \cdot b`."""
         (t_re, t_im), (r_re, r_im) = halves(tail), halves(rel)
         return torch.cat([r_re * t_re + r_im * t_im, r_re * t_im - r_im * t_re], dim=-1)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..kge import SCORING_FUNCTIONS, KGEModel
+from ..kge import SCORING_FUNCTIONS, QueryProduct
 
 
 @SCORING_FUNCTIONS.register_as("distmult")
-class DistMult(KGEModel):
+class DistMult(QueryProduct):
     r"""DistMult (Yang et al., ICLR 2015): a diagonal bilinear score.
 
     .. math::
@@ -21,8 +21,10 @@ class DistMult(KGEModel):
     formula = "<h, r, t>"
     meanings = {"entities": "entity vectors e; a triple scores sum_i e_h,i r_i e_t,i", "relations": "diagonals r of the bilinear form"}
 
-    def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
-        return (head * rel * tail).sum(dim=-1)
+    @staticmethod
+    def tail_query(head: Tensor, rel: Tensor) -> Tensor:
+        return head * rel
 
-    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
-        return (anchor * rel) @ candidates.T
+    @staticmethod
+    def head_query(tail: Tensor, rel: Tensor) -> Tensor:
+        return tail * rel

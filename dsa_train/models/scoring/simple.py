@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kge import SCORING_FUNCTIONS, KGEModel, halves
+from ..kge import SCORING_FUNCTIONS, QueryProduct, halves
 
 
 @SCORING_FUNCTIONS.register_as("simple")
-class SimplE(KGEModel):
+class SimplE(QueryProduct):
     r"""SimplE (Kazemi and Poole, NeurIPS 2018, https://arxiv.org/abs/1802.04868).
 
     Each entity :math:`e` has a head-role vector :math:`h_e` and a tail-role vector :math:`t_e`,
@@ -34,21 +34,14 @@ class SimplE(KGEModel):
         "relations": "columns [relation vector r | inverse vector r_inverse]",
     }
 
-    def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
-        return (_tail_query(head, rel) * tail).sum(dim=-1)
+    @staticmethod
+    def tail_query(head: Tensor, rel: Tensor) -> Tensor:
+        """``q`` with ``q . [h_c | t_c]`` the score of ``(head, rel, c)``."""
+        (h, t), (forward, inverse) = halves(head), halves(rel)
+        return 0.5 * torch.cat([inverse * t, h * forward], dim=-1)
 
-    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
-        query = _tail_query(anchor, rel) if side == "tail" else _head_query(anchor, rel)
-        return query @ candidates.T
-
-
-def _tail_query(head: Tensor, rel: Tensor) -> Tensor:
-    """``q`` with ``q . [h_c | t_c]`` the score of ``(head, rel, c)``."""
-    (h, t), (forward, inverse) = halves(head), halves(rel)
-    return 0.5 * torch.cat([inverse * t, h * forward], dim=-1)
-
-
-def _head_query(tail: Tensor, rel: Tensor) -> Tensor:
-    """``q`` with ``q . [h_c | t_c]`` the score of ``(c, rel, tail)``."""
-    (h, t), (forward, inverse) = halves(tail), halves(rel)
-    return 0.5 * torch.cat([forward * t, h * inverse], dim=-1)
+    @staticmethod
+    def head_query(tail: Tensor, rel: Tensor) -> Tensor:
+        """``q`` with ``q . [h_c | t_c]`` the score of ``(c, rel, tail)``."""
+        (h, t), (forward, inverse) = halves(tail), halves(rel)
+        return 0.5 * torch.cat([forward * t, h * inverse], dim=-1)
