@@ -1,5 +1,6 @@
-r"""An edge list (a file, or a folder of files; see :mod:`.edge_list`) and an optional labels
-file imported into the on-disk graph format (:mod:`.graph_import`) in bounded memory.
+r"""An edge list (a file or a folder of files: text, see :mod:`.edge_list`, or parquet, see
+:mod:`.edge_parquet`) and an optional labels file imported into the on-disk graph format
+(:mod:`.graph_import`) in bounded memory.
 
 **Node ids.** With ``ids: names`` (the default) a node's name is any text, and the nodes are
 numbered by the streaming, fingerprinted import of the TSV knowledge graphs
@@ -34,11 +35,13 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DatasetError
+from . import edge_parquet
 from .edge_list import (
     WHITESPACE,
     EdgeFormat,
@@ -63,12 +66,13 @@ LABEL_HEADER = {b"node", b"id", b"node_id", b"name"}
 
 
 def edge_files(path: Path, looked: str | None = None) -> list[Path]:
-    """The edge-list file, or a folder's files (sorted by name, hidden ones left out); a
-    ``DatasetError`` says what is missing (``looked``: where the path was looked for)."""
+    """The edge-list file, or a folder's files (sorted by name; hidden ones and those whose
+    name starts with ``_``, such as Spark's ``_SUCCESS``, left out); a ``DatasetError`` says
+    what is missing (``looked``: where the path was looked for)."""
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
         if not files:
             raise DatasetError(f"edge-list folder '{path}' holds no files", hint="place the edge-list files in it, or point dataset.path at a file")
         return files
@@ -84,19 +88,28 @@ def write_edge_list(
 ) -> None:  # fmt: skip
     """Import ``files`` (and ``labels``) into ``writer`` as a graph (see the module docstring);
     ``config``: the recipe's ``dataset.edges``."""
-    fmt = edge_format(files[0], delimiter=config.delimiter, comment=config.comment, header=config.header,
-                      source=config.source, target=config.target, weight=config.weight)  # fmt: skip
+    counts = {"input_edges": 0, "self_loops": 0, "below_min_weight": 0}
+    total = sum(f.stat().st_size for f in files) + (labels.stat().st_size if labels else 0)
+    if edge_parquet.is_parquet(files[0]):
+        fmt = edge_parquet.parquet_format(files, config)
+        text_bytes = 4 * fmt.rows + total  # what partitions_for expects: 2 bytes a name at least, 2 names a row
+        chunks = partial(edge_parquet.parquet_chunks, files, fmt, config, counts, total, progress)
+    else:
+        fmt = edge_format(files[0], delimiter=config.delimiter, comment=config.comment, header=config.header,
+                          source=config.source, target=config.target, weight=config.weight)  # fmt: skip
+        _same_format(files)
+        text_bytes = total
+        chunks = partial(_edge_chunks, files, fmt, config, counts, total, progress)
     if note is not None:
         note(f"edge list '{files[0] if len(files) == 1 else files[0].parent}': {fmt.describe()}")
     scratch = writer.path(".edges")
     scratch.mkdir()
-    counts = {"input_edges": 0, "self_loops": 0, "below_min_weight": 0}
     label_rows = _LabelRows(scratch) if labels is not None else None
-    total = sum(f.stat().st_size for f in files) + (labels.stat().st_size if labels else 0)
+    done = sum(f.stat().st_size for f in files)
     if config.ids == "names":
-        num_nodes, edges, label_nodes = _named(writer, scratch, files, labels, fmt, config, label_rows, counts, total, memory_bytes, progress)
+        num_nodes, edges, label_nodes = _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total, memory_bytes, progress)
     else:
-        num_nodes, edges, label_nodes = _numbered(scratch, files, labels, fmt, config, label_rows, counts, total, progress)
+        num_nodes, edges, label_nodes = _numbered(scratch, chunks, labels, label_rows, done, total, progress)
     try:
         write_csr(writer, _counting(edges, counts), num_nodes, edges_bound=max(1, counts["input_edges"]), link_split=link_split, seed=seed,
                   memory_bytes=memory_bytes, progress=progress, what="writing the adjacency")  # fmt: skip
@@ -109,6 +122,13 @@ def write_edge_list(
             label_rows.close()
     shutil.rmtree(scratch)
     writer.meta.update(counts, names=config.ids == "names")
+
+
+def _same_format(files: list[Path]) -> None:
+    """A text edge list's files are all text (a parquet file among them is refused by name)."""
+    for path in files[1:]:
+        if edge_parquet.is_parquet(path):
+            raise DatasetError(f"'{path}' is a parquet file, but '{files[0]}' is text", hint="keep one format in an edge-list folder")
 
 
 def _counting(edges: Iterator[tuple[np.ndarray, np.ndarray]], counts: dict) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -274,10 +294,10 @@ class _LabelRows:
 
 
 # -- ids by name ---------------------------------------------------------------------------------
-def _named(writer, scratch, files, labels, fmt, config, label_rows, counts, total, memory_bytes, progress):
+def _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total, memory_bytes, progress):
     """Number the names (tsv_import's steps 1 and 2); returns the node count and generators of
     the edges' and the labelled rows' ids (step 3)."""
-    parts = _Partitions(scratch / "nodes", partitions_for(total, memory_bytes))
+    parts = _Partitions(scratch / "nodes", partitions_for(text_bytes, memory_bytes))
     position = 0
 
     def numbered(chunks):
@@ -291,11 +311,10 @@ def _named(writer, scratch, files, labels, fmt, config, label_rows, counts, tota
         return ordered_map(lambda item: parts.prepare(*item), numbered(chunks))
 
     try:
-        for chunk in prepared(_edge_chunks(files, fmt, config, counts, total, progress)):
+        for chunk in prepared(chunks()):
             parts.write(chunk)
         edge_positions = position
         if labels is not None:
-            done = sum(f.stat().st_size for f in files)
             for chunk in prepared(((t, f[:, None, :]) for t, f in _label_chunks(labels, label_rows, progress, done, total, integers=False))):
                 parts.write(chunk)
     finally:
@@ -327,18 +346,17 @@ def _named(writer, scratch, files, labels, fmt, config, label_rows, counts, tota
 
 
 # -- ids as numbers ------------------------------------------------------------------------------
-def _numbered(scratch, files, labels, fmt, config, label_rows, counts, total, progress):
+def _numbered(scratch, chunks, labels, label_rows, done, total, progress):
     """Read the ids as numbers into scratch files (the node count is known only at the end);
     returns it and generators of the edges and of the labelled rows' ids."""
     largest = -1
     edge_path, label_path = scratch / "pairs", scratch / "label-nodes"
     with open(edge_path, "wb") as out:
-        for _, ids in _edge_chunks(files, fmt, config, counts, total, progress):
+        for _, ids in chunks():
             largest = max(largest, ids.max(initial=-1))
             ids.tofile(out)
     if labels is not None:
         with open(label_path, "wb") as out:
-            done = sum(f.stat().st_size for f in files)
             for _, ids in _label_chunks(labels, label_rows, progress, done, total, integers=True):
                 largest = max(largest, ids.max(initial=-1))
                 ids.tofile(out)

@@ -195,7 +195,8 @@ class TriplesConfig:
 @dataclass
 class EdgeListConfig:
     """edge_list: how the edge-list file's lines read (every value left out is detected from
-    the first lines, and the import says what it found)."""
+    the first lines, and the import says what it found); for parquet files, source, target
+    and weight name columns (or give positions), and delimiter and header do not apply."""
 
     delimiter: str | None = _help(
         "one character between the columns; ' ' means runs of spaces and tabs (SNAP); "
@@ -239,7 +240,7 @@ class DatasetConfig:
 
     kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic", "planetoid", "karate", "synthetic_graph", "edge_list", "click_log", "synthetic_clicks"] = _help(
         "knowledge graphs: tsv (a folder of train/valid/test.txt), fb15k237, wn18rr (PyG), synthetic; "
-        "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph, edge_list (your own file or folder); "
+        "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph, edge_list (your own text or parquet file, or folder); "
         "click logs: click_log (a TSV or CSV file, with a header or dataset.columns.names or dataset.layout), synthetic_clicks"
     )
     path: str | None = _help(
