@@ -274,6 +274,7 @@ dataset:
   path: {edges}
   labels: {labels}
   link_split: [0.1, 0.2]
+  edges: {{directed: {directed}}}
 model:
   kind: {model}
   dim: 16
@@ -288,12 +289,16 @@ eval: {{every_epochs: 4, final_splits: [test]}}
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "model,order,partitions,storage",
-    [("node2vec", "random", 1, "memory"), ("node2vec", "partitioned", 2, "disk"), ("sage", "random", 1, "memory")],
+    "model,order,partitions,storage,directed",
+    [
+        ("node2vec", "random", 1, "memory", False), ("node2vec", "partitioned", 2, "disk", False), ("sage", "random", 1, "memory", False),
+        ("node2vec", "random", 1, "memory", True),
+    ],
 )
-def test_models_train_on_a_named_edge_list_and_results_speak_its_names(tmp_path, model, order, partitions, storage):
-    """node2vec (random and partition order) and GraphSAGE train on an edge list of names;
-    the finished run names its rows by the file's names, and looks rows up by them."""
+def test_models_train_on_a_named_edge_list_and_results_speak_its_names(tmp_path, model, order, partitions, storage, directed):
+    """node2vec (random and partition order, undirected and directed) and GraphSAGE train on
+    an edge list of names; the finished run names its rows by the file's names, and looks
+    rows up by them."""
     from typer.testing import CliRunner
 
     from dsa_train.cli.app import app
@@ -311,7 +316,8 @@ def test_models_train_on_a_named_edge_list_and_results_speak_its_names(tmp_path,
     edges.write_text("from,to\n" + "".join(f"{a},{b}\n" for a, b in sorted(pairs)))
     labels.write_text("".join(f"{n}\t{'red' if g else 'blue'}\n" for n, g in group.items()))
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(TWO_GROUPS.format(name=model, edges=edges, labels=labels, model=model, storage=storage, order=order, partitions=partitions))
+    recipe.write_text(TWO_GROUPS.format(name=model, edges=edges, labels=labels, model=model, storage=storage, order=order, partitions=partitions,
+                                         directed=str(directed).lower()))
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", str(recipe), "--output", str(out)])
     assert result.exit_code == 0, result.stderr

@@ -12,9 +12,13 @@ up (``export`` writes the names file, ``open_run(...).rows(...)`` maps names to 
 Python dict of the names is ever built. With ``ids: integers`` the ids are the numbers
 written (``0 .. N-1``, ``N`` one past the largest), and the graph holds no names.
 
-**What happens to the edges.** Every edge joins both of its ends (the graph is undirected).
+**What happens to the edges.** Every edge joins both of its ends (the graph is undirected),
+unless ``directed: true``: then an edge ``u v`` is ``u -> v`` only, walks follow it from
+``u`` and never back, and a node with no out-edge ends its walk there (it stays for the
+walk's remaining steps, as PyG's ``Node2Vec`` through pyg-lib's ``random_walk`` does).
 A self-loop ``(u, u)`` is dropped (its node keeps its id, and is isolated if it has no other
-edge); an edge given twice, in either direction, is kept once; with ``min_weight``, an edge
+edge); an edge given twice, in either direction (directed: in the same direction), is kept
+once; with ``min_weight``, an edge
 whose weight is below it is dropped as if absent. The manifest's meta counts the edges read
 (``input_edges``), the self-loops and the edges dropped by weight; ``num_edges`` counts the
 distinct training edges left. Held-out edges for link prediction are chosen by the seeded
@@ -112,7 +116,7 @@ def write_edge_list(
         num_nodes, edges, label_nodes = _numbered(scratch, chunks, labels, label_rows, done, total, progress)
     try:
         write_csr(writer, _counting(edges, counts), num_nodes, edges_bound=max(1, counts["input_edges"]), link_split=link_split, seed=seed,
-                  memory_bytes=memory_bytes, progress=progress, what="writing the adjacency")  # fmt: skip
+                  memory_bytes=memory_bytes, progress=progress, what="writing the adjacency", directed=config.directed)  # fmt: skip
         if label_rows is None:
             write_nodes(writer, num_nodes, None, [])
         else:
