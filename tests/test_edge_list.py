@@ -324,3 +324,26 @@ def test_models_train_on_a_named_edge_list_and_results_speak_its_names(tmp_path,
     run = open_run(out)
     rows = run.ids("nodes", ["user-7", "user-8"])
     assert run.names("nodes", rows) == ["user-7", "user-8"] and sorted(run.names("nodes")) == sorted(names)
+
+
+def test_many_scratch_partitions_number_as_one(tmp_path, monkeypatch):
+    """Names spread over 8 scratch partitions (each numbered alone, the ids put back in file
+    order from the partition sequence) give the same dataset as one partition, and the edges
+    read back by name are the file's."""
+    from dsa_train.data import edge_import
+
+    rng = np.random.default_rng(4)
+    u, v = rng.integers(0, 3000, 20_000), rng.integers(0, 3000, 20_000)
+    path = tmp_path / "g.txt"
+    path.write_text("".join(f"n{a} n{b}\n" for a, b in zip(u, v)))
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("".join(f"n{i}\t{i % 4}\n" for i in range(0, 3000, 7)))
+    folders = []
+    for count in (1, 8):
+        monkeypatch.setattr(edge_import, "partitions_for", lambda *_, count=count: count)
+        graph = graph_of(path, labels)
+        folders.append({p.name: p.read_bytes() for p in sorted(graph.dataset.folder.iterdir()) if p.name != "manifest.json"})
+        assert named_edges(graph) == {frozenset((f"n{a}", f"n{b}")) for a, b in zip(u, v) if a != b}
+        ids = graph.node_ids([f"n{i}" for i in range(0, 3000, 7)])
+        assert graph.labels[ids].tolist() == [i % 4 for i in range(0, 3000, 7)]
+    assert folders[0] == folders[1]

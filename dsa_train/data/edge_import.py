@@ -60,7 +60,7 @@ from .fingerprint import fingerprints, hash_columns
 from .graph_import import BLOCK_NODES, fraction_bound, write_csr, write_nodes
 from .store import DatasetWriter, Progress
 from .tsv import MAX_REPORTED
-from .tsv_import import _number, _Partitions, _Stream, ordered_map, partitions_for
+from .tsv_import import SequenceReader, _number, _Partitions, ordered_map, partitions_for
 
 IMPORTER_VERSION = 1
 WINDOW = 1 << 20  # positions assembled at once
@@ -301,14 +301,14 @@ class _LabelRows:
 def _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total, memory_bytes, progress):
     """Number the names (tsv_import's steps 1 and 2); returns the node count and generators of
     the edges' and the labelled rows' ids (step 3)."""
-    parts = _Partitions(scratch / "nodes", partitions_for(text_bytes, memory_bytes))
+    parts = _Partitions(scratch / "nodes", partitions_for(text_bytes, memory_bytes), positions=False)
     position = 0
 
-    def numbered(chunks):
+    def numbered(chunks):  # the tokens' positions are implicit: the order they are written in
         nonlocal position
         for text, fields in chunks:
             starts, lengths = fields[..., 0].ravel(), fields[..., 1].ravel()
-            yield text, starts, lengths, np.arange(position, position + len(starts), dtype=np.int64)
+            yield text, starts, lengths
             position += len(starts)
 
     def prepared(chunks):  # fingerprints and partitioning on the worker threads, in order
@@ -324,14 +324,10 @@ def _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total,
     finally:
         parts.close()
     first_ids = _number(writer, "nodes", parts, progress)
-    streams = [_Stream(parts.folder / f"ids-{p}", first_ids[p]) for p in range(parts.count)]
+    reader = SequenceReader(parts, first_ids)
 
     def take(start: int, stop: int) -> np.ndarray:
-        window = np.empty(stop - start, np.int64)
-        for stream in streams:
-            part = stream.take(stop)
-            window[part[:, 0] - start] = part[:, 1]
-        return window
+        return reader.take(stop - start)
 
     def edges():
         for start in range(0, edge_positions, WINDOW):
@@ -343,8 +339,7 @@ def _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total,
             for start in range(edge_positions, position, WINDOW):
                 yield take(start, min(position, start + WINDOW))
         finally:
-            for stream in streams:
-                stream.file.close()
+            reader.close()
 
     return first_ids[-1], edges(), label_nodes()
 
