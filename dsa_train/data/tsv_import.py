@@ -78,10 +78,10 @@ class _Partitions:
         partition = (prints[:, 0] >> np.uint64(64 - self.bits)).astype(np.uint16) if self.bits else np.zeros(len(starts), np.uint16)
         order = np.argsort(partition, kind="stable")  # a radix sort: cheap, and positions stay in order
         token_bounds = np.searchsorted(partition[order], np.arange(self.count + 1))
-        tokens = tokens[order]
+        tokens = np.take(tokens, order, axis=0)  # a gather of rows: several times faster than tokens[order]
         distinct = _distinct(prints)  # in h1 order, which is partition order
         names = np.empty((len(distinct), 3), np.uint64)
-        names[:, :2], names[:, 2] = prints[distinct], lengths[distinct]
+        names[:, :2], names[:, 2] = np.take(prints, distinct, axis=0), lengths[distinct]
         name_bounds = np.searchsorted(names[:, 0], self.first_keys)
         ends = np.concatenate([[0], np.cumsum(lengths[distinct])])
         blob = text[_ranges(starts[distinct], lengths[distinct])]
