@@ -41,6 +41,9 @@ IMPORTER_VERSION = 1
 WINDOW_ROWS = 1 << 20  # triples assembled at once in step 3
 TOKEN_BLOCK = 1 << 20  # tokens numbered at once in step 2
 WORKERS = min(4, os.cpu_count() or 1)  # threads that parse chunks and number partitions
+#: A distinct name of a chunk, where tokens have no positions: its token's index in the
+#: partition's token file (which holds its fingerprint), and its length in bytes.
+NAME_RECORD = np.dtype([("index", "<u8"), ("length", "<u4")])
 
 
 class _Partitions:
@@ -50,8 +53,10 @@ class _Partitions:
     they are written, as the edge import's are): a token record is ``(h1, h2)`` only, a
     ``sequence`` file holds each token's partition (one byte) in position order, and step 2
     writes each token's rank alone (uint32); :class:`SequenceReader` puts the ids back in
-    position order. That is 19 bytes of scratch per token written and read back instead of
-    40 (step 1's 24-byte records, step 2's 16-byte pairs)."""
+    position order. That is 21 bytes of scratch per token written and read back instead of
+    40 (step 1's 24-byte records, step 2's 16-byte pairs). A distinct name's record is then
+    its token's index in the partition's token file and its length (:data:`NAME_RECORD`,
+    12 bytes instead of 24): step 2 reads its fingerprint from the token."""
 
     def __init__(self, folder: Path, count: int, *, positions: bool = True) -> None:
         self.folder, self.count, self.positions = folder, count, positions
@@ -63,6 +68,7 @@ class _Partitions:
         self.names = [open(folder / f"names-{p}", "wb") for p in range(count)]
         self.blobs = [open(folder / f"blob-{p}", "wb") for p in range(count)]
         self.sequence = None if positions else open(folder / "sequence", "wb")
+        self.written = [0] * count  # tokens in each token file so far
 
     def prepare(self, text: np.ndarray, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray | None = None) -> tuple[list[tuple[int, bytes, bytes, bytes]], bytes]:
         """A chunk's tokens as ``(partition, token records, name records, name bytes)``:
@@ -85,16 +91,27 @@ class _Partitions:
         name_bounds = np.searchsorted(names[:, 0], self.first_keys)
         ends = np.concatenate([[0], np.cumsum(lengths[distinct])])
         blob = text[_ranges(starts[distinct], lengths[distinct])]
+        if not self.positions:  # each distinct name's token: its place among its partition's tokens of the chunk
+            place = np.empty(len(order), np.int64)
+            place[order] = np.arange(len(order))
+            place = place[distinct] - token_bounds[partition[distinct]]
         out = []
         for p in np.flatnonzero(np.diff(token_bounds)).tolist():
             lo, hi = name_bounds[p], name_bounds[p + 1]
             tokens_p = tokens[token_bounds[p] : token_bounds[p + 1]].tobytes()
-            out.append((p, tokens_p, names[lo:hi].tobytes(), blob[ends[lo] : ends[hi]].tobytes()))
+            names_p = names[lo:hi].tobytes() if self.positions else (place[lo:hi], names[lo:hi, 2])
+            out.append((p, tokens_p, names_p, blob[ends[lo] : ends[hi]].tobytes()))
         return out, (b"" if self.positions else partition.astype(np.uint8).tobytes())
 
     def write(self, prepared: tuple[list[tuple[int, bytes, bytes, bytes]], bytes]) -> None:
         out, sequence = prepared
         for p, tokens, names, blob in out:
+            if not self.positions:  # the name's token index in the whole token file, known only here, in order
+                place, length = names
+                records = np.empty(len(place), NAME_RECORD)
+                records["index"], records["length"] = place + self.written[p], length
+                names = records.tobytes()
+                self.written[p] += len(tokens) // 16
             self.tokens[p].write(tokens)
             self.names[p].write(names)
             self.blobs[p].write(blob)
@@ -264,7 +281,17 @@ def _number_partition(parts: _Partitions, p: int) -> tuple[np.ndarray, np.ndarra
     tokens' ``(position, rank)`` pairs go to ``ids-<p>``, a block of tokens at a time (a hot
     name makes a partition's tokens many, never its distinct names); its other scratch files
     are removed (runs in a worker thread)."""
-    records = np.fromfile(parts.folder / f"names-{p}", np.uint64).reshape(-1, 3)
+    if parts.positions:
+        records = np.fromfile(parts.folder / f"names-{p}", np.uint64).reshape(-1, 3)
+    else:  # the fingerprints from the names' tokens
+        found = np.fromfile(parts.folder / f"names-{p}", NAME_RECORD)
+        records = np.empty((len(found), 3), np.uint64)
+        if len(found):
+            token_file = np.memmap(parts.folder / f"tokens-{p}", np.uint64, "r").reshape(-1, 2)
+            records[:, :2] = np.take(token_file, found["index"], axis=0)
+            del token_file
+        records[:, 2] = found["length"]
+        del found
     blob = np.fromfile(parts.folder / f"blob-{p}", np.uint8)
     byte_starts = np.concatenate([[0], np.cumsum(records[:, 2])[:-1]]).astype(np.int64)
     order = np.argsort(records[:, 0])
