@@ -270,12 +270,16 @@ def test_cora_as_an_edge_list_trains_as_cora_through_planetoid(tmp_path, test_da
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "model,order,partitions,storage",
-    [("node2vec", "random", 1, "memory"), ("node2vec", "partitioned", 2, "disk"), ("sage", "random", 1, "memory")],
+    "model,order,partitions,storage,directed",
+    [
+        ("node2vec", "random", 1, "memory", False), ("node2vec", "partitioned", 2, "disk", False), ("sage", "random", 1, "memory", False),
+        ("node2vec", "random", 1, "memory", True),
+    ],
 )
-def test_models_train_on_a_named_edge_list_and_results_speak_its_names(tmp_path, model, order, partitions, storage):
-    """node2vec (random and partition order) and GraphSAGE train on an edge list of names;
-    the finished run names its rows by the file's names, and looks rows up by them."""
+def test_models_train_on_a_named_edge_list_and_results_speak_its_names(tmp_path, model, order, partitions, storage, directed):
+    """node2vec (random and partition order, undirected and directed) and GraphSAGE train on
+    an edge list of names; the finished run names its rows by the file's names, and looks
+    rows up by them."""
     from typer.testing import CliRunner
 
     from dsa_train.cli.app import app
@@ -294,7 +298,7 @@ def test_models_train_on_a_named_edge_list_and_results_speak_its_names(tmp_path,
     labels.write_text("".join(f"{n}\t{'red' if g else 'blue'}\n" for n, g in group.items()))
     recipe = tmp_path / "r.yaml"
     recipe.write_text(node_recipe(
-        model, f"{{kind: edge_list, path: '{edges}', labels: '{labels}', link_split: [0.1, 0.2]}}", model=model, storage=storage,
+        model, f"{{kind: edge_list, path: '{edges}', labels: '{labels}', link_split: [0.1, 0.2], edges: {{directed: {str(directed).lower()}}}}}", model=model, storage=storage,
         train=f"{{epochs: 4, batch_size: 32, log_every: 50, checkpoint_every: 1000, order: {order}, partitions: {partitions}}}",
         eval="{every_epochs: 4, final_splits: [test]}",
     ))  # fmt: skip
@@ -304,3 +308,26 @@ def test_models_train_on_a_named_edge_list_and_results_speak_its_names(tmp_path,
     run = open_run(out)
     rows = run.ids("nodes", ["user-7", "user-8"])
     assert run.names("nodes", rows) == ["user-7", "user-8"] and sorted(run.names("nodes")) == sorted(names)
+
+
+def test_many_scratch_partitions_number_as_one(tmp_path, monkeypatch):
+    """Names spread over 8 scratch partitions (each numbered alone, the ids put back in file
+    order from the partition sequence) give the same dataset as one partition, and the edges
+    read back by name are the file's."""
+    from dsa_train.data import edge_import
+
+    rng = np.random.default_rng(4)
+    u, v = rng.integers(0, 3000, 20_000), rng.integers(0, 3000, 20_000)
+    path = tmp_path / "g.txt"
+    path.write_text("".join(f"n{a} n{b}\n" for a, b in zip(u, v)))
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("".join(f"n{i}\t{i % 4}\n" for i in range(0, 3000, 7)))
+    folders = []
+    for count in (1, 8):
+        monkeypatch.setattr(edge_import, "partitions_for", lambda *_, count=count: count)
+        graph = graph_of(path, labels)
+        folders.append({p.name: p.read_bytes() for p in sorted(graph.dataset.folder.iterdir()) if p.name != "manifest.json"})
+        assert named_edges(graph) == {frozenset((f"n{a}", f"n{b}")) for a, b in zip(u, v) if a != b}
+        ids = graph.node_ids([f"n{i}" for i in range(0, 3000, 7)])
+        assert graph.labels[ids].tolist() == [i % 4 for i in range(0, 3000, 7)]
+    assert folders[0] == folders[1]

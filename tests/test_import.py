@@ -99,6 +99,22 @@ def test_names_that_share_the_first_half_of_a_fingerprint_keep_their_own_ids(tmp
     check_against_reference(load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder))), folder)
 
 
+@pytest.mark.parametrize("distinct,clashes", [(50, True), (20_000, True), (20_000, False)])  # few names repeated, many names (clashing or not)
+def test_distinct_rows_are_one_per_fingerprint_in_fingerprint_order(distinct, clashes):
+    """Against a set: one row per distinct fingerprint, none twice, in h1 order, with
+    fingerprints that share h1's top bits, all of h1, or nothing, and repeats."""
+    rng = np.random.default_rng(distinct)
+    base = rng.integers(0, 2**63, (distinct, 2), dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    if clashes:
+        base[1::7, 0] = base[0::7, 0][: len(base[1::7])] ^ np.uint64(1)  # h1 differs in its lowest bit only
+        base[2::7, 0] = base[0::7, 0][: len(base[2::7])]  # the same h1, another h2
+    prints = base[rng.integers(0, distinct, 100_000)]
+    rows = tsv_import._distinct(prints)
+    got = [tuple(p) for p in prints[rows].tolist()]
+    assert len(got) == len(set(got)) and set(got) == {tuple(p) for p in prints.tolist()}
+    assert (np.diff(prints[rows, 0].astype(np.float64)) >= 0).all()
+
+
 def test_fingerprints_are_per_string_and_position_independent():
     names = [b"a", b"ab", b"ab\x00", b"x" * 64, b"x" * 63 + b"y", "é漢".encode(), b"12345678", b"123456789"]
     text = b"#" + b"|".join(names)

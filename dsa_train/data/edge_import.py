@@ -1,5 +1,6 @@
-r"""An edge list (a file, or a folder of files; see :mod:`.edge_list`) and an optional labels
-file imported into the on-disk graph format (:mod:`.graph_import`) in bounded memory.
+r"""An edge list (a file or a folder of files: text, see :mod:`.edge_list`, or parquet, see
+:mod:`.edge_parquet`) and an optional labels file imported into the on-disk graph format
+(:mod:`.graph_import`) in bounded memory.
 
 **Node ids.** With ``ids: names`` (the default) a node's name is any text, and the nodes are
 numbered by the streaming, fingerprinted import of the TSV knowledge graphs
@@ -11,9 +12,13 @@ up (``export`` writes the names file, ``open_run(...).rows(...)`` maps names to 
 Python dict of the names is ever built. With ``ids: integers`` the ids are the numbers
 written (``0 .. N-1``, ``N`` one past the largest), and the graph holds no names.
 
-**What happens to the edges.** Every edge joins both of its ends (the graph is undirected).
+**What happens to the edges.** Every edge joins both of its ends (the graph is undirected),
+unless ``directed: true``: then an edge ``u v`` is ``u -> v`` only, walks follow it from
+``u`` and never back, and a node with no out-edge ends its walk there (it stays for the
+walk's remaining steps, as PyG's ``Node2Vec`` through pyg-lib's ``random_walk`` does).
 A self-loop ``(u, u)`` is dropped (its node keeps its id, and is isolated if it has no other
-edge); an edge given twice, in either direction, is kept once; with ``min_weight``, an edge
+edge); an edge given twice, in either direction (directed: in the same direction), is kept
+once; with ``min_weight``, an edge
 whose weight is below it is dropped as if absent. The manifest's meta counts the edges read
 (``input_edges``), the self-loops and the edges dropped by weight; ``num_edges`` counts the
 distinct training edges left. Held-out edges for link prediction are chosen by the seeded
@@ -34,11 +39,13 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DatasetError
+from . import edge_parquet
 from .edge_list import (
     WHITESPACE,
     EdgeFormat,
@@ -53,7 +60,7 @@ from .fingerprint import fingerprints, hash_columns
 from .graph_import import BLOCK_NODES, fraction_bound, write_csr, write_nodes
 from .store import DatasetWriter, Progress
 from .tsv import MAX_REPORTED
-from .tsv_import import _number, _Partitions, _Stream, ordered_map, partitions_for
+from .tsv_import import SequenceReader, _number, _Partitions, ordered_map, partitions_for
 
 IMPORTER_VERSION = 1
 WINDOW = 1 << 20  # positions assembled at once
@@ -63,12 +70,13 @@ LABEL_HEADER = {b"node", b"id", b"node_id", b"name"}
 
 
 def edge_files(path: Path, looked: str | None = None) -> list[Path]:
-    """The edge-list file, or a folder's files (sorted by name, hidden ones left out); a
-    ``DatasetError`` says what is missing (``looked``: where the path was looked for)."""
+    """The edge-list file, or a folder's files (sorted by name; hidden ones and those whose
+    name starts with ``_``, such as Spark's ``_SUCCESS``, left out); a ``DatasetError`` says
+    what is missing (``looked``: where the path was looked for)."""
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
         if not files:
             raise DatasetError(f"edge-list folder '{path}' holds no files", hint="place the edge-list files in it, or point dataset.path at a file")
         return files
@@ -84,22 +92,31 @@ def write_edge_list(
 ) -> None:  # fmt: skip
     """Import ``files`` (and ``labels``) into ``writer`` as a graph (see the module docstring);
     ``config``: the recipe's ``dataset.edges``."""
-    fmt = edge_format(files[0], delimiter=config.delimiter, comment=config.comment, header=config.header,
-                      source=config.source, target=config.target, weight=config.weight)  # fmt: skip
+    counts = {"input_edges": 0, "self_loops": 0, "below_min_weight": 0}
+    total = sum(f.stat().st_size for f in files) + (labels.stat().st_size if labels else 0)
+    if edge_parquet.is_parquet(files[0]):
+        fmt = edge_parquet.parquet_format(files, config)
+        text_bytes = 4 * fmt.rows + total  # what partitions_for expects: 2 bytes a name at least, 2 names a row
+        chunks = partial(edge_parquet.parquet_chunks, files, fmt, config, counts, total, progress)
+    else:
+        fmt = edge_format(files[0], delimiter=config.delimiter, comment=config.comment, header=config.header,
+                          source=config.source, target=config.target, weight=config.weight)  # fmt: skip
+        _same_format(files)
+        text_bytes = total
+        chunks = partial(_edge_chunks, files, fmt, config, counts, total, progress)
     if note is not None:
         note(f"edge list '{files[0] if len(files) == 1 else files[0].parent}': {fmt.describe()}")
     scratch = writer.path(".edges")
     scratch.mkdir()
-    counts = {"input_edges": 0, "self_loops": 0, "below_min_weight": 0}
     label_rows = _LabelRows(scratch) if labels is not None else None
-    total = sum(f.stat().st_size for f in files) + (labels.stat().st_size if labels else 0)
+    done = sum(f.stat().st_size for f in files)
     if config.ids == "names":
-        num_nodes, edges, label_nodes = _named(writer, scratch, files, labels, fmt, config, label_rows, counts, total, memory_bytes, progress)
+        num_nodes, edges, label_nodes = _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total, memory_bytes, progress)
     else:
-        num_nodes, edges, label_nodes = _numbered(scratch, files, labels, fmt, config, label_rows, counts, total, progress)
+        num_nodes, edges, label_nodes = _numbered(scratch, chunks, labels, label_rows, done, total, progress)
     try:
         write_csr(writer, _counting(edges, counts), num_nodes, edges_bound=max(1, counts["input_edges"]), link_split=link_split, seed=seed,
-                  memory_bytes=memory_bytes, progress=progress, what="writing the adjacency")  # fmt: skip
+                  memory_bytes=memory_bytes, progress=progress, what="writing the adjacency", directed=config.directed)  # fmt: skip
         if label_rows is None:
             write_nodes(writer, num_nodes, None, [])
         else:
@@ -109,6 +126,13 @@ def write_edge_list(
             label_rows.close()
     shutil.rmtree(scratch)
     writer.meta.update(counts, names=config.ids == "names")
+
+
+def _same_format(files: list[Path]) -> None:
+    """A text edge list's files are all text (a parquet file among them is refused by name)."""
+    for path in files[1:]:
+        if edge_parquet.is_parquet(path):
+            raise DatasetError(f"'{path}' is a parquet file, but '{files[0]}' is text", hint="keep one format in an edge-list folder")
 
 
 def _counting(edges: Iterator[tuple[np.ndarray, np.ndarray]], counts: dict) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -274,41 +298,36 @@ class _LabelRows:
 
 
 # -- ids by name ---------------------------------------------------------------------------------
-def _named(writer, scratch, files, labels, fmt, config, label_rows, counts, total, memory_bytes, progress):
+def _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total, memory_bytes, progress):
     """Number the names (tsv_import's steps 1 and 2); returns the node count and generators of
     the edges' and the labelled rows' ids (step 3)."""
-    parts = _Partitions(scratch / "nodes", partitions_for(total, memory_bytes))
+    parts = _Partitions(scratch / "nodes", partitions_for(text_bytes, memory_bytes), positions=False)
     position = 0
 
-    def numbered(chunks):
+    def numbered(chunks):  # the tokens' positions are implicit: the order they are written in
         nonlocal position
         for text, fields in chunks:
             starts, lengths = fields[..., 0].ravel(), fields[..., 1].ravel()
-            yield text, starts, lengths, np.arange(position, position + len(starts), dtype=np.int64)
+            yield text, starts, lengths
             position += len(starts)
 
     def prepared(chunks):  # fingerprints and partitioning on the worker threads, in order
         return ordered_map(lambda item: parts.prepare(*item), numbered(chunks))
 
     try:
-        for chunk in prepared(_edge_chunks(files, fmt, config, counts, total, progress)):
+        for chunk in prepared(chunks()):
             parts.write(chunk)
         edge_positions = position
         if labels is not None:
-            done = sum(f.stat().st_size for f in files)
             for chunk in prepared(((t, f[:, None, :]) for t, f in _label_chunks(labels, label_rows, progress, done, total, integers=False))):
                 parts.write(chunk)
     finally:
         parts.close()
     first_ids = _number(writer, "nodes", parts, progress)
-    streams = [_Stream(parts.folder / f"ids-{p}", first_ids[p]) for p in range(parts.count)]
+    reader = SequenceReader(parts, first_ids)
 
     def take(start: int, stop: int) -> np.ndarray:
-        window = np.empty(stop - start, np.int64)
-        for stream in streams:
-            part = stream.take(stop)
-            window[part[:, 0] - start] = part[:, 1]
-        return window
+        return reader.take(stop - start)
 
     def edges():
         for start in range(0, edge_positions, WINDOW):
@@ -320,25 +339,23 @@ def _named(writer, scratch, files, labels, fmt, config, label_rows, counts, tota
             for start in range(edge_positions, position, WINDOW):
                 yield take(start, min(position, start + WINDOW))
         finally:
-            for stream in streams:
-                stream.file.close()
+            reader.close()
 
     return first_ids[-1], edges(), label_nodes()
 
 
 # -- ids as numbers ------------------------------------------------------------------------------
-def _numbered(scratch, files, labels, fmt, config, label_rows, counts, total, progress):
+def _numbered(scratch, chunks, labels, label_rows, done, total, progress):
     """Read the ids as numbers into scratch files (the node count is known only at the end);
     returns it and generators of the edges and of the labelled rows' ids."""
     largest = -1
     edge_path, label_path = scratch / "pairs", scratch / "label-nodes"
     with open(edge_path, "wb") as out:
-        for _, ids in _edge_chunks(files, fmt, config, counts, total, progress):
+        for _, ids in chunks():
             largest = max(largest, ids.max(initial=-1))
             ids.tofile(out)
     if labels is not None:
         with open(label_path, "wb") as out:
-            done = sum(f.stat().st_size for f in files)
             for _, ids in _label_chunks(labels, label_rows, progress, done, total, integers=True):
                 largest = max(largest, ids.max(initial=-1))
                 ids.tofile(out)

@@ -184,7 +184,7 @@ def split_chunk(
     if len(bad):
         data_lines = data_lines[counts[data_lines] == fmt.width]
     cells = first[data_lines][:, None] + np.asarray(columns, np.int64)[None, :]
-    s, e = _strip(text, field_starts[cells], field_ends[cells])
+    s, e = _strip(text, field_starts[cells], field_ends[cells], spaces=fmt.delimiter != WHITESPACE)
     empty = (e <= s).any(1)
     for index in data_lines[empty][: MAX_REPORTED + 1].tolist():
         problems.append((index, "has an empty field"))
@@ -247,15 +247,16 @@ def _starts_with(text: np.ndarray, starts: np.ndarray, ends: np.ndarray, prefix:
     return hit
 
 
-def _strip(text: np.ndarray, s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Fields without surrounding spaces and one pair of surrounding double quotes."""
+def _strip(text: np.ndarray, s: np.ndarray, e: np.ndarray, *, spaces: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Fields without surrounding spaces and one pair of surrounding double quotes
+    (``spaces=False``: fields split at whitespace, which hold none)."""
     s, e = s.copy(), e.copy()
     if not len(s):
         return s, e
-    for _ in range(2):  # spaces, quotes, spaces inside the quotes
-        while (lead := (e > s) & (text[np.minimum(s, len(text) - 1)] == 32)).any():
+    for _ in range(2 if spaces else 1):  # spaces, quotes, spaces inside the quotes
+        while spaces and (lead := (e > s) & (text[np.minimum(s, len(text) - 1)] == 32)).any():
             s += lead
-        while (trail := (e > s) & (text[np.maximum(e - 1, 0)] == 32)).any():
+        while spaces and (trail := (e > s) & (text[np.maximum(e - 1, 0)] == 32)).any():
             e -= trail
         quoted = (e - s >= 2) & (text[np.minimum(s, len(text) - 1)] == 34) & (text[np.maximum(e - 1, 0)] == 34)
         s, e = s + quoted, e - quoted

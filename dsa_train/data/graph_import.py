@@ -16,6 +16,11 @@ The folder holds (``E``: undirected training edges, ``N``: nodes; "id" is int32 
     test_edges.npy    (M', 2) id
     manifest meta     num_nodes, num_edges, max_degree, num_classes
 
+A directed graph (``directed=True``, ``meta["directed"]``) differs in three ways: ``col``
+holds each edge ``u -> v`` once, in row ``u`` only (``E`` directed edges, a degree is an
+out-degree); a held-out edge is ``(u, v)`` as given (not ``u < v``; ascending by ``u``);
+its priority is :math:`h(u, v)`, so ``u -> v`` and ``v -> u`` are held out independently.
+
 **The CSR, out of core.** Edges arrive in chunks of ``(u, v)`` pairs. Both directions of
 each (self-loops dropped) go to scratch partition files by source node: partition
 :math:`p` holds the sources :math:`[p s, (p + 1) s)` for a span :math:`s`, as the key
@@ -89,16 +94,19 @@ def write_csr(
     memory_bytes: int = 256 << 20,
     progress: Progress | None = None,
     what: str = "reading edges",
+    directed: bool = False,
 ) -> None:
     """Write ``rowptr``, ``col``, ``valid_edges`` and ``test_edges`` of the undirected graph
     whose edges ``chunks`` yields as ``(u, v)`` int64 arrays (either direction, repeats and
     self-loops allowed), holding out ``link_split`` of them (see the module docstring).
+    ``directed``: each pair is the edge ``u -> v`` only (row ``u`` holds ``v``, not the
+    reverse), and a held-out edge is ``(u, v)`` as given.
 
     ``edges_bound``: at most how many pairs ``chunks`` yields in all (sizes the partitions);
     ``memory_bytes``: the RAM the sort may use."""
     n = num_nodes
     budget_keys = max(1, memory_bytes // WORK_BYTES_PER_KEY)
-    span = _span(n, 2 * edges_bound, budget_keys)
+    span = _span(n, (1 if directed else 2) * edges_bound, budget_keys)
     count = -(-n // span)
     scratch = writer.path(".scratch")
     scratch.mkdir()
@@ -107,7 +115,7 @@ def write_csr(
     try:
         done = 0
         for u, v in chunks:
-            _scatter(np.asarray(u, np.int64), np.asarray(v, np.int64), parts, n, span)
+            _scatter(np.asarray(u, np.int64), np.asarray(v, np.int64), parts, n, span, directed)
             done += len(u)
             if progress is not None:
                 progress(what, done, edges_bound)
@@ -126,8 +134,8 @@ def write_csr(
         for keys in _sorted_unique(path, 0, (high - low) * n, budget_keys, scratch / f"part-{p}"):
             source, target = keys // n + low, keys % n
             if holding:
-                priority = edge_priority(source, target, seed)
-                upper = source < target
+                priority = hash_columns([source, target], seed) if directed else edge_priority(source, target, seed)
+                upper = np.ones(len(source), bool) if directed else source < target  # an undirected edge is written once, as u < v
                 valid, test = priority < valid_bound, (priority >= valid_bound) & (priority < test_bound)
                 for name, chosen in (("valid", valid), ("test", test)):
                     chosen &= upper
@@ -149,7 +157,9 @@ def write_csr(
             progress("sorting edges", p + 1, count)
     scratch.rmdir()
     rowptr.flush()
-    writer.meta.update(num_nodes=n, num_edges=total // 2, max_degree=max_degree)
+    writer.meta.update(num_nodes=n, num_edges=total if directed else total // 2, max_degree=max_degree)
+    if directed:
+        writer.meta["directed"] = True
 
 
 def _span(n: int, keys: int, budget_keys: int) -> int:
@@ -168,11 +178,12 @@ def _span(n: int, keys: int, budget_keys: int) -> int:
     return max(1, span)
 
 
-def _scatter(u: np.ndarray, v: np.ndarray, parts: list, n: int, span: int) -> None:
-    """Append both directions of the pairs (self-loops dropped) to their sources' partitions."""
+def _scatter(u: np.ndarray, v: np.ndarray, parts: list, n: int, span: int, directed: bool = False) -> None:
+    """Append both directions of the pairs (``directed``: ``u -> v`` only; self-loops
+    dropped) to their sources' partitions."""
     keep = u != v
     u, v = u[keep], v[keep]
-    source, target = np.concatenate([u, v]), np.concatenate([v, u])
+    source, target = (u, v) if directed else (np.concatenate([u, v]), np.concatenate([v, u]))
     partition = source // span
     order = np.argsort(partition.astype(np.uint16), kind="stable")  # a radix sort: fast
     keys = ((source - partition * span) * n + target)[order]

@@ -5,7 +5,8 @@ Every graph (PyG's Planetoid or KarateClub, a generated one) is imported once in
 on-disk dataset format (:mod:`.store`, kind ``"graph"``; the arrays in :mod:`.graph_import`)
 under ``<data root>/imported/`` (:func:`~dsa_train.data.load.load_graph`) and mapped from
 there by every later run, ``--resume`` or ``eval``, as a :class:`Graph`: an undirected
-adjacency in CSR form (each edge in both directions, neighbours sorted), class or community
+adjacency in CSR form (each edge in both directions, neighbours sorted; an edge list read with
+``directed: true`` keeps each edge in its source's row only), class or community
 labels with a node split, and the edges held out for link prediction (removed from the
 adjacency). Nothing of size N or E is held in RAM: consumers index the memory-mapped
 arrays with the nodes a batch needs (``graph.degree(nodes)``, ``graph.col[...]``).
@@ -36,10 +37,11 @@ class Graph:
     valid_edges: Tensor | None = None  # (M, 2), u < v: held-out edges for link prediction
     test_edges: Tensor | None = None
     dataset: Dataset | None = None  # where the arrays live
+    directed: bool = False  # col holds each edge u -> v once, in row u (an edge list read with directed: true)
 
     @property
     def num_edges(self) -> int:
-        return len(self.col) // 2
+        return len(self.col) if self.directed else len(self.col) // 2
 
     def degree(self, nodes: Tensor) -> Tensor:
         """The degrees of these nodes (int64), read from ``rowptr``."""
@@ -68,7 +70,10 @@ class Graph:
 
     def upper_edges(self, rows: int = 1 << 20) -> Tensor:
         """Every training edge once, as ``(E, 2)`` pairs ``u < v`` in CSR order (col's dtype),
-        gathered ``rows`` nodes at a time: the only O(E) array this class makes."""
+        gathered ``rows`` nodes at a time: the only O(E) array this class makes (undirected
+        graphs only)."""
+        if self.directed:
+            raise ValueError("upper_edges reads an undirected graph's edges (each once as u < v); this graph is directed")
         out = torch.empty(self.num_edges, 2, dtype=self.col.dtype)
         filled = 0
         for low in range(0, self.num_nodes, rows):
@@ -90,6 +95,7 @@ class Graph:
             labels=dataset.tensor("labels") if dataset.has("labels") else None, num_classes=meta["num_classes"],
             splits={split: dataset.tensor(f"{split}_nodes") for split in SPLITS},
             valid_edges=dataset.tensor("valid_edges"), test_edges=dataset.tensor("test_edges"), dataset=dataset,
+            directed=bool(meta.get("directed", False)),
         )  # fmt: skip
 
     def __str__(self) -> str:

@@ -195,7 +195,8 @@ class TriplesConfig:
 @dataclass
 class EdgeListConfig:
     """edge_list: how the edge-list file's lines read (every value left out is detected from
-    the first lines, and the import says what it found)."""
+    the first lines, and the import says what it found); for parquet files, source, target
+    and weight name columns (or give positions), and delimiter and header do not apply."""
 
     delimiter: str | None = _help(
         "one character between the columns; ' ' means runs of spaces and tabs (SNAP); "
@@ -207,7 +208,10 @@ class EdgeListConfig:
     target: int | str = _help("the target column: position or name", _column, default=1)
     weight: int | str | None = _help("a weight column (position or name), read as numbers; used by min_weight (walks are unweighted)", default=None)
     min_weight: float | None = _help("keep only the edges whose weight is at least this (needs weight)", default=None)
-    directed: bool = _help("false: an edge joins both ends (the only form walks and SAGE read so far)", default=False)
+    directed: bool = _help(
+        "false: an edge joins both ends; true: an edge 'u v' is u -> v only: node2vec's walks follow out-edges "
+        "(a node without one ends the walk, as in PyG), held-out edges keep their direction; graphsage reads undirected graphs only", default=False,
+    )  # fmt: skip
     ids: Literal["names", "integers"] = _help(
         "names: any text, numbered in fingerprint order (row i is not the i-th name of the file: see export's names file); "
         "integers: ids 0 .. N-1 written as numbers, which are the rows themselves",
@@ -221,8 +225,6 @@ class EdgeListConfig:
     def problems(self) -> list[tuple[str, str]]:
         if self.min_weight is not None and self.weight is None:
             return [("min_weight", "needs a weight column: set dataset.edges.weight")]
-        if self.directed:
-            return [("directed", "directed graphs are not read yet: walks and SAGE follow every edge both ways; set it to false")]
         if self.source == self.target:
             return [("target", f"is the source column too ({self.source!r})")]
         return []
@@ -239,7 +241,7 @@ class DatasetConfig:
 
     kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic", "planetoid", "karate", "synthetic_graph", "edge_list", "click_log", "synthetic_clicks"] = _help(
         "knowledge graphs: tsv (a folder of train/valid/test.txt), fb15k237, wn18rr (PyG), synthetic; "
-        "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph, edge_list (your own file or folder); "
+        "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph, edge_list (your own text or parquet file, or folder); "
         "click logs: click_log (a TSV or CSV file, with a header or dataset.columns.names or dataset.layout), synthetic_clicks"
     )
     path: str | None = _help(
@@ -635,6 +637,8 @@ class Recipe:
             return [("model.init_from", "starts knowledge-graph and node-embedding models from a run, not 'dlrm' yet; leave it out")]
         if self.is_recsys and self.train.order == "partitioned":
             return [("train.order", "'partitioned' trains knowledge-graph models and node2vec, not 'dlrm'; use 'random'")]
+        if self.model.kind == "sage" and self.dataset.kind == "edge_list" and self.dataset.edges.directed:
+            return [("dataset.edges.directed", "graphsage aggregates over undirected neighbourhoods here; set it to false, or train node2vec on the directed graph")]
         if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:
             return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
         scoring = scoring_functions().get(self.model.kind)

@@ -16,8 +16,11 @@ A checkpoint holds the model's weights (``T`` for a table in memory) and the opt
 (the moments of the rows touched, up to ``2T``; a disk table's checkpoint is a delta of the rows
 written since the previous one, up to ``3T``); the run keeps ``train.keep_checkpoints`` of them
 plus the one being written. Rows come from the recipe where
-it sets them (a generated dataset, DLRM's ``recsys.rows``); a dataset read from files has its
-row count only once imported, and the estimate says so.
+it sets them (a generated dataset, DLRM's ``recsys.rows``); an edge list's nodes and a click
+log's impressions are estimated from the file's size and its first lines
+(:mod:`~dsa_train.data.size_guess`), and so is the disk its import takes (the estimate says
+so); other datasets read from files have their row count only once imported, and the
+estimate says so.
 """
 
 from __future__ import annotations
@@ -41,12 +44,14 @@ class Estimate:
     disk: int
     parts: list[tuple[str, int, str]]  # (what, bytes, "RAM" | "disk")
     unknown: str = ""  # why rows are unknown
+    guessed: str = ""  # where rows come from a sample of the data: what it was
 
     def lines(self, *, output: Path | None = None) -> list[str]:
         """The estimate in a few lines, and a warning where it exceeds this machine."""
         if self.rows is None:
             return [f"estimate: not made before the import ({self.unknown}); `dsa-train import RECIPE` imports it"]
-        out = [f"estimate: tables in RAM {human_bytes(self.ram)}, disk up to {human_bytes(self.disk)} ({self.rows:,} table rows)"]
+        rows = f"{self.rows:,} table rows" + (f", about: {self.guessed}" if self.guessed else "")
+        out = [f"estimate: tables in RAM {human_bytes(self.ram)}, disk up to {human_bytes(self.disk)} ({rows})"]
         out += [f"  {where}: {human_bytes(size)}  {what}" for what, size, where in self.parts if size]
         total = host_total_bytes()
         if total is not None and self.ram > total:
@@ -71,7 +76,8 @@ def _existing(path: Path) -> Path:
 
 
 def table_rows(recipe: Recipe) -> tuple[int | None, str]:
-    """The rows of every embedding table the recipe trains, or ``None`` and why unknown."""
+    """The rows of every embedding table the recipe trains, or ``None`` and why unknown (an
+    edge list's are estimated by :func:`_imports`)."""
     data, model = recipe.dataset, recipe.model
     if recipe.is_recsys:
         if model.recsys.tables == "shared":
@@ -96,28 +102,70 @@ def _click_features(recipe: Recipe) -> int | None:
         return data.clicks.features
     if data.columns.sparse is not None:
         return len(data.columns.sparse)
-    if data.layout == "criteo":
-        return 26
+    columns = _click_columns(recipe)
+    return columns[0] if columns is not None else None
+
+
+def _imports(recipe: Recipe) -> tuple[int | None, str, list[tuple[str, int, str]], str]:
+    """For an edge list or a click log not yet imported: the table rows (edge lists; else
+    ``None``), what the guess was made from, the import's estimated disk as a part, and why
+    no guess was made (a file that cannot be sampled)."""
+    from ..data import size_guess
+    from ..data.graph_import import id_dtype
+    from ..data.paths import dataset_path
+    from ..errors import DsaError
+
+    data = recipe.dataset
+    try:
+        if data.kind == "edge_list":
+            guess = size_guess.edge_list_guess(data)
+            ids = id_dtype(guess.nodes).itemsize
+            bytes_ = 8 * (guess.nodes + 1) + ids * guess.items * (1 if data.edges.directed else 2) + 3 * ids * guess.nodes
+            if data.edges.ids == "names":
+                bytes_ += guess.nodes * (16 + 8 + 12)  # a fingerprint, an offset, the name's bytes (about 12)
+            what = f"the imported graph (about {guess.items:,} edges, {guess.nodes:,} nodes; written once, reused)"
+            return guess.nodes, guess.how, [(what, bytes_, "disk")], ""
+        if data.kind == "click_log":
+            columns = _click_columns(recipe)
+            if columns is None:
+                return None, "", [], ""
+            guess = size_guess.click_log_guess(dataset_path(data, data.path))
+            features, dense = columns
+            what = f"the imported click log (about {guess.items:,} impressions, {guess.how}; written once, reused)"
+            return None, guess.how, [(what, guess.items * (1 + 4 * dense + 16 * features) + 8, "disk")], ""
+    except (DsaError, OSError, ValueError, StopIteration) as e:
+        return None, "", [], f"the {data.kind} could not be sampled: {e}".splitlines()[0]
+    return None, "", [], ""
+
+
+def _click_columns(recipe: Recipe) -> tuple[int, int] | None:
+    """A click log's categorical and dense column counts, from the recipe or its header."""
+    data = recipe.dataset
+    if data.layout == "criteo" and data.columns.dense is None:
+        return len(data.columns.sparse) if data.columns.sparse is not None else 26, 13
     from ..data.clicks_import import click_columns, click_log_file, read_click_chunks
     from ..data.paths import dataset_path
     from ..errors import DsaError
 
     try:
-        features, _ = next(read_click_chunks(click_log_file(dataset_path(data, data.path)), click_columns(data)))
+        features, dense = next(read_click_chunks(click_log_file(dataset_path(data, data.path)), click_columns(data)))
     except (DsaError, OSError, StopIteration):
         return None
-    return len(features)
+    return len(features), len(dense)
 
 
 def estimate(recipe: Recipe) -> Estimate:
     """The run's memory and disk (see the module docstring)."""
     rows, why = table_rows(recipe)
+    guessed_rows, guessed, imports, unsampled = _imports(recipe)
+    if rows is None and guessed_rows is not None:
+        rows, why = guessed_rows, ""
     if rows is None:
-        return Estimate(None, 0, 0, [], why)
+        return Estimate(None, 0, 0, [], unsampled or why)
     table = rows * recipe.model.dim * FLOAT_BYTES
     on_disk, sparse_adam = recipe.model.embedding_storage == "disk", recipe.optimizer.kind == "sparse_adam"
     shape = f"{rows:,} x {recipe.model.dim} float32"
-    parts: list[tuple[str, int, str]] = []
+    parts: list[tuple[str, int, str]] = list(imports)
     if on_disk:
         parts.append((f"the table file ({shape}: weights and Adam moments, in the page cache as far as RAM allows)", 3 * table, "disk"))
     else:
@@ -135,6 +183,6 @@ def estimate(recipe: Recipe) -> Estimate:
                       "plus the moments of the rows touched (up to twice that)", kept * table, "disk"))  # fmt: skip
     ram = sum(size for _, size, where in parts if where == "RAM")
     disk = sum(size for _, size, where in parts if where == "disk")
-    return Estimate(rows, ram, disk, parts)
+    return Estimate(rows, ram, disk, parts, guessed=guessed if guessed_rows is not None else "")
 
 
