@@ -164,6 +164,24 @@ def test_sigkill_mid_trial_then_resume_keeps_finished_trials(tmp_path):
     assert sum(r.state in ("COMPLETE", "PRUNED") for r in after) == 3
 
 
+def test_the_data_is_imported_once_before_the_workers_start(tmp_path, monkeypatch):
+    """Workers that each imported the dataset raced for the import folder, and all but the
+    first were refused: the parent imports it before it starts them."""
+    from dsa_train.cli import tune as tune_cli
+    from dsa_train.data.store import PARTIAL
+
+    seen = []
+
+    def spawn(path, trials, deadline, jobs):
+        imported = tmp_path / "data" / "imported"
+        seen.append([p.name.startswith(PARTIAL) for p in imported.iterdir() if p.is_dir()] if imported.is_dir() else None)
+        raise DsaError("stopped by the test")
+
+    monkeypatch.setattr(tune_cli, "_spawn", spawn)
+    result = _invoke(_recipe(tmp_path, epochs=1), "-o", tmp_path / "t", "--trials", 2, "--jobs", 2)
+    assert "stopped by the test" in result.output and seen == [[False]]  # one dataset folder, complete, before any worker
+
+
 @pytest.mark.slow
 def test_jobs_share_one_study(tmp_path):
     space = tmp_path / "space.yaml"

@@ -51,7 +51,7 @@ def import_(
     started = time.perf_counter()
     summary = imported_summary(config, progress=WorkProgress(reporter), note=reporter.note)
     if recipe is not None and recipe.is_kge and recipe.train.order == "partitioned":
-        summary["buckets"] = _buckets(recipe, progress=WorkProgress(reporter), note=reporter.note)
+        summary["buckets"] = import_buckets(recipe, progress=WorkProgress(reporter), note=reporter.note)
     reporter.work_done()
     summary["seconds"] = round(time.perf_counter() - started, 1)
     if as_json:
@@ -63,7 +63,20 @@ def import_(
         stdout.print(f"training triples in buckets for train.order: partitioned: {summary['buckets']}", highlight=False)
 
 
-def _buckets(recipe, *, progress, note) -> str:
+def import_recipe_data(recipe) -> None:
+    """Import what a recipe trains on (its dataset, and its partition buckets in partition
+    order) unless current, with a progress display: done once before processes that would each
+    import it start (a second importer is refused while the first holds the folder)."""
+    from ..train.loop import WorkProgress
+
+    reporter = ProgressReporter()
+    imported_summary(recipe.dataset, progress=WorkProgress(reporter), note=reporter.note)
+    if recipe.is_kge and recipe.train.order == "partitioned":
+        import_buckets(recipe, progress=WorkProgress(reporter), note=reporter.note)
+    reporter.work_done()
+
+
+def import_buckets(recipe, *, progress, note) -> str:
     """The training split in the recipe's partition buckets (written unless current): where."""
     from ..data import load_knowledge_graph
     from ..data.buckets import EntityPartitions, load_buckets

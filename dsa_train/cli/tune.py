@@ -16,6 +16,7 @@ from ..errors import DsaError
 from ..recipe import load_recipe, recipe_differences, with_data_root
 from ._errors import handle_errors
 from ._output import metrics_table, stderr, stdout
+from .import_data import import_recipe_data
 from .recipes import find_recipe
 
 UNITS = {"s": 1, "m": 60, "h": 3600}
@@ -89,6 +90,7 @@ def tune(
         if jobs == 1:
             _search(str(folder.path), trials, deadline, 0, 1)
         else:
+            import_recipe_data(folder.base())  # once, here: the workers would race to import it, and all but one be refused
             _spawn(folder.path, trials, deadline, jobs)
         _report(folder)
     finally:
