@@ -119,7 +119,7 @@ def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk
             header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False, "shape": (rows, dim)}
             np.lib.format.write_array_header_1_0(weights, header)
         for start, block in trained.chunks(table, chunk_rows):
-            names.write(_names_lines(trained, table, start, start + len(block)))
+            names.write(_names_lines(start, _names_of(trained, table, start, start + len(block))))
             values = block.numpy()
             if fmt == "npy":
                 weights.write(np.ascontiguousarray(values, dtype=np.float32).data)
@@ -162,8 +162,8 @@ def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: i
     try:
         with pq.ParquetWriter(sink, schema) as writer:
             for start, block in trained.chunks(table, chunk_rows):
-                names.write(_names_lines(trained, table, start, start + len(block)))
-                blob, offsets = trained.name_bytes(table, start, start + len(block))
+                blob, offsets = _names_of(trained, table, start, start + len(block))
+                names.write(_names_lines(start, (blob, offsets)))
                 labels = pa.LargeStringArray.from_buffers(len(block), pa.py_buffer(offsets), pa.py_buffer(blob)).cast(pa.string())
                 vectors = pa.FixedSizeListArray.from_arrays(pa.array(block.numpy().reshape(-1)), dim)
                 ids = pa.array(np.arange(start, start + len(block), dtype=np.int64))
@@ -179,14 +179,19 @@ def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: i
     return {"weights": weights_file, "names": names_file}
 
 
-def _names_lines(trained: TrainedRun, table: str, start: int, stop: int) -> bytes:
-    """The names file's lines ``id<TAB>name`` of rows ``[start, stop)``; a name holding a tab
-    or a line break is refused, naming it."""
+def _names_of(trained: TrainedRun, table: str, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    """The names of rows ``[start, stop)`` as a blob and offsets; a name holding a tab or a line
+    break (which a names file cannot hold) is refused, naming it."""
     blob, offsets = trained.name_bytes(table, start, stop)
     if holds_tab_or_line_break(blob):
         bad = next(n for n in trained.names(table, range(start, stop)) if "\t" in n or "\n" in n or "\r" in n)
         raise DsaError(f"{table} name {bad!r} holds a tab or a line break, which a names file cannot hold", hint="rename it in the dataset")
-    return tab_lines(decimal(np.arange(start, stop)), (blob, offsets)).tobytes()
+    return blob, offsets
+
+
+def _names_lines(start: int, named: tuple[np.ndarray, np.ndarray]) -> bytes:
+    """The names file's lines ``id<TAB>name`` of the rows from ``start`` named by ``named``."""
+    return tab_lines(decimal(np.arange(start, start + len(named[1]) - 1)), named).tobytes()
 
 
 def _text_rows(values: np.ndarray, sep: str) -> str:
