@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import fcntl
 import functools
@@ -30,6 +31,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -533,24 +535,45 @@ def drop_cached(fd: int, offset: int = 0, length: int = 0) -> None:
     os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
-def copy_sparse(source: Path, target: Path) -> None:
+def copy_sparse(source: Path, target: Path, *, replaced: list[tuple[int, int]] = (), fill: Callable[[int], object] | None = None) -> None:
     """Copy a file, skipping its holes (``SEEK_DATA``/``SEEK_HOLE``), then fsync the copy.
 
     A row file of a 10M-row table is gigabytes apparent but holds only the rows ever
     touched; a plain copy would write every hole out as zeros.
     The target must not exist: it is created exclusively and never through a link.
+    ``replaced``: sorted, disjoint byte ranges not copied from ``source``, which ``fill(fd)``
+    writes into the copy (before its fsync) from elsewhere: a live file's changed pages
+    from the memory that holds them.
     """
+    starts = [start for start, _ in replaced]
     with open(source, "rb") as src:
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as dst:
             size = os.fstat(src.fileno()).st_size
             dst.truncate(size)
             for start, end in data_extents(src.fileno(), size):
-                _copy_range(src.fileno(), dst.fileno(), start, end)
+                for a, b in _outside(start, end, replaced, starts):
+                    _copy_range(src.fileno(), dst.fileno(), a, b)
             dst.flush()
+            if fill is not None:
+                fill(dst.fileno())
             os.fsync(dst.fileno())
             drop_cached(dst.fileno())  # a restored copy is trained next, row by row
         drop_cached(src.fileno())  # the source may be a live table: its next row writes stay one page each
+
+
+def _outside(start: int, end: int, ranges: list[tuple[int, int]], starts: list[int]):
+    """The parts of ``[start, end)`` that none of the sorted, disjoint ``ranges`` covers."""
+    i = max(0, bisect.bisect_right(starts, start) - 1)
+    position = start
+    while i < len(ranges) and ranges[i][0] < end:
+        a, b = ranges[i]
+        if a > position:
+            yield position, a
+        position = max(position, b)
+        i += 1
+    if position < end:
+        yield position, end
 
 
 def _copy_range(src: int, dst: int, start: int, end: int) -> None:

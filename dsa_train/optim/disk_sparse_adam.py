@@ -443,6 +443,20 @@ class DiskSparseAdam(Optimizer):
         files = self._open_store().files
         return {files[key].path: p.shape[0] for p, key in self._keys.items()}
 
+    def live_row_file(self, path: Path) -> RowFile | None:
+        """The open row file at ``path`` (one of :meth:`row_files`) as this process maps it, its
+        unflushed rows included, or ``None``: what a checkpoint copies the state from."""
+        target = Path(path).resolve()
+        return next((f for f in self._open_store().files.values() if f.path.resolve() == target), None)
+
+    def snapshot_manifest(self) -> bytes:
+        """The manifest :meth:`flush` would commit now (clean, the step counters of the steps
+        taken), as bytes; nothing is written. With the row files as :meth:`live_row_file` shows
+        them, it is the state a flush would leave, without the flush."""
+        store = self._open_store()
+        store.groups = self._groups_summary()
+        return store.snapshot_manifest()
+
     def register_write_hook(self, hook: Callable[[Path, Tensor], None]) -> RemovableHandle:
         """Call ``hook(path, rows)`` before this optimizer writes the records ``rows`` (an int64
         tensor, duplicates allowed) of the row file ``path`` (one of :meth:`row_files`): a

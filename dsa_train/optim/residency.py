@@ -278,17 +278,26 @@ class PageResidency:
         self.pinned = False
         self.resident_bytes()
 
-    def _write(self, pages: np.ndarray) -> int:
-        """``pwrite`` ``pages`` (sorted) of the mapping to the same bytes of the file, run by run."""
+    def byte_runs(self, pages: np.ndarray) -> list[tuple[int, int]]:
+        """Sorted ``pages`` as the byte ranges ``[start, end)`` of the file they cover."""
+        return [(a * PAGE, min(b * PAGE, self.file_bytes)) for a, b in _runs(pages)]
+
+    def copy_pages(self, pages: np.ndarray, fd: int) -> int:
+        """``pwrite`` ``pages`` (sorted) of the mapping to the same bytes of another file ``fd``
+        (a copy of this one: a checkpoint's base); this file is not written. Returns the bytes."""
         written = 0
-        for a, b in _runs(pages):
-            start, end = a * PAGE, min(b * PAGE, self.file_bytes)
+        for start, end in self.byte_runs(pages):
             memory = (ctypes.c_char * (end - start)).from_address(self.base + start)
             view = memoryview(memory).cast("B")
             done = 0
             while done < len(view):
-                done += os.pwrite(self.fd, view[done : done + WRITE_CHUNK], start + done)
+                done += os.pwrite(fd, view[done : done + WRITE_CHUNK], start + done)
             written += end - start
+        return written
+
+    def _write(self, pages: np.ndarray) -> int:
+        """``pwrite`` ``pages`` (sorted) of the mapping to the same bytes of the file, run by run."""
+        written = self.copy_pages(pages, self.fd)
         self.stats["written_bytes"] += written
         return written
 

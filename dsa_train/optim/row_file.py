@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import StateError
-from ..fsutil import drop_cached, write_back
+from ..fsutil import copy_sparse, drop_cached, write_back
 from .residency import PageResidency, pagemap_readable
 from .format import HEADER_BYTES, LAYOUT, TABLE_LAYOUT, RowSpec, read_row_header
 
@@ -94,6 +94,7 @@ class RowFile:
             self._base = flat.data_ptr() - HEADER_BYTES
             if private:
                 self.residency = PageResidency(self._base, spec.file_bytes, self._fd)
+        self._raw = raw
         fields = {slot.name: raw[:, slot.offset : slot.offset + slot.nbytes].view(DTYPES[slot.dtype]) for slot in spec.fields}
         self.m, self.v = fields["m"], fields["v"]
         self.records = self.moments = None
@@ -223,6 +224,26 @@ class RowFile:
             self._map.flush()
         os.fsync(self._fd)
 
+    def copy_to(self, target: Path) -> None:
+        """Copy the file as this process sees it to ``target`` (new, never through a link,
+        holes kept, fsynced) without writing the file itself: the pages this process changed
+        are written from its memory, the rest copied from the file by the kernel. A
+        checkpoint's base of a live row file so writes each byte once; the changed pages stay
+        in memory, changed, until a flush or the budget writes them to the file."""
+        if self.residency is None or os.getpid() != self._owner:
+            self.flush()  # a shared mapping: its dirty pages are the kernel's to write
+            copy_sparse(self.path, target)
+            return
+        with self._lock:
+            changed = self.residency.changed_pages()
+            copy_sparse(self.path, target, replaced=self.residency.byte_runs(changed), fill=lambda fd: self.residency.copy_pages(changed, fd))
+
+    @property
+    def record_bytes(self) -> np.ndarray:
+        """The records as ``(N, row_bytes)`` uint8, through this process's mapping (its changed
+        rows included): what a checkpoint's delta gathers from."""
+        return self._raw.numpy()
+
     def evict(self) -> None:
         """Write the file back, then drop its pages from this mapping and the page cache, as
         if the machine had needed the memory (benchmarks use it to start from a cold cache)."""
@@ -314,7 +335,7 @@ class RowFile:
         # Drop our views and the map, but never unmap by hand: tensors made from the mapping
         # (a DiskEmbedding's weight, a prefetch in flight) hold the map object, and unmapping
         # under them would crash the process. The kernel unmaps when the last one is gone.
-        self.records = self.moments = self.m = self.v = None
+        self.records = self.moments = self.m = self.v = self._raw = None
         self._map = None
         os.close(self._fd)
         self._fd = -1

@@ -228,10 +228,7 @@ class StateDirectory:
         self._manifest["groups"] = self.groups
         self._write_manifest()
 
-    def flush(self) -> None:
-        """Make every row durable, then commit the step counters with a clean manifest."""
-        if os.getpid() != self._owner:
-            return
+    def _refuse_broken(self) -> None:
         if self.broken is not None:
             raise StateError(
                 f"a step stopped half-way ({self.broken}), so state_dir '{self.path}' may hold some "
@@ -239,14 +236,31 @@ class StateDirectory:
                 hint="restore the state directory from a checkpoint, or reopen it with "
                 "allow_unclean=True to continue with the moments as they are",
             )
+
+    def _committed(self) -> dict:
+        """The manifest as a flush commits it now: the live step counters, clean."""
+        params = {key: {**entry, "step": self.steps[key]} if key in self.steps else entry for key, entry in self._manifest["params"].items()}
+        manifest = {**self._manifest, "params": params, "groups": self.groups, "clean": True, "last_writer": this_process()}
+        manifest.pop("checksum", None)
+        return manifest
+
+    def snapshot_manifest(self) -> bytes:
+        """The bytes of the manifest a flush would commit now, nothing written: with the row
+        files as this process sees them (:meth:`RowFile.copy_to`, a delta gathered from
+        ``RowFile.record_bytes``), a checkpoint's copy of the state without a flush."""
+        self._refuse_broken()
+        return manifest_bytes(self._committed())
+
+    def flush(self) -> None:
+        """Make every row durable, then commit the step counters with a clean manifest."""
+        if os.getpid() != self._owner:
+            return
+        self._refuse_broken()
         try:
             for row_file in self.files.values():
                 row_file.flush()
-            for key, step in self.steps.items():
-                self._manifest["params"][key]["step"] = step
-            self._manifest["groups"] = self.groups
-            self._manifest["clean"] = True
-            self._write_manifest()
+            self._manifest = self._committed()
+            atomic_write_bytes(self.path / MANIFEST, manifest_bytes(self._manifest))
         except OSError as e:
             self._manifest["clean"] = False
             raise StateError(
