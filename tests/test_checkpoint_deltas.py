@@ -27,6 +27,8 @@ from dsa_train.fsutil import copy_sparse
 from dsa_train.nn import DiskEmbedding
 from dsa_train.optim import deltas
 from dsa_train.optim.deltas import DELTA_SUFFIX, read_delta_header
+from dsa_train.optim.format import load_manifest
+from dsa_train.optim.residency import pagemap_readable
 from dsa_train.train import checkpoint_rows as ckpt
 from dsa_train.train import checkpoint_store
 from dsa_train.train.changed_rows import DirtyRows, changed_rows
@@ -809,3 +811,67 @@ def test_a_checkpoint_fsyncs_each_file_once_and_never_reads_a_delta_back(parts, 
     assert kinds(second) == {"tables/t.table": "delta", "optimizer_state/plain.weight.rows": "delta"}
     assert {name: fsutil.file_digest(second / name) for name in state["files"]} == state["files"]
     assert CheckpointStore(checkpoints).find()[0] == second
+
+
+def _on_disk(paths: list[Path]) -> dict[str, bytes]:
+    """The files' bytes as the disk has them (a read, not this process's mapping)."""
+    return {path.name: path.read_bytes() for path in paths}
+
+
+@pytest.mark.skipif(not pagemap_readable(), reason="no /proc/self/pagemap: the state is mapped shared, and a base flushes first")
+def test_a_checkpoint_writes_the_changed_rows_once_into_itself_and_leaves_the_live_files(parts, tmp_path):
+    """Bases (the first checkpoint) and deltas (the second) are taken from the rows as the
+    optimizer holds them: the live files on disk are not written, the changed rows stay in
+    memory, and the checkpoint restores to exactly what a flush then writes."""
+    checkpoints, live = tmp_path / "checkpoints", [parts.tables / "t.table", parts.state / "plain.weight.rows"]
+    parts.opt.flush()
+    for round_, expected in ((0, "base"), (1, "delta")):
+        parts.train(10 * round_, 3)
+        before, stats = _on_disk(live), parts.opt.residency()
+        checkpoint = parts.save(checkpoints, round_ + 1)
+        assert set(kinds(checkpoint).values()) == {expected}
+        assert _on_disk(live) == before  # nothing reached the live files...
+        after = parts.opt.residency()
+        assert after["written_bytes"] == stats["written_bytes"] and after["resident_bytes"] == stats["resident_bytes"] > 0  # ...the rows stay held
+        manifest = load_manifest(checkpoint / "optimizer_state" / "manifest.json")
+        assert manifest["clean"] and manifest["params"]["plain.weight"]["step"] == 3 * (round_ + 1)
+        assert not load_manifest(parts.state / "manifest.json")["clean"]  # the live state is not flushed: a crash restores a checkpoint
+        back = restored(checkpoint, tmp_path / f"back{round_}", parts.opt.state_id)
+        assert back == parts.files()  # what a flush writes now is what the checkpoint holds
+
+
+@pytest.mark.skipif(not pagemap_readable(), reason="no /proc/self/pagemap: the state is mapped shared, and a base flushes first")
+def test_a_base_copied_from_memory_is_the_flushed_file_with_its_holes(tmp_path):
+    """RowFile.copy_to: changed pages over the file's data and over its holes come from memory,
+    the rest from the file; the copy is what a flush then writes, as sparse as the file."""
+    rows, dim = 200_000, 8  # a 12.8 MB row file: rows 64 B, 64 to a page
+    weight = torch.nn.Parameter(torch.zeros(rows, dim))
+    opt = DiskSparseAdam([("w", weight)], lr=0.01, state_dir=tmp_path / "state")
+    path = tmp_path / "state" / "w.rows"
+
+    def step(picked):
+        weight.grad = torch.sparse_coo_tensor(picked[None], torch.randn(len(picked), dim), (rows, dim))
+        opt.step()
+
+    step(torch.arange(0, 640))  # the file's data after a flush: ten pages
+    opt.flush()
+    step(torch.tensor([5, 100_000, 150_000, 199_999]))  # over data, and in three holes
+    before = path.read_bytes()
+    opt.live_row_file(path).copy_to(tmp_path / "copy.rows")
+    assert path.read_bytes() == before  # the live file was not written
+    copy = tmp_path / "copy.rows"
+    assert copy.stat().st_blocks * 512 < 20 * 4096 + (64 << 10)  # data and the changed pages, holes kept
+    opt.flush()
+    assert copy.read_bytes() == path.read_bytes()
+    with pytest.raises(FileExistsError):
+        opt.live_row_file(path).copy_to(copy)  # never over an existing file or a link
+    opt.close()
+
+
+def test_the_parts_of_a_range_outside_others():
+    ranges = [(0, 4096), (8192, 12288), (16384, 20480)]
+    starts = [a for a, _ in ranges]
+    assert list(fsutil._outside(0, 24576, ranges, starts)) == [(4096, 8192), (12288, 16384), (20480, 24576)]
+    assert list(fsutil._outside(2000, 9000, ranges, starts)) == [(4096, 8192)]
+    assert list(fsutil._outside(9000, 10000, ranges, starts)) == []
+    assert list(fsutil._outside(5, 50, [], [])) == [(5, 50)]

@@ -35,6 +35,7 @@ from ..nn import ChainEmbedding, DiskTable
 from ..optim import DiskSparseAdam
 from ..optim.deltas import DELTA_SUFFIX, VIRTUAL, ChainReader, LiveRows, chain_of, read_delta_header, snapshot_path, write_delta
 from ..optim.format import HEADER_BYTES, TABLE_LAYOUT, read_row_header
+from ..optim.row_file import RowFile
 from ..optim.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
 from . import changed_rows
 from .checkpoint_layout import CHECKPOINT_FORMAT, MODEL, PARTIAL, TABLES, TRAINER, VERSION
@@ -150,11 +151,12 @@ class RowWriter:
         self.synced: set[str] = set()  # files written here, fsynced already
         self.digests: dict[str, str] = {}  # ... and those whose digest was computed as they were written
         self._changed = changed_rows.changed_rows(optimizer) if isinstance(optimizer, DiskSparseAdam) else None
-        self._owned = {p.resolve() for p in optimizer.row_files()} if isinstance(optimizer, DiskSparseAdam) else set()
+        paths = optimizer.row_files() if isinstance(optimizer, DiskSparseAdam) else {}
+        self._live = {path.resolve(): optimizer.live_row_file(path) for path in paths}
 
     def owned(self, source: Path) -> bool:
-        """Whether the optimizer writes the row file ``source`` (and so flushes it)."""
-        return Path(source).resolve() in self._owned
+        """Whether the optimizer writes the row file ``source`` (whose rows it then holds)."""
+        return Path(source).resolve() in self._live
 
     def dirty_rows(self, source: Path) -> np.ndarray | None:
         """The rows of ``source`` the optimizer wrote since the baseline (``None``: none counted)."""
@@ -162,30 +164,43 @@ class RowWriter:
 
     def __call__(self, source: Path, rel: str, live: np.ndarray | None = None) -> None:
         """Write ``source`` as ``rel`` in the checkpoint; ``live``: its records as the process
-        maps them already (see :class:`~dsa_train.optim.deltas.LiveRows`), to gather from."""
+        maps them already (see :class:`~dsa_train.optim.deltas.LiveRows`), to gather from. A
+        row file the optimizer writes is copied as the optimizer holds it, never flushed
+        first (but for a clone, which shares the file's blocks): its changed rows are written
+        once, into the checkpoint."""
         target = self.partial / rel
         target.parent.mkdir(parents=True, exist_ok=True)
+        live_file = self._live.get(Path(source).resolve())
+        if live_file is not None:
+            live = live_file.record_bytes
         rows = self.dirty_rows(source) if self.baseline is not None else None
         parent = self.baseline.version_of(rel, source) if rows is not None else None
         size = os.stat(source).st_size
         if parent is None or parent.file_bytes != size:
-            return self._base(source, target)
+            return self._base(source, target, live_file)
         row_bytes = read_row_header(source)["row_bytes"]
         limit = MAX_DELTA_FRACTION * (size - HEADER_BYTES)
         if parent.links + 1 <= MAX_LINKS and parent.chain_bytes + len(rows) * row_bytes <= limit:
             source = LiveRows(source, live) if live is not None else source
             return self._delta(source, rows, target, rel, row_bytes, parent, parent.links + 1, parent.chain_bytes + len(rows) * row_bytes)
         if self.clones or parent.links == 0:
-            return self._base(source, target)
+            return self._base(source, target, live_file)
         chain = chain_of(parent.path)  # compaction: the union of the chain's rows, on its base
         union = np.union1d(rows, np.concatenate([_delta_rows(path) for path in chain[1:]]))
         if len(union) * row_bytes > limit:
-            return self._base(source, target)
+            return self._base(source, target, live_file)
         source = LiveRows(source, live) if live is not None else source
         return self._delta(source, union, target, rel, row_bytes, self.baseline.base_of(rel, parent), 1, len(union) * row_bytes)
 
-    def _base(self, source: Path, target: Path) -> None:
-        if not (self.clones and _clone(source, target)):
+    def _base(self, source: Path, target: Path, live_file: RowFile | None) -> None:
+        if self.clones:
+            if live_file is not None:
+                live_file.flush()  # a clone shares the file's blocks: they must hold every row first
+            if _clone(source, target):
+                return self.synced.add(str(target.relative_to(self.partial)))
+        if live_file is not None:
+            live_file.copy_to(target)
+        else:
             copy_sparse(source, target)
         self.synced.add(str(target.relative_to(self.partial)))  # both fsync; its digest reads it (a clone too)
 
@@ -277,18 +292,17 @@ def baseline(store, optimizer: torch.optim.Optimizer, name: str) -> Baseline | N
 
 def write_checkpoint(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict, extra: dict, rows: RowWriter) -> None:
     """Every file of a checkpoint into its ``partial`` folder, each fsynced once and digested
-    once (a delta as it is written), then ``trainer.json``, then the folders."""
+    once (a delta as it is written), then ``trainer.json``, then the folders. The optimizer's
+    row files are copied as it holds them, not flushed: the live files stay as they were."""
+    manifest = optimizer.snapshot_manifest() if isinstance(optimizer, DiskSparseAdam) else None  # first: a broken step refuses here
     partial.mkdir()
-    flushed = isinstance(optimizer, DiskSparseAdam)
-    if flushed:
-        optimizer.flush()  # once: its row files, the disk tables it writes, a clean manifest to copy
     torch.save(model.state_dict(), partial / MODEL)  # a disk table's entry is a reference...
     for module in model.modules():  # ...and its file (weights and moments) is a base or a delta
         if isinstance(module, DiskTable):
-            if not (flushed and rows.owned(module.path)):
-                module.flush()  # a table no DiskSparseAdam writes (the one that does has just flushed it)
+            if not rows.owned(module.path):
+                module.flush()  # a table no DiskSparseAdam writes: its file is what is copied
             rows(module.path, f"{TABLES}/{module.path.name}", live_records(module))
-    snapshot_optimizer(optimizer, partial, rows, flushed=flushed)
+    snapshot_optimizer(optimizer, partial, rows, manifest)
     for name, obj in extra.items():
         torch.save(obj, partial / name)
     files = {str(p.relative_to(partial)): p for p in sorted(partial.rglob("*")) if p.is_file()}

@@ -1,8 +1,9 @@
 """The recipe's optimizer: DiskSparseAdam or torch's SparseAdam, and how each is checkpointed.
 
-DiskSparseAdam's moments live in the run's ``optimizer_state/``: a checkpoint flushes them,
-copies the manifest and hands each row file to the checkpoint's row writer (a base copy, or a
-delta of the rows written since the previous checkpoint: see checkpoint_rows.py), and a resume
+DiskSparseAdam's moments live in the run's ``optimizer_state/``: a checkpoint writes the
+manifest a flush would commit and hands each row file to the checkpoint's row writer (a base
+copy, or a delta of the rows written since the previous checkpoint, taken from the rows as the
+optimizer holds them, the live files left unflushed: see checkpoint_rows.py), and a resume
 writes each one back (base and deltas, under a temporary name, renamed into place) before the
 optimizer opens it. The optimizer's dirty rows then count from that checkpoint. SparseAdam's moments are tensors: they go into ``optimizer.pt``, read back with
 ``weights_only=True`` (a checkpoint never runs code). Before a resume replaces the live
@@ -45,31 +46,28 @@ def build_optimizer(config: OptimizerConfig, named_parameters: list[tuple[str, t
     return torch.optim.SparseAdam([p for _, p in named_parameters], **kwargs)
 
 
-def snapshot_optimizer(
-    optimizer: torch.optim.Optimizer, target: Path, write_rows: Callable[[Path, str], None], *, flushed: bool = False
-) -> None:
+def snapshot_optimizer(optimizer: torch.optim.Optimizer, target: Path, write_rows: Callable[[Path, str], None], manifest: bytes | None) -> None:
     """Write the optimizer's complete state into the checkpoint folder ``target``;
-    ``write_rows(source, name)`` writes a row file as ``target/name`` (or its delta).
-    ``flushed``: the caller has just flushed the optimizer. The manifest's copy and
-    ``optimizer.pt`` are not fsynced here: the caller fsyncs every file it commits."""
+    ``write_rows(source, name)`` writes a row file as ``target/name`` (a base or a delta, from
+    the rows as the optimizer holds them), ``manifest`` is DiskSparseAdam's
+    :meth:`~dsa_train.optim.DiskSparseAdam.snapshot_manifest`. Nothing is flushed: the live
+    state directory stays as it was. The manifest's copy and ``optimizer.pt`` are not fsynced
+    here: the caller fsyncs every file it commits."""
     if isinstance(optimizer, DiskSparseAdam):
-        if not flushed:
-            optimizer.flush()
         copy = target / STATE_COPY
         copy.mkdir(exist_ok=True)
         for source in owned_state_files(optimizer.state_dir, {optimizer.state_id}):
             if source.name.startswith(RESTORING):
                 continue  # a killed restore's leftover, never part of the state
             if source.name == MANIFEST:
-                _copy_small(source, copy / MANIFEST)
+                _write_new(copy / MANIFEST, manifest)
             else:
                 write_rows(source, f"{STATE_COPY}/{source.name}")
     torch.save(optimizer.state_dict(), target / STATE_DICT)
 
 
-def _copy_small(source: Path, target: Path) -> None:
-    """Copy a small file to ``target`` (new, never through a link), without an fsync."""
-    data = source.read_bytes()
+def _write_new(target: Path, data: bytes) -> None:
+    """Write a small file at ``target`` (new, never through a link), without an fsync."""
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "wb") as out:
         out.write(data)
