@@ -11,8 +11,10 @@ restoring the table from it, as ``--resume`` does. Then,
 things are timed, alternating on the same machine (the rows of a step are ``u^3 * rows`` for uniform u:
 a power law, low ids hot, the same rows every round):
 
-  (a) delta    ``CheckpointStore.save``: flush, model and optimizer files, the table as a delta of
-               the rows written since the previous checkpoint, digests, fsyncs, commit;
+  (a) delta    ``CheckpointStore.save``: model and optimizer files, the table as a delta of the
+               rows written since the previous checkpoint, gathered from the optimizer's memory
+               (the live table is not flushed), digests, fsyncs, commit; and the bytes the
+               block device wrote meanwhile, against the changed records' (the target: once);
   (b) records  the same record bytes (gathered beforehand) written with one sequential
                ``pwrite`` to a fresh file, then ``fsync``: the floor any checkpoint has;
   (c) full     a full copy of the table (a base; every first checkpoint was one before the
@@ -50,8 +52,10 @@ from dsa_train import DiskSparseAdam
 from dsa_train.fsutil import copy_sparse, file_digest
 from dsa_train.nn import DiskEmbedding
 from dsa_train.optim.deltas import read_delta_header
-from dsa_train.optim.format import HEADER_BYTES
+from dsa_train.train.checkpoint_rows import live_records
 from dsa_train.train.checkpoint_store import CheckpointStore, restore_row_file
+
+from bench_long_run import block_device_stat, sectors_written
 
 
 def power_law_batch(rows: int, batch: int, seed: int) -> torch.Tensor:
@@ -178,6 +182,8 @@ def profiled_checkpoint(checkpoint) -> str:
     profile.wrap(deltas, "copy_sparse", "copy_sparse")
     profile.wrap(optimizers, "copy_sparse", "copy the manifest")
     profile.wrap(optimizers, "_copy_small", "copy the manifest")
+    profile.wrap(optimizers, "_write_new", "write the manifest a flush would commit")
+    profile.wrap(row_file.RowFile, "copy_to", "RowFile.copy_to (a base from memory)")
     profile.wrap(ckpt, "copy_sparse", "copy_sparse (a base)")
     profile.wrap(ckpt, "file_digest", lambda path: f"file_digest {path.name} (read back)")
     profile.wrap(ckpt, "baseline", "read the previous checkpoint")
@@ -242,18 +248,17 @@ def run(args, root: Path) -> None:
         restore = timed(lambda: restore_row_file(checkpoints / f"{step:010d}" / "tables" / "entities.table", root / "restored.table"))
         (root / "restored.table").unlink()
         print(f"restoring the table from it (what --resume does: the table drawn again, the delta laid over it): {restore:.2f} s")
-        row_bytes = table.table.spec.row_bytes
-        results = {"delta": [], "records": [], "full warm": [], "full cold": []}
+        results = {"delta": [], "records": [], "full warm": [], "full cold": [], "disk written / records": []}
+        device = block_device_stat(root)
         for round_ in range(args.repeats):
             rows = train()
-            opt.flush()
-            with open(table.path, "rb") as f:  # the touched records, gathered before (b) is timed
-                mapped = np.memmap(f, dtype=np.uint8, mode="r", offset=HEADER_BYTES, shape=(args.rows, row_bytes))
-                data = mapped[rows].tobytes()
-                del mapped
+            data = live_records(table)[rows].tobytes()  # the touched records, gathered before (b) is timed
+            sectors = sectors_written(device)
             t_delta = timed(lambda: checkpoint())
+            written = (sectors_written(device) - sectors) * 512 if device is not None else None
             delta = read_delta_header(checkpoints / f"{step:010d}" / "tables" / "entities.table.delta")
             assert delta["rows"] == len(rows), (delta["rows"], len(rows))
+            results["disk written / records"].append(written / len(data) if written is not None else float("nan"))
             t_records = timed(lambda data=data, target=root / f"records-{round_}": write_records(data, target))
             t_warm = timed(lambda target=root / f"full-{round_}": full_copy(table.path, target))
             (root / f"full-{round_}").unlink()
@@ -263,19 +268,20 @@ def run(args, root: Path) -> None:
             (root / f"records-{round_}").unlink()
             for key, value in zip(results, (t_delta, t_records, t_warm, t_cold)):
                 results[key].append(value)
+            disk = f"{written / 1e6:.1f} MB written to the disk during it" if written is not None else "the disk's writes unknown here"
             print(
                 f"round {round_ + 1}: {len(rows):,} rows touched ({len(data) / 1e6:.1f} MB of records, links {delta['links']}): "
-                f"delta {t_delta:.3f} s, records {t_records:.3f} s, full warm {t_warm:.2f} s, full cold {t_cold:.2f} s"
+                f"delta {t_delta:.3f} s ({disk}), records {t_records:.3f} s, full warm {t_warm:.2f} s, full cold {t_cold:.2f} s"
             )
         if args.profile:
             train()
-            opt.flush()
             print(profiled_checkpoint(checkpoint))
     median = {key: statistics.median(values) for key, values in results.items()}
     print(
         f"medians: delta {median['delta']:.3f} s, records {median['records']:.3f} s, full {median['full warm']:.2f} s warm / "
         f"{median['full cold']:.2f} s cold; delta/records {median['delta'] / median['records']:.2f}x, "
-        f"full/delta {median['full warm'] / median['delta']:.0f}x warm, {median['full cold'] / median['delta']:.0f}x cold"
+        f"full/delta {median['full warm'] / median['delta']:.0f}x warm, {median['full cold'] / median['delta']:.0f}x cold; "
+        f"the disk wrote {median['disk written / records']:.2f}x the changed records' bytes during a delta checkpoint"
     )
 
 

@@ -8,8 +8,11 @@ step by default, a gradient of random values), and reports per minute: the media
 disk bytes written (the block device's sectors written, from ``/sys/dev/block``, so the
 kernel's write-back is counted whoever starts it) and the process's anonymous memory.
 
-dsa          DiskSparseAdam, state in ``--state-dir``, flushed every ``--checkpoint-minutes``
-             (what a checkpoint does to the state; its time and bytes are reported apart)
+dsa          DiskSparseAdam, state in ``--state-dir``, checkpointed every ``--checkpoint-minutes``
+             as a training run does (``CheckpointStore.save`` of the table and the state:
+             bases or deltas of the changed rows; ``--checkpoint flush``: ``flush()`` only);
+             each checkpoint's seconds, the disk bytes written during it and the bytes its
+             files hold are reported apart (written / held: 1.0 means each byte once)
 sparse_adam  torch.optim.SparseAdam, table and state in RAM: the baseline of the ratios
 floor        the step's memory-traffic floor: torch gathers the touched rows of w, m and v
              (all in RAM), does the Adam arithmetic and scatters them back
@@ -48,6 +51,7 @@ from dsa_train import DiskEmbedding, DiskSparseAdam
 from dsa_train.data.synthetic import power_law_ids
 from dsa_train.memory import host_available_bytes, rss_anon_bytes
 from dsa_train.optim.prefetch import shared_prefetcher
+from dsa_train.train.checkpoint_store import CheckpointStore
 
 MiB, GiB = 1 << 20, 1 << 30
 KINDS = ("sparse_adam", "dsa", "floor")
@@ -114,6 +118,9 @@ def run_child(args) -> dict:
         opt = None
         if kind == "dsa":
             opt = DiskSparseAdam([("weight", weight)], lr=1e-3, state_dir=Path(tmp) / "state", **budget)
+            model = table if table is not None else torch.nn.ParameterDict({"weight": weight})
+            store = CheckpointStore(Path(tmp) / "checkpoints")
+            CheckpointStore.count_from_creation(opt)  # a fresh run's: its first checkpoint may be a delta on the files as made
         elif kind == "sparse_adam":
             opt = torch.optim.SparseAdam([weight], lr=1e-3)
         floor = FloorStep(weight.data) if kind == "floor" else None
@@ -137,10 +144,9 @@ def run_child(args) -> dict:
             if opt is not None and kind == "dsa" and args.checkpoint_minutes and now - last_checkpoint >= args.checkpoint_minutes * 60:
                 before = sectors_written(stat)
                 t0 = time.perf_counter()
-                opt.flush()
-                os.sync()  # what the flush made dirty elsewhere (the manifest) counts here too
+                held = checkpoint(args, store, model, opt, len(checkpoints) + 1)
                 checkpoints.append({"at_min": round((t0 - start) / 60, 2), "s": round(time.perf_counter() - t0, 2),
-                                    "MiB": _mib(before, sectors_written(stat))})  # fmt: skip
+                                    "MiB": _mib(before, sectors_written(stat)), **held})  # fmt: skip
                 last_checkpoint = minute_start = time.perf_counter()
                 sectors = sectors_written(stat)
             nxt = next(grads)  # made before the step, so the prefetch of the next batch can overlap it
@@ -176,6 +182,19 @@ def run_child(args) -> dict:
     }  # fmt: skip
 
 
+def checkpoint(args, store: CheckpointStore, model: torch.nn.Module, opt: DiskSparseAdam, number: int) -> dict:
+    """One checkpoint as ``--checkpoint`` says; what its files hold on disk (MiB) and how each
+    row file went in (a base or a delta)."""
+    if args.checkpoint == "flush":
+        opt.flush()
+        os.sync()  # what the flush made dirty elsewhere (the manifest) counts here too
+        return {}
+    folder = store.save(number, model, opt, {"run_id": "bench", "step": number}, keep=2)
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    rows = {p.name: "delta" if p.name.endswith(".delta") else "base" for p in files if p.suffix in (".rows", ".delta") or p.parent.name == "tables"}
+    return {"MiB_held": round(sum(p.stat().st_blocks * 512 for p in files) / MiB, 1), "row_files": rows}
+
+
 def _mib(before, after) -> float | None:
     return None if before is None else round((after - before) * 512 / MiB, 1)
 
@@ -192,7 +211,7 @@ def _minute(steps: list[float], sectors, sectors_now, seconds: float) -> dict:
 
 def child(args, kind: str, minutes: float) -> dict:
     cmd = [sys.executable, __file__, "--child", kind, "--minutes", str(minutes)]
-    for flag in ("rows", "dim", "lookups", "distribution", "zipf", "state_dir", "table", "checkpoint_minutes", "memory_budget"):
+    for flag in ("rows", "dim", "lookups", "distribution", "zipf", "state_dir", "table", "checkpoint_minutes", "checkpoint", "memory_budget"):
         value = getattr(args, flag)
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]
@@ -226,7 +245,8 @@ def main() -> None:
     parser.add_argument("--zipf", type=float, default=1.1)
     parser.add_argument("--minutes", type=float, default=10.0, help="DiskSparseAdam's window")
     parser.add_argument("--reference-minutes", type=float, default=3.0, help="SparseAdam's and the floor's windows")
-    parser.add_argument("--checkpoint-minutes", type=float, default=5.0, help="flush DiskSparseAdam this often (0: never)")
+    parser.add_argument("--checkpoint-minutes", type=float, default=5.0, help="checkpoint DiskSparseAdam this often (0: never)")
+    parser.add_argument("--checkpoint", choices=("save", "flush"), default="save", help="a training run's checkpoint, or flush() only")
     parser.add_argument("--state-dir", default=None, help="where the state lives (default: the temp dir)")
     parser.add_argument("--table", choices=("memory", "disk"), default="memory")
     parser.add_argument("--memory-budget", default=None, help="DiskSparseAdam's memory_budget (default: its own)")
@@ -260,6 +280,10 @@ def main() -> None:
         if evicted:
             print(f"past the budget: {evicted:,} MiB of changed pages left memory, {between:,.0f} MiB reached the disk "
                   f"between checkpoints ({between / evicted:.2f}x)")  # fmt: skip
+        for c in dsa["checkpoints"]:
+            if c.get("MiB_held") and c["MiB"] is not None:
+                print(f"checkpoint at minute {c['at_min']}: {c['s']} s, {c['MiB']:,.0f} MiB written for {c['MiB_held']:,.0f} MiB "
+                      f"held ({c['MiB'] / c['MiB_held']:.2f}x), row files {c['row_files']}")  # fmt: skip
         for other in ("sparse_adam", "floor"):
             if "steady_median_ms" in results.get(other, {}):
                 print(f"DiskSparseAdam / {other}: {dsa['steady_median_ms'] / results[other]['steady_median_ms']:.2f}")
