@@ -80,17 +80,22 @@ def test_a_library_call_speaks_to_the_logging_handler_a_user_attaches(tmp_path, 
 def test_without_logging_configured_the_library_prints_nothing(tmp_path):
     folder = write_kg(tmp_path / "kg")
     script = textwrap.dedent(f"""
+        import logging
         from dsa_train.data import load_knowledge_graph
-        from dsa_train.recipe import DatasetConfig
+        from dsa_train.recipe import DatasetConfig, parse_recipe, with_data_root
         load_knowledge_graph(DatasetConfig(kind="tsv", path={str(folder)!r}))
         with open({str(folder / "train.txt")!r}, "a") as f:
             f.write("a\\tr\\td\\n")
         kg = load_knowledge_graph(DatasetConfig(kind="tsv", path={str(folder)!r}))
-        assert kg.dataset.fresh  # imported again: the message was logged, at INFO
+        assert kg.dataset.fresh  # imported again: logged, at INFO
+        run = parse_recipe("name: r\\ndataset: {{kind: tsv, path: kg, root: /elsewhere}}\\nmodel: {{kind: transe}}\\n", source="r")
+        with_data_root(run, stored=True)  # $DSA_DATA_ROOT wins over the run's root: logged, a WARNING
+        logging.basicConfig(format="configured: %(message)s")  # the application configures logging: shown from here
+        with_data_root(run, stored=True)
     """)
     done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "importing" not in done.stderr and not done.stdout
+    assert done.stderr.startswith("configured: data root: $DSA_DATA_ROOT") and done.stderr.count("data root") == 1 and not done.stdout
 
 
 def test_the_command_line_prints_the_messages_on_stderr_as_note_did(tmp_path, notes):
