@@ -20,7 +20,8 @@ stdout = Console(width=None if sys.stdout.isatty() else 120)
 
 
 class ProgressReporter:
-    """The training loop's Reporter for a person watching: rich bars, or plain lines in a log."""
+    """The library's :class:`~dsa_train.progress.Reporter` for a person watching: rich bars, or
+    plain lines in a log."""
 
     def __init__(self) -> None:
         self.live = sys.stderr.isatty()
@@ -108,8 +109,8 @@ def command_output(reporter: Reporter | None = None, *, shown: bool = True, kept
     """For one command: the ``dsa_train`` logger's INFO records and up go through one
     :class:`NotesHandler`, and ``reporter`` (default: none shown) draws the progress. Both are
     removed when the command ends. The records stop there (a root handler that something
-    installed would print them twice). ``shown=False``: a rank other than 0 of a torchrun
-    job, which keeps quiet."""
+    installed would print them twice). ``shown=False``: the library keeps quiet (a rank
+    other than 0 of a torchrun job; tune's trials)."""
     logger = logging.getLogger("dsa_train")
     handler, level, propagate = NotesHandler(shown=shown, kept=kept), logger.level, logger.propagate
     logger.addHandler(handler)
