@@ -1,6 +1,12 @@
 """dsa-train: train huge sparse embedding tables on one machine."""
 
+import logging
+
 from .errors import ConfigError, DatasetError, DsaError, StateError, TrainingError
+
+# The library's messages go through loggers under "dsa_train"; until the application
+# configures logging, nothing is printed (not even warnings, as Python's last resort would).
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 __all__ = [

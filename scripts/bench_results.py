@@ -177,7 +177,7 @@ def child_ann(run: Path, queries: int, kinds: str, folder: Path, efforts: str) -
     result = {"rows": rows, "metric": metric, "queries": queries, "exact_single_query_s": round(exact_one_s, 3), "exact_batch_s": round(exact_batch_s, 2)}
     for kind in kinds.split(","):
         t0 = time.perf_counter()
-        index = trained.ann_index("entities", metric, kind=kind, folder=folder / kind, note=lambda text: None)
+        index = trained.ann_index("entities", metric, kind=kind, folder=folder / kind)
         build_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         index = trained.ann_index("entities", metric, kind=kind, folder=folder / kind)
@@ -197,7 +197,7 @@ def child_ann(run: Path, queries: int, kinds: str, folder: Path, efforts: str) -
             "exact_single_vs_single": round(exact_one_s / single_s, 1), "exact_batch_vs_batch": round(exact_batch_s / batch_s, 1),
         }  # fmt: skip
         for effort in [int(e) for e in efforts.split(",") if e and kind != "flat"]:
-            tuned = trained.ann_index("entities", metric, kind=kind, folder=folder / kind, note=lambda text: None, effort=effort)
+            tuned = trained.ann_index("entities", metric, kind=kind, folder=folder / kind, effort=effort)
             t0 = time.perf_counter()
             _, found = tuned.search(trained.gather("entities", asked), 11)
             batch_s = time.perf_counter() - t0

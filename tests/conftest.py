@@ -6,6 +6,8 @@ long hypothesis searches), as ``.ci/run`` does."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -27,6 +29,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def notes():
+    """The messages the library logs (INFO and up, on the ``dsa_train`` logger) while the test
+    runs, as they come: what ``dsa-train`` prints on stderr."""
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            kept.append(record.getMessage())
+
+    kept: list[str] = []
+    library, handler = logging.getLogger("dsa_train"), Kept(logging.INFO)
+    level = library.level
+    library.addHandler(handler)
+    library.setLevel(logging.INFO)
+    yield kept
+    library.removeHandler(handler)
+    library.setLevel(level)
 
 
 @pytest.fixture

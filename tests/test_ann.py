@@ -45,12 +45,12 @@ def brute_top(weights: torch.Tensor, rows: torch.Tensor, k: int, metric: str) ->
     return torch.topk(scores, k, dim=1).indices
 
 
-def test_a_flat_index_answers_exactly_in_the_models_metric(runs, tmp_path):  # noqa: F811
+def test_a_flat_index_answers_exactly_in_the_models_metric(runs, tmp_path, notes):  # noqa: F811
     faiss = pytest.importorskip("faiss", reason=NEEDS_FAISS)
     trained = open_run(runs())
     assert trained.default_metric == "l2"  # TransE, p_norm 2
-    notes = []
-    index = trained.ann_index(note=notes.append)
+    notes.clear()
+    index = trained.ann_index()
     assert (index.manifest["metric"], index.manifest["kind"], index.built) == ("l2", "flat", True)  # 60 rows: flat by default
     assert "recall@10 1.000" in notes[0] and index.recall == 1.0
     assert index.path == trained.run.path / "ann" / "entities.l2.ann" and index.index.metric_type == faiss.METRIC_L2
@@ -68,7 +68,7 @@ def test_recall_is_the_share_of_the_exact_top_10_found(tmp_path):
     weights = torch.randn(5000, 16, generator=torch.Generator().manual_seed(5))
     for metric in ("cosine", "l2"):
         table = TableRun(tmp_path / metric, weights)
-        index = ann.open_index(table, "nodes", metric, kind="ivf", note=lambda text: None)
+        index = ann.open_index(table, "nodes", metric, kind="ivf")
         sample = torch.randperm(5000, generator=torch.Generator().manual_seed(1))[: ann.RECALL_QUERIES]  # the rows it measured on
         exact = brute_top(weights, sample, 10, metric)
         _, found = index.search(weights[sample], 11)
@@ -76,11 +76,11 @@ def test_recall_is_the_share_of_the_exact_top_10_found(tmp_path):
         assert index.recall == pytest.approx(hits / (10 * len(sample)))
         assert 0.3 < index.recall < 1.0  # an IVF index over random vectors misses some: the figure is not a constant
         assert isinstance(index.index, faiss.IndexIVFFlat)
-    hnsw = ann.open_index(TableRun(tmp_path / "hnsw", weights), "nodes", "dot", kind="hnsw", note=lambda text: None)
+    hnsw = ann.open_index(TableRun(tmp_path / "hnsw", weights), "nodes", "dot", kind="hnsw")
     assert isinstance(hnsw.index, faiss.IndexHNSWFlat) and hnsw.index.metric_type == faiss.METRIC_INNER_PRODUCT
 
 
-def test_search_effort_trades_time_for_recall_measured_again(tmp_path):
+def test_search_effort_trades_time_for_recall_measured_again(tmp_path, notes):
     pytest.importorskip("faiss", reason=NEEDS_FAISS)
     weights = torch.randn(5000, 16, generator=torch.Generator().manual_seed(5))
     sample = torch.randperm(5000, generator=torch.Generator().manual_seed(1))[: ann.RECALL_QUERIES]
@@ -91,37 +91,37 @@ def test_search_effort_trades_time_for_recall_measured_again(tmp_path):
         return sum(len(set([i for i in f if i != own][:10]) & set(e)) for f, e, own in zip(found.tolist(), exact.tolist(), sample.tolist())) / (10 * len(sample))
 
     for kind, setting, low, high in (("ivf", "probes", 1, 10_000), ("hnsw", "ef_search", 1, 400)):
-        notes = []
+        notes.clear()
         table = TableRun(tmp_path / kind, weights)
-        default = ann.open_index(table, "nodes", "l2", kind=kind, note=notes.append)
-        coarse = ann.open_index(table, "nodes", "l2", note=notes.append, effort=low)
+        default = ann.open_index(table, "nodes", "l2", kind=kind)
+        coarse = ann.open_index(table, "nodes", "l2", effort=low)
         assert not coarse.built and coarse.manifest[setting] == low and f"{setting} {low}" in notes[-1]
         assert coarse.recall == pytest.approx(recall_of(coarse)) and coarse.recall < default.recall
-        fine = ann.open_index(table, "nodes", "l2", note=notes.append, effort=high)
+        fine = ann.open_index(table, "nodes", "l2", effort=high)
         assert fine.recall == pytest.approx(recall_of(fine)) and fine.recall >= default.recall
         if kind == "ivf":
             assert fine.manifest["probes"] == fine.manifest["lists"] and fine.recall == 1.0  # every list probed: exact
         assert ann._read_manifest(default.path)[setting] == default.manifest[setting]  # a search setting, not saved
     with pytest.raises(DsaError, match="applies to ivf and hnsw"):
-        ann.open_index(TableRun(tmp_path / "flat", weights), "nodes", "l2", kind="flat", note=lambda text: None, effort=5)
+        ann.open_index(TableRun(tmp_path / "flat", weights), "nodes", "l2", kind="flat", effort=5)
     with pytest.raises(DsaError, match="at least 1"):
-        ann.open_index(TableRun(tmp_path / "ivf", weights), "nodes", "l2", note=lambda text: None, effort=0)
+        ann.open_index(TableRun(tmp_path / "ivf", weights), "nodes", "l2", effort=0)
 
 
-def test_a_stale_index_is_rebuilt_never_used(tmp_path):
+def test_a_stale_index_is_rebuilt_never_used(tmp_path, notes):
     pytest.importorskip("faiss", reason=NEEDS_FAISS)
     weights = torch.randn(300, 8, generator=torch.Generator().manual_seed(2))
-    notes = []
-    first = ann.open_index(TableRun(tmp_path, weights, step=7), "nodes", "dot", note=notes.append)
+    notes.clear()
+    first = ann.open_index(TableRun(tmp_path, weights, step=7), "nodes", "dot")
     moved = weights.flip(0)  # a later checkpoint: other rows under the same ids
-    later = ann.open_index(TableRun(tmp_path, moved, step=9), "nodes", "dot", note=notes.append)
+    later = ann.open_index(TableRun(tmp_path, moved, step=9), "nodes", "dot")
     assert later.built and later.manifest["checkpoint"] == 9 and "made for run" in notes[1] and "checkpoint 7" in notes[1]
     _, ids = later.search(moved[:1], 1)
     assert ids.item() == int((moved @ moved[0]).argmax())  # answers from the new rows, not the old index's
-    assert first.path == later.path and not ann.open_index(TableRun(tmp_path, moved, step=9), "nodes", "dot", note=notes.append).built
-    retrained = ann.open_index(TableRun(tmp_path, moved * 2, step=9), "nodes", "dot", note=notes.append)
+    assert first.path == later.path and not ann.open_index(TableRun(tmp_path, moved, step=9), "nodes", "dot").built
+    retrained = ann.open_index(TableRun(tmp_path, moved * 2, step=9), "nodes", "dot")
     assert retrained.built and "rows digest" in notes[-2]  # same folder, step and shape, other rows: rebuilt
-    hnsw = ann.open_index(TableRun(tmp_path, moved, step=9), "nodes", "dot", kind="hnsw", note=notes.append)
+    hnsw = ann.open_index(TableRun(tmp_path, moved, step=9), "nodes", "dot", kind="hnsw")
     assert hnsw.built and hnsw.manifest["kind"] == "hnsw"  # another index type asked for: rebuilt
 
 
@@ -157,7 +157,7 @@ def test_a_failed_save_leaves_nothing_under_the_name(tmp_path, monkeypatch):
 
     monkeypatch.setattr(faiss, "serialize_index", full_disk)
     with pytest.raises(DsaError, match="cannot save the index to .*No space left"):
-        ann.open_index(TableRun(tmp_path, torch.randn(50, 4)), "nodes", "dot", note=lambda text: None)
+        ann.open_index(TableRun(tmp_path, torch.randn(50, 4)), "nodes", "dot")
     assert list((tmp_path / "ann").iterdir()) == []  # neither the index nor its temporary
 
 

@@ -634,7 +634,7 @@ def test_eval_of_a_delta_checkpoint_reads_it_through_its_chain_and_scores_as_the
     task = make_task(run_recipe, torch.device("cpu"), TableSite(whole / "tables", writable=False))
     CheckpointStore.load_model(final, task.model)
     task.model.eval()
-    assert metrics == task.evaluate("test", final=True, reporter=loop.SilentReporter())
+    assert metrics == task.evaluate("test", final=True)
     assert metrics["both"]["queries"] == 400
 
 
@@ -678,7 +678,7 @@ def test_node2vec_eval_of_a_delta_checkpoint_reads_only_the_rows_it_scores(tmp_p
     task = make_task(recipe, torch.device("cpu"), TableSite(run.tables_dir, writable=False))
     CheckpointStore.load_model(final, task.model)
     task.model.eval()
-    assert metrics == task.evaluate("test", final=True, reporter=loop.SilentReporter())
+    assert metrics == task.evaluate("test", final=True)
 
 
 # A delta's digest is computed from its bytes as they are written (on a second thread), never

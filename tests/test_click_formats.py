@@ -27,13 +27,13 @@ def criteo_rows(count: int = 30) -> list[list[str]]:
     return rows
 
 
-def load(tmp_path, name: str, content: bytes, notes: list | None = None, layout=None, **columns):
+def load(tmp_path, name: str, content: bytes, layout=None, **columns):
     path = tmp_path / name
     path.write_bytes(content)
     config = DatasetConfig(kind="click_log", path=str(path), layout=layout, columns=ClickColumnsConfig(**columns))
     from dsa_train.data.load import load_click_log as loader
 
-    return loader(config, note=notes.append if notes is not None else None)
+    return loader(config)
 
 
 def arrays(log) -> dict:
@@ -49,35 +49,35 @@ def text(rows, delimiter="\t", header=None) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def test_criteo_headerless_headered_txt_and_gz_read_alike(tmp_path):
+def test_criteo_headerless_headered_txt_and_gz_read_alike(tmp_path, notes):
     rows = criteo_rows()
     reference = load(tmp_path, "ref.tsv", text(rows, header=CRITEO))  # the form the reader always took
     assert reference.features == CRITEO[14:] and reference.dense_features == CRITEO[1:14]
-    notes = []
-    kaggle = load(tmp_path, "train.txt", text(rows), notes, layout="criteo")  # Kaggle's train.txt: no header, tabs
+    notes.clear()
+    kaggle = load(tmp_path, "train.txt", text(rows), layout="criteo")  # Kaggle's train.txt: no header, tabs
     assert kaggle.features == reference.features and same(arrays(kaggle), arrays(reference))
     assert "tab-separated (given by the recipe" in notes[0] and "no header" in notes[0]
     day = load(tmp_path, "day_0.gz", gzip.compress(text(rows)), layout="criteo")  # Terabyte's day_N, compressed
     assert same(arrays(day), arrays(reference))
-    notes = []
-    sample = load(tmp_path, "criteo_sample.txt", text(rows, ",", CRITEO), notes)  # DeepCTR's sample: a CSV named .txt
+    notes.clear()
+    sample = load(tmp_path, "criteo_sample.txt", text(rows, ",", CRITEO))  # DeepCTR's sample: a CSV named .txt
     assert same(arrays(sample), arrays(reference))
     assert "comma-separated (read from the first line" in notes[0]
     both = load(tmp_path, "headered.txt", text(rows, header=CRITEO), layout="criteo")  # the preset, and a header after all
     assert same(arrays(both), arrays(reference))
 
 
-def test_avazu_uses_every_categorical_column(tmp_path):
+def test_avazu_uses_every_categorical_column(tmp_path, notes):
     header = "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,app_category,device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,C17,C18,C19,C20,C21".split(",")
     rows = [[f"{10**18 + i}", str(i % 2), "14102100", "1005", "0", "1fbe01fe", "f3845767", "28905ebd", "ecad2386", "7801e8d9", "07d7df22",
              "a99f214a", f"ddd2926{i}", "44956a24", "1", "2", "15706", "320", "50", "1722", "0", "35", "-1", "79"] for i in range(20)]  # fmt: skip
-    notes = []
-    log = load(tmp_path, "avazu.csv", text(rows, ",", header), notes, label="click")
+    notes.clear()
+    log = load(tmp_path, "avazu.csv", text(rows, ",", header), label="click")
     assert log.features == header[2:] and len(log.features) == 22 and log.dense_features == []
     assert "22 categorical" in notes[0] and "ignored: id" in notes[0]
-    narrowed = []
-    load(tmp_path, "avazu2.csv", text(rows, ",", header), narrowed, label="click", sparse=["site_id", "app_id"])
-    assert "ignored: id, hour, C1, banner_pos" in narrowed[0]
+    notes.clear()
+    load(tmp_path, "avazu2.csv", text(rows, ",", header), label="click", sparse=["site_id", "app_id"])
+    assert "ignored: id, hour, C1, banner_pos" in notes[0]
 
 
 @pytest.mark.parametrize(

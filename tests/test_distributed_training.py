@@ -49,11 +49,10 @@ def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume:
     torch.set_num_threads(1)
     from dsa_train.distributed.group import from_environment
     from dsa_train.optim.inspect import StateInspector
-    from dsa_train.train.loop import SilentReporter
     from dsa_train.train.sharded_run import train_rank
 
     recipe = parse_recipe(text, source="test")
-    training, _, _ = train_rank(recipe, from_environment(), output=Path(folder), resume=resume, reporter=SilentReporter(), overrides=overrides)
+    training, _, _ = train_rank(recipe, from_environment(), output=Path(folder), resume=resume, overrides=overrides)
     task = training.task
     local = torch.arange(task.layout.rows_here)
     m, v = StateInspector(training.run.state_dir(recipe)).read_rows("node_emb.weight", local.numpy())
@@ -360,10 +359,9 @@ def _node2vec_rank(rank: int, world: int, port: int, text: str, folder: str, res
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     from dsa_train.distributed.group import from_environment
-    from dsa_train.train.loop import SilentReporter
     from dsa_train.train.sharded_run import train_rank
 
-    training, _, _ = train_rank(parse_recipe(text, source="test"), from_environment(), output=Path(folder), resume=resume, reporter=SilentReporter())
+    training, _, _ = train_rank(parse_recipe(text, source="test"), from_environment(), output=Path(folder), resume=resume)
     shards = training.task.shards
     local = torch.arange(shards.rows_here)
     ids = shards.sharding.ids_of(rank, local)

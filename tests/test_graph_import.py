@@ -116,12 +116,11 @@ def test_held_out_edges_are_real_edges_absent_from_the_csr_both_ways(tmp_path):
     assert torch.equal(again.test_edges, g.test_edges)  # seeded
 
 
-def test_changed_settings_import_again(tmp_path):
-    notes = []
-    first = load_graph(DatasetConfig(kind="synthetic_graph", graph=SMALL), note=notes.append)
-    same = load_graph(DatasetConfig(kind="synthetic_graph", graph=SMALL), note=notes.append)
+def test_changed_settings_import_again(tmp_path, notes):
+    first = load_graph(DatasetConfig(kind="synthetic_graph", graph=SMALL))
+    same = load_graph(DatasetConfig(kind="synthetic_graph", graph=SMALL))
     assert same.dataset.folder == first.dataset.folder and not notes  # reused
-    split = load_graph(DatasetConfig(kind="synthetic_graph", graph=SMALL, link_split=(0.1, 0.1)), note=notes.append)
+    split = load_graph(DatasetConfig(kind="synthetic_graph", graph=SMALL, link_split=(0.1, 0.1)))
     assert split.dataset.folder == first.dataset.folder and len(notes) == 1 and "changed" in notes[0]
     assert split.num_edges < first.num_edges and len(split.test_edges) > 0
     assert split.dataset.manifest["sources"]["link_split"] == [0.1, 0.1]

@@ -124,7 +124,7 @@ def test_fingerprints_are_per_string_and_position_independent():
     assert len({tuple(p) for p in prints.tolist()}) == len(names)
 
 
-def test_second_load_reuses_the_import_and_a_changed_source_reimports(tmp_path):
+def test_second_load_reuses_the_import_and_a_changed_source_reimports(tmp_path, notes):
     folder = write_random_kg(tmp_path / "kg")
     config = DatasetConfig(kind="tsv", path=str(folder))
     first = load_knowledge_graph(config)
@@ -133,8 +133,8 @@ def test_second_load_reuses_the_import_and_a_changed_source_reimports(tmp_path):
     assert not second.dataset.fresh and second.dataset.folder == first.dataset.folder
     with open(folder / "train.txt", "a") as f:
         f.write("brand\tnew\tfact\n")
-    notes = []
-    third = load_knowledge_graph(config, note=notes.append)
+    notes.clear()
+    third = load_knowledge_graph(config)
     assert third.dataset.fresh and "changed" in notes[0]
     assert as_names(third, "train")[-1] == ("brand", "new", "fact")
     assert as_names(first, "train") == as_names(third, "train")[:-1]  # the old mapping still reads its own files
@@ -169,16 +169,22 @@ def test_an_import_folder_that_is_a_link_is_replaced_not_followed(tmp_path):
 
 KILLER = """
 import os, signal, sys
+from collections import Counter
+from dsa_train import progress
 from dsa_train.data import load_knowledge_graph, tsv, tsv_import
 from dsa_train.recipe import DatasetConfig
 tsv.CHUNK_BYTES = 64
 tsv_import.partitions_for = lambda total, memory: 8
-calls = []
-def progress(what, done, total):
-    calls.append(what)
-    if what == {when!r} and len([c for c in calls if c == what]) == 2:
-        os.kill(os.getpid(), signal.SIGKILL)
-load_knowledge_graph(DatasetConfig(kind="tsv", path=sys.argv[1]), progress=progress)
+class Killer(progress.SilentReporter):
+    what, calls = None, Counter()
+    def work_start(self, what, total):
+        self.what = what
+    def work_advance(self, done):
+        self.calls[self.what] += 1
+        if self.what == {when!r} and self.calls[self.what] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+with progress.reporting(Killer()):
+    load_knowledge_graph(DatasetConfig(kind="tsv", path=sys.argv[1]))
 """
 
 

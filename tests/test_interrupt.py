@@ -69,10 +69,10 @@ def test_ctrl_c_checkpoints_and_resume_finishes(tmp_path):
 def test_the_first_ctrl_c_asks_to_stop_and_the_second_stops_at_once():
 
     from dsa_train.train.callbacks import CheckpointOnInterrupt
-    from dsa_train.train.loop import SilentReporter, Training
+    from dsa_train.train.loop import Training
 
     training = Training.__new__(Training)  # only what the handler touches
-    training.world, training.reporter = None, SilentReporter()
+    training.world = None
     before = signal.getsignal(signal.SIGINT)
     with CheckpointOnInterrupt().running(training):
         signal.raise_signal(signal.SIGINT)

@@ -271,28 +271,28 @@ def test_second_process_on_a_run_folder_is_refused_and_a_dead_holder_is_not(reci
     assert again.exit_code == 0, again.stderr
 
 
-def test_a_long_full_ranking_says_how_long_after_its_first_batch():
+def test_a_long_full_ranking_says_how_long_after_its_first_batch(notes):
+    from dsa_train import progress
     from dsa_train.train.kge import RankingForecast
 
-    class Reporter:
-        def __init__(self):
-            self.notes, self.advanced = [], 0
-
-        def note(self, text):
-            self.notes.append(text)
+    class Reporter(progress.SilentReporter):
+        advanced = 0
 
         def eval_advance(self, done):
             self.advanced += done
 
-    full, sampled, quick = Reporter(), Reporter(), Reporter()
-    for reporter, is_sampled, elapsed in ((full, False, 10.0), (sampled, True, 10.0), (quick, False, 0.0)):
-        forecast = RankingForecast(reporter, 10_000, 10**8, sampled=is_sampled)
-        forecast.started -= elapsed  # the first 100 queries took this long
-        forecast(100)
-        forecast(100)
+    said = {}
+    for name, is_sampled, elapsed in (("full", False, 10.0), ("sampled", True, 10.0), ("quick", False, 0.0)):
+        notes.clear()
+        with progress.reporting(Reporter()) as reporter:
+            forecast = RankingForecast(10_000, 10**8, sampled=is_sampled)
+            forecast.started -= elapsed  # the first 100 queries took this long
+            forecast(100)
+            forecast(100)
         assert reporter.advanced == 200
-    assert len(full.notes) == 1 and "about 17 minutes" in full.notes[0] and "sampled_negatives" in full.notes[0]
-    assert not sampled.notes and not quick.notes
+        said[name] = list(notes)
+    assert len(said["full"]) == 1 and "about 17 minutes" in said["full"][0] and "sampled_negatives" in said["full"][0]
+    assert not said["sampled"] and not said["quick"]
 
 
 def test_one_vs_all_is_a_softmax_over_every_entity(tmp_path):

@@ -1,12 +1,18 @@
-"""Progress on stderr (bars on a terminal, one line per epoch otherwise); tables on stdout."""
+"""Progress and the library's messages on stderr (bars on a terminal, one line per epoch
+otherwise); tables on stdout."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import sys
+from collections.abc import Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+from ..progress import Reporter, SilentReporter, reporting
 
 # Piped or redirected output gets wide lines instead of the 80 columns rich assumes.
 stderr = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
@@ -14,7 +20,8 @@ stdout = Console(width=None if sys.stdout.isatty() else 120)
 
 
 class ProgressReporter:
-    """The training loop's Reporter for a person watching: rich bars, or plain lines in a log."""
+    """The library's :class:`~dsa_train.progress.Reporter` for a person watching: rich bars, or
+    plain lines in a log."""
 
     def __init__(self) -> None:
         self.live = sys.stderr.isatty()
@@ -42,9 +49,6 @@ class ProgressReporter:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-
-    def note(self, text: str) -> None:
-        stderr.print(text, highlight=False)
 
     def epoch_start(self, epoch: int, epochs: int, steps: int, done: int) -> None:
         self._loss = None
@@ -82,6 +86,43 @@ class ProgressReporter:
 
     def work_done(self) -> None:
         self._close()
+
+
+class NotesHandler(logging.Handler):
+    """The library's log records as the command line shows them: the message alone on
+    stderr, no level or time; ``kept`` (if given) collects them too (``eval --json``)."""
+
+    def __init__(self, *, shown: bool = True, kept: list[str] | None = None) -> None:
+        super().__init__(logging.INFO)
+        self.shown, self.kept = shown, kept
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if self.kept is not None:
+            self.kept.append(text)
+        if self.shown:
+            stderr.print(text, highlight=False)
+
+
+@contextlib.contextmanager
+def command_output(reporter: Reporter | None = None, *, shown: bool = True, kept: list[str] | None = None) -> Iterator[None]:
+    """For one command: the ``dsa_train`` logger's INFO records and up go through one
+    :class:`NotesHandler`, and ``reporter`` (default: none shown) draws the progress. Both are
+    removed when the command ends. The records stop there (a root handler that something
+    installed would print them twice). ``shown=False``: the library keeps quiet (a rank
+    other than 0 of a torchrun job; tune's trials)."""
+    logger = logging.getLogger("dsa_train")
+    handler, level, propagate = NotesHandler(shown=shown, kept=kept), logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        with reporting(reporter or SilentReporter()):
+            yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 NAMES = {"mr": "MR", "mrr": "MRR", "hits_at_1": "Hits@1", "hits_at_3": "Hits@3", "hits_at_10": "Hits@10", "auc": "AUC"}

@@ -11,7 +11,7 @@ import typer
 from ..train.run_folder import RunFolder, is_job, job_checkpoints
 from ..errors import DsaError
 from ._errors import handle_errors
-from ._output import ProgressReporter, metrics_table, stderr, stdout
+from ._output import ProgressReporter, command_output, metrics_table, stdout
 from .run import Device, launch_local
 
 
@@ -44,17 +44,7 @@ def eval_(
 
       dsa-train eval runs/quickstart-20261202-141500 --save-ranks ranks.tsv
     """
-    from ..train.loop import SilentReporter, evaluate_run  # torch and PyG: imported only when evaluating
-
-    class NotesOnly(SilentReporter):
-        """--json: no progress, but every warning on stderr and in the document."""
-
-        def __init__(self) -> None:
-            self.notes: list[str] = []
-
-        def note(self, text: str) -> None:
-            self.notes.append(text)
-            stderr.print(text, highlight=False)
+    from ..train.loop import evaluate_run  # torch and PyG: imported only when evaluating
 
     run = RunFolder.find(run_dir)
     if save_ranks is not None and (save_ranks.is_dir() or not save_ranks.parent.is_dir()):
@@ -70,23 +60,25 @@ def eval_(
         world = from_environment()
         if world is None:  # the job's folders are here: start its processes on this machine
             raise typer.Exit(launch_local(_job_world_size(run.path)))
-    reporter = (ProgressReporter() if not as_json else NotesOnly()) if world is None or world.is_leader else SilentReporter()
+    leader = world is None or world.is_leader
+    notes: list[str] = []  # --json: every note on stderr and in the document too, no progress
     where = device.value if device else None
-    if world is None:
-        path, metrics, _ = evaluate_run(run, split.value, checkpoint=checkpoint, device=where, reporter=reporter, save_ranks=save_ranks)
-    elif save_ranks is not None:
-        raise DsaError("--save-ranks is not supported for a run over several processes yet", hint="leave out --save-ranks")
-    else:
-        path, metrics, _ = evaluate_rank(run.path, world, split.value, checkpoint=checkpoint, device=where, reporter=reporter)
-        if not world.is_leader:
-            return
+    with command_output(ProgressReporter() if leader and not as_json else None, shown=leader, kept=notes if as_json else None):
+        if world is None:
+            path, metrics, _ = evaluate_run(run, split.value, checkpoint=checkpoint, device=where, save_ranks=save_ranks)
+        elif save_ranks is not None:
+            raise DsaError("--save-ranks is not supported for a run over several processes yet", hint="leave out --save-ranks")
+        else:
+            path, metrics, _ = evaluate_rank(run.path, world, split.value, checkpoint=checkpoint, device=where)
+    if not leader:
+        return
     if as_json:
         document = {
             "run": str(run.path),
             "checkpoint": int(path.name),
             "split": split.value,
             "metrics": metrics,
-            "warnings": reporter.notes,
+            "warnings": notes,
         }
         typer.echo(json.dumps(document, indent=2))
     else:

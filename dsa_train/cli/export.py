@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ._errors import handle_errors
-from ._output import ProgressReporter, stdout
+from ._output import ProgressReporter, command_output, stdout
 
 
 class Format(str, Enum):
@@ -45,22 +45,9 @@ def export(
     """
     from ..results import export_run, open_run  # torch and PyG: imported only when exporting
 
-    reporter = ProgressReporter()
-    trained = open_run(run_dir, checkpoint)
-    for text in trained.warnings:
-        reporter.note(text)
-    shown = {"table": None, "done": 0}
-
-    def progress(table: str, done: int, total: int) -> None:
-        if shown["table"] != table:
-            shown.update(table=table, done=0)
-            reporter.work_start(f"exporting {table}", total)
-        reporter.work_advance(done - shown["done"])
-        shown["done"] = done
-        if done >= total:
-            reporter.work_done()
-
-    manifest = export_run(trained, out, fmt.value, force=force, progress=progress)
+    with command_output(ProgressReporter()):  # the run's warnings as it opens, then a bar per table
+        trained = open_run(run_dir, checkpoint)
+        manifest = export_run(trained, out, fmt.value, force=force)
     for table, entry in manifest["tables"].items():
         stdout.print(f"{table}: {entry['rows']:,} x {entry['dim']} -> {out / entry['weights']}, names in {out / entry['names']}", highlight=False)
     stdout.print(f"checkpoint {manifest['checkpoint']} of {trained.run.path}; what each file holds: {out / 'export.json'}", highlight=False)

@@ -11,7 +11,7 @@ import typer
 from ..errors import DsaError
 from ..recipe import DatasetConfig, load_recipe
 from ._errors import handle_errors
-from ._output import ProgressReporter, stdout
+from ._output import ProgressReporter, command_output, stdout
 
 
 @handle_errors
@@ -35,8 +35,6 @@ def import_(
 
       dsa-train import ~/data/my-kg --root /big/disk/datasets
     """
-    from ..train.loop import WorkProgress  # torch and PyG: imported only when importing
-
     recipe = None
     if source.is_dir():
         config = DatasetConfig(kind="tsv", path=str(source.resolve()))
@@ -47,12 +45,11 @@ def import_(
         raise DsaError(f"'{source}' is neither a recipe file nor a dataset folder", hint="pass a recipe YAML or a folder holding train.txt, valid.txt, test.txt")
     if root is not None:
         config.root = str(root)
-    reporter = ProgressReporter()
     started = time.perf_counter()
-    summary = imported_summary(config, progress=WorkProgress(reporter), note=reporter.note)
-    if recipe is not None and recipe.is_kge and recipe.train.order == "partitioned":
-        summary["buckets"] = import_buckets(recipe, progress=WorkProgress(reporter), note=reporter.note)
-    reporter.work_done()
+    with command_output(ProgressReporter()):
+        summary = imported_summary(config)
+        if recipe is not None and recipe.is_kge and recipe.train.order == "partitioned":
+            summary["buckets"] = import_buckets(recipe)
     summary["seconds"] = round(time.perf_counter() - started, 1)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
@@ -67,26 +64,23 @@ def import_recipe_data(recipe) -> None:
     """Import what a recipe trains on (its dataset, and its partition buckets in partition
     order) unless current, with a progress display: done once before processes that would each
     import it start (a second importer is refused while the first holds the folder)."""
-    from ..train.loop import WorkProgress
-
-    reporter = ProgressReporter()
-    imported_summary(recipe.dataset, progress=WorkProgress(reporter), note=reporter.note)
-    if recipe.is_kge and recipe.train.order == "partitioned":
-        import_buckets(recipe, progress=WorkProgress(reporter), note=reporter.note)
-    reporter.work_done()
+    with command_output(ProgressReporter()):
+        imported_summary(recipe.dataset)
+        if recipe.is_kge and recipe.train.order == "partitioned":
+            import_buckets(recipe)
 
 
-def import_buckets(recipe, *, progress, note) -> str:
+def import_buckets(recipe) -> str:
     """The training split in the recipe's partition buckets (written unless current): where."""
     from ..data import load_knowledge_graph
     from ..data.buckets import EntityPartitions, load_buckets
 
-    kg = load_knowledge_graph(recipe.dataset, progress=progress, note=note)
-    buckets = load_buckets(kg, EntityPartitions(kg.num_entities, recipe.train.partitions, recipe.train.seed), progress=progress, note=note)
+    kg = load_knowledge_graph(recipe.dataset)
+    buckets = load_buckets(kg, EntityPartitions(kg.num_entities, recipe.train.partitions, recipe.train.seed))
     return str(buckets.folder)
 
 
-def imported_summary(config: DatasetConfig, *, progress, note) -> dict:
+def imported_summary(config: DatasetConfig) -> dict:
     """Import the dataset a config names (unless current) and describe it."""
     from ..recipe import CLICK_DATASETS, KG_DATASETS
     from ..train.cleanup import allocated_bytes
@@ -94,15 +88,15 @@ def imported_summary(config: DatasetConfig, *, progress, note) -> dict:
     if config.kind in KG_DATASETS:
         from ..data import load_knowledge_graph
 
-        data = load_knowledge_graph(config, progress=progress, note=note)
+        data = load_knowledge_graph(config)
     elif config.kind in CLICK_DATASETS:
         from ..data import load_click_log
 
-        data = load_click_log(config, progress=progress, note=note)
+        data = load_click_log(config)
     else:
         from ..data import load_graph
 
-        data = load_graph(config, progress=progress, note=note)
+        data = load_graph(config)
     dataset = getattr(data, "dataset", None)
     folder = dataset.folder if dataset is not None else None
     return {

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ..errors import DsaError
 from ._errors import handle_errors
-from ._output import stderr, stdout
+from ._output import command_output, stderr, stdout
 
 UNKNOWN = "?"
 
@@ -31,6 +31,7 @@ class Metric(str, Enum):
 
 
 @handle_errors
+@command_output()  # the run's warnings as it opens, and the index's recall, on stderr
 def predict(
     run_dir: Path = typer.Argument(..., help="A run folder of a knowledge-graph model.", show_default=False),
     head: str | None = typer.Option(None, "--head", help="Ask for tails of (HEAD, RELATION, ?).", show_default=False),
@@ -87,8 +88,6 @@ def predict(
     if not asked:
         raise DsaError("no query given", hint="pass --head/--tail with --relation, or --queries FILE")
     trained = open_run(run_dir, checkpoint)
-    for text in trained.warnings:
-        stderr.print(text, highlight=False)
     answers = trained.predict_many(asked, k=k, filter="mark" if mark_known else filter_known)
     if as_json:
         document = {
@@ -106,6 +105,7 @@ def predict(
 
 
 @handle_errors
+@command_output()
 def neighbors(
     run_dir: Path = typer.Argument(..., help="A run folder that `dsa-train run` made.", show_default=False),
     name: str = typer.Argument(..., help="The entity's or node's name (a node's id where the graph has no names).", show_default=False),
@@ -148,13 +148,10 @@ def neighbors(
     if not approximate and (index_type is not None or index_dir is not None or effort is not None):
         raise DsaError("--index-type, --index-dir and --effort choose the index of --approximate", hint="add --approximate, or leave them out for the exact search")
     trained = open_run(run_dir, checkpoint)
-    for text in trained.warnings:
-        stderr.print(text, highlight=False)
     chosen = metric.value if metric else trained.default_metric
     index = None
     if approximate:
-        note = (lambda text: stderr.print(text, highlight=False))  # noqa: E731
-        index = trained.ann_index(table, chosen, kind=index_type.value if index_type else None, folder=index_dir, note=note, effort=effort)
+        index = trained.ann_index(table, chosen, kind=index_type.value if index_type else None, folder=index_dir, effort=effort)
     found = trained.neighbors(name, k=k, metric=chosen, table=table, approximate=index or False)
     if as_json:
         document = {
@@ -173,8 +170,6 @@ def neighbors(
 
 def _predict_clicks(trained, clicks: Path, output: Path | None) -> None:
     """One probability a line, to stdout or to a new file written under a temporary name."""
-    for text in trained.warnings:
-        stderr.print(text, highlight=False)
     if output is None:
         for probabilities in trained.click_probabilities(clicks):
             typer.echo("".join(f"{p:.9g}\n" for p in probabilities.tolist()), nl=False)

@@ -16,7 +16,7 @@ from ..recipe import Recipe, load_recipe, recipe_differences, with_data_root
 from ..train.checkpoint_store import CheckpointStore
 from ..train.run_folder import MetricsLog, RunFolder
 from ._errors import debug, handle_errors
-from ._output import ProgressReporter, print_final_metrics, stdout
+from ._output import ProgressReporter, command_output, print_final_metrics, stderr, stdout
 from .recipes import find_recipe
 
 
@@ -78,8 +78,6 @@ def run(
     if world is not None and not dry_run:
         _run_rank(config, world, output=output, resume=resume, overrides=overrides)
         return
-    from ..train.loop import Training  # torch and PyG: imported only when training
-
     if dry_run:
         where = output or (Path(config.output.dir) / f"{config.output.run_name or config.name + '-<timestamp>'}")
         stdout.print(
@@ -93,6 +91,14 @@ def run(
         for line in estimate(config).lines(output=Path(where).parent if output is None else Path(output).parent):
             stdout.print(line, highlight=False, soft_wrap=True)
         return
+    with command_output(ProgressReporter()):
+        _train(config, recipe, output=output, resume=resume, overrides=overrides)
+
+
+def _train(config: Recipe, recipe: Path, *, output: Path | None, resume: bool, overrides: list[str]) -> None:
+    """Train (or resume) the run in this process, then print its final metrics and summary."""
+    from ..train.loop import Training  # torch and PyG: imported only when training
+
     if resume:
         folder = RunFolder.find(output) if output else RunFolder.newest(config)
         folder.lock()  # a second process on this run folder stops here, told who holds it
@@ -101,7 +107,7 @@ def run(
     discard = False
     try:
         if resume:
-            saved = with_data_root(folder.read_config(overrides), stored=True, note=ProgressReporter().note)
+            saved = with_data_root(folder.read_config(overrides), stored=True)
             _warn_differences(config, saved)
             config = saved
             folder.write_config(config)
@@ -115,11 +121,10 @@ def run(
                     soft_wrap=True,
                 )
                 return
-        reporter = ProgressReporter()
-        reporter.note(f"run folder: {folder.path}")
+        stderr.print(f"run folder: {folder.path}", highlight=False)
         from ..results.warm_start import carry_over
 
-        training = Training(config, folder, reporter=reporter, warm_start=carry_over)
+        training = Training(config, folder, warm_start=carry_over)
         try:
             training.setup(resume=resume)
             summary = training.train()
@@ -226,13 +231,12 @@ def launch_local(nproc: int) -> int:
 
 def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool, overrides: list[str]) -> None:
     """This process is one rank of a torchrun job: train its shard; rank 0 reports."""
-    from ..train.loop import SilentReporter
     from ..train.sharded_run import train_rank
 
-    reporter = ProgressReporter() if world.is_leader else SilentReporter()
     if world.is_leader:
-        reporter.note(f"rank 0 of {world.world_size}: {config.name}, entity table split over {world.world_size} ranks")
-    training, top, summary = train_rank(config, world, output=output, resume=resume, reporter=reporter, overrides=overrides)
+        stderr.print(f"rank 0 of {world.world_size}: {config.name}, entity table split over {world.world_size} ranks", highlight=False)
+    with command_output(ProgressReporter() if world.is_leader else None, shown=world.is_leader):
+        training, top, summary = train_rank(config, world, output=output, resume=resume, overrides=overrides)
     config = training.recipe
     if not world.is_leader:
         return
@@ -249,10 +253,11 @@ def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool, overr
 def _warn_differences(recipe: Recipe, saved: Recipe) -> None:
     changed = recipe_differences(saved, recipe)
     if changed:
-        ProgressReporter().note(
+        stderr.print(
             "the recipe differs from the run's config.yaml in "
             + "; ".join(f"{key} ({ours!r} in the run, {theirs!r} in the recipe)" for key, ours, theirs in changed)
-            + ". The run's values win; --set overrides them."
+            + ". The run's values win; --set overrides them.",
+            highlight=False,
         )
 
 

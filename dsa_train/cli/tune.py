@@ -15,7 +15,7 @@ from rich.table import Table
 from ..errors import DsaError
 from ..recipe import load_recipe, recipe_differences, with_data_root
 from ._errors import handle_errors
-from ._output import metrics_table, stderr, stdout
+from ._output import command_output, metrics_table, stderr, stdout
 from .import_data import import_recipe_data
 from .recipes import find_recipe
 
@@ -32,6 +32,7 @@ def parse_duration(text: str) -> float:
 
 
 @handle_errors
+@command_output(shown=False)  # the trials' own messages are not shown: each trial is one line
 def tune(
     recipe: Path = typer.Argument(..., help="The recipe to tune: a YAML file, or a shipped recipe's name.", show_default=False),
     output: Path | None = typer.Option(
@@ -115,7 +116,8 @@ def _worker(path: str, trials: int | None, deadline: float | None, worker: int, 
 
     libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     try:
-        _search(path, trials, deadline, worker, jobs)
+        with command_output(shown=False):
+            _search(path, trials, deadline, worker, jobs)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except DsaError as e:

@@ -28,10 +28,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..progress import work
 from .kg import KnowledgeGraph
 from .order import Shuffle
 from .paths import key_digest
-from .store import DatasetWriter, Progress, import_folder
+from .store import DatasetWriter, import_folder
 
 BUCKETS_VERSION = 1  # what a buckets folder holds: bump it when that changes
 BLOCK_ROWS = 1 << 20  # training triples sorted at once
@@ -114,7 +115,7 @@ def sorted_into_buckets(partitions: EntityPartitions, rows: Tensor, bucket: Tens
     return Buckets(partitions, rows[order.indices], _offsets(counts.numpy()))
 
 
-def load_buckets(kg: KnowledgeGraph, partitions: EntityPartitions, *, progress: Progress | None = None, note=None) -> Buckets:
+def load_buckets(kg: KnowledgeGraph, partitions: EntityPartitions, ) -> Buckets:
     """The training split of ``kg`` in buckets: written beside its imported dataset on first
     use (and again if the graph is imported again), mapped afterwards; built in memory for a
     graph that lives in memory."""
@@ -129,9 +130,9 @@ def load_buckets(kg: KnowledgeGraph, partitions: EntityPartitions, *, progress: 
     folder = parent.with_name(f"{parent.name}.buckets-{partitions.partitions}-{key_digest(sources)}")
 
     def build(writer: DatasetWriter) -> None:
-        _write_buckets(writer, kg, partitions, progress)
+        _write_buckets(writer, kg, partitions)
 
-    dataset = import_folder(folder, kind="buckets", name=f"{kg.name} in {partitions.partitions}x{partitions.partitions} buckets", sources=sources, build=build, note=note)
+    dataset = import_folder(folder, kind="buckets", name=f"{kg.name} in {partitions.partitions}x{partitions.partitions} buckets", sources=sources, build=build)
     return Buckets(partitions, dataset.tensor("triples"), torch.from_numpy(np.asarray(dataset.array("offsets"))), dataset.folder)
 
 
@@ -139,7 +140,7 @@ def _offsets(counts: np.ndarray) -> Tensor:
     return torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
 
 
-def _write_buckets(writer: DatasetWriter, kg: KnowledgeGraph, partitions: EntityPartitions, progress: Progress | None) -> None:
+def _write_buckets(writer: DatasetWriter, kg: KnowledgeGraph, partitions: EntityPartitions) -> None:
     """Counting sort of the training split by bucket, a block at a time: one pass counts, one
     pass writes each block's rows to their buckets' next free positions."""
     train, count = kg.train, len(kg.train)
@@ -148,8 +149,7 @@ def _write_buckets(writer: DatasetWriter, kg: KnowledgeGraph, partitions: Entity
     counts = np.zeros(buckets, np.int64)
     for start in range(0, count, BLOCK_ROWS):
         counts += np.bincount(bucket_of(partitions, train[start : start + BLOCK_ROWS]).numpy(), minlength=buckets)
-        if progress is not None:
-            progress(what, start // 2, count)
+        work(what, start // 2, count)
     offsets = _offsets(counts).numpy()
     out = writer.create("triples", (count, 3), train.numpy().dtype)
     cursor = offsets[:-1].copy()
@@ -161,11 +161,9 @@ def _write_buckets(writer: DatasetWriter, kg: KnowledgeGraph, partitions: Entity
         first = np.searchsorted(sorted_bucket, sorted_bucket, side="left")  # where each row's bucket run starts
         out[cursor[sorted_bucket] + np.arange(len(order)) - first] = block.numpy()[order]
         cursor += np.bincount(bucket, minlength=buckets)
-        if progress is not None:
-            progress(what, (count + start) // 2, count)
+        work(what, (count + start) // 2, count)
     if count:
         out.flush()
     writer.put("offsets", offsets)
     writer.meta.update(partitions.key(), num_triples=count)
-    if progress is not None:
-        progress(what, count, count)
+    work(what, count, count)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import gzip
+import logging
 import math
 import re
 from pathlib import Path
@@ -30,10 +31,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
+from ..progress import work
 from ..recipe import ClickColumnsConfig, DatasetConfig
 from .clicks import ClickWriter
 from .fingerprint import fingerprints
-from .store import SPLITS, DatasetWriter, Progress
+from .store import SPLITS, DatasetWriter
+
+logger = logging.getLogger(__name__)
 
 #: 1: the first version. 2: every non-dense column categorical by default; headerless files; gzip.
 IMPORTER_VERSION = 2
@@ -135,11 +139,12 @@ def _count_lines(path: Path, header: bool) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def write_click_log(writer: DatasetWriter, *, path: Path, config: ClickColumnsConfig, progress: Progress | None = None, note=None) -> None:
-    """Import the click log at ``path`` into ``writer`` (see the module docstring); ``note(text)``
-    hears how the file was read."""
-    chunks = read_click_chunks(path, config, note=note)
+def write_click_log(writer: DatasetWriter, *, path: Path, config: ClickColumnsConfig) -> None:
+    """Import the click log at ``path`` into ``writer`` (see the module docstring), saying (in
+    the log) how the file is read."""
+    chunks = read_click_chunks(path, config)
     features, dense_features = next(chunks)
+    logger.info(chunks.description)
     total = _count_lines(path, chunks.header)  # type: ignore[attr-defined]
     valid, test = (round(total * fraction) for fraction in config.holdout)
     bounds = np.cumsum([total - valid - test, valid, test])  # end of each split, in data lines
@@ -148,14 +153,13 @@ def write_click_log(writer: DatasetWriter, *, path: Path, config: ClickColumnsCo
     for parsed in chunks:
         _append_by_split(out, parsed, done, bounds)
         done += len(parsed[0])
-        if progress is not None:
-            progress(f"reading {path.name}", done, total)
+        work(f"reading {path.name}", done, total)
     out.finish()
 
 
 class _Chunks:
-    """The generator of :func:`read_click_chunks`, with ``header``: whether the file has one
-    (known once the first item is taken)."""
+    """The generator of :func:`read_click_chunks`, with ``header``: whether the file has one,
+    and ``description``: how it is read, in words (both known once the first item is taken)."""
 
     def __init__(self, generator, state: dict) -> None:
         self._generator, self._state = generator, state
@@ -170,17 +174,21 @@ class _Chunks:
     def header(self) -> bool:
         return self._state["header"]
 
+    @property
+    def description(self) -> str:
+        return self._state["description"]
 
-def read_click_chunks(path: Path, config: ClickColumnsConfig, *, need_label: bool = True, note=None) -> _Chunks:
+
+def read_click_chunks(path: Path, config: ClickColumnsConfig, *, need_label: bool = True) -> _Chunks:
     """The click log at ``path`` as it is parsed: first ``(features, dense_features)``, the
     columns' names, then ``(labels, dense, lengths, ids, weights)`` per chunk of impressions.
     Without ``need_label`` a file that lacks the label column is read too (its labels are all
-    0): impressions to score, not to train on. ``note(text)`` hears how the file is read."""
+    0): impressions to score, not to train on."""
     state: dict = {"header": True}
-    return _Chunks(_read_click_chunks(path, config, need_label, note, state), state)
+    return _Chunks(_read_click_chunks(path, config, need_label, state), state)
 
 
-def _read_click_chunks(path: Path, config: ClickColumnsConfig, need_label: bool, note, state: dict):
+def _read_click_chunks(path: Path, config: ClickColumnsConfig, need_label: bool, state: dict):
     delimiter, source = delimiter_of(path, config)
     with open_text(path) as stream:
         try:
@@ -202,8 +210,7 @@ def _read_click_chunks(path: Path, config: ClickColumnsConfig, need_label: bool,
                 names = list(config.names)
                 rows = _Resumed(first, rows)
             label, dense, sparse = columns_of(path, names, config, need_label=need_label)
-            if note is not None:
-                note(_describe(path, delimiter, source, header, names, label, dense, sparse))
+            state["description"] = _describe(path, delimiter, source, header, names, label, dense, sparse)
             yield [names[i] for i in sparse], [names[i] for i in dense]
             parser = _Parser(path, len(names), label, dense, sparse, config)
             while True:

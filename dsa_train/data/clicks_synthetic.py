@@ -28,10 +28,11 @@ import math
 import numpy as np
 import torch
 
+from ..progress import work
 from ..recipe import ClicksSyntheticConfig
 from .clicks import ClickWriter
 from .fingerprint import mix64
-from .store import SPLITS, DatasetWriter, Progress
+from .store import SPLITS, DatasetWriter
 from .synthetic import power_law_ids
 
 #: 1: the first version.
@@ -57,7 +58,7 @@ def _bag_means(values: np.ndarray, weights: np.ndarray, bag_of: np.ndarray, bags
     return means.reshape(bags, *values.shape[1:])
 
 
-def write_synthetic_clicks(writer: DatasetWriter, *, config: ClicksSyntheticConfig, progress: Progress | None = None) -> None:
+def write_synthetic_clicks(writer: DatasetWriter, *, config: ClicksSyntheticConfig) -> None:
     """Generate the click log into ``writer`` (see the module docstring)."""
     c = config
     f, d = c.features, c.dense
@@ -72,8 +73,7 @@ def write_synthetic_clicks(writer: DatasetWriter, *, config: ClicksSyntheticConf
             labels, dense, lengths, ids, weights, logits = _chunk(c, n, generator, dense_weights)
             out.append(split, labels, dense, lengths, ids, weights if c.weighted else None, logits)
             done += n
-            if progress is not None:
-                progress("generating impressions", done, total)
+            work("generating impressions", done, total)
     out.finish()
 
 

@@ -37,6 +37,7 @@ rest train; unlabelled nodes are in no split (label -1).
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from collections.abc import Iterator
 from functools import partial
@@ -45,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
+from ..progress import work
 from . import edge_parquet
 from .edge_list import (
     WHITESPACE,
@@ -58,9 +60,11 @@ from .edge_list import (
 )
 from .fingerprint import fingerprints, hash_columns
 from .graph_import import BLOCK_NODES, fraction_bound, write_csr, write_nodes
-from .store import DatasetWriter, Progress
+from .store import DatasetWriter
 from .tsv import MAX_REPORTED
 from .tsv_import import SequenceReader, _number, _Partitions, ordered_map, partitions_for
+
+logger = logging.getLogger(__name__)
 
 IMPORTER_VERSION = 1
 WINDOW = 1 << 20  # positions assembled at once
@@ -88,7 +92,7 @@ def edge_files(path: Path, looked: str | None = None) -> list[Path]:
 
 def write_edge_list(
     writer: DatasetWriter, *, files: list[Path], labels: Path | None, config, link_split: tuple[float, float], seed: int,
-    memory_bytes: int = 256 << 20, progress: Progress | None = None, note=None,
+    memory_bytes: int = 256 << 20,
 ) -> None:  # fmt: skip
     """Import ``files`` (and ``labels``) into ``writer`` as a graph (see the module docstring);
     ``config``: the recipe's ``dataset.edges``."""
@@ -97,26 +101,25 @@ def write_edge_list(
     if edge_parquet.is_parquet(files[0]):
         fmt = edge_parquet.parquet_format(files, config)
         text_bytes = 4 * fmt.rows + total  # what partitions_for expects: 2 bytes a name at least, 2 names a row
-        chunks = partial(edge_parquet.parquet_chunks, files, fmt, config, counts, total, progress)
+        chunks = partial(edge_parquet.parquet_chunks, files, fmt, config, counts, total)
     else:
         fmt = edge_format(files[0], delimiter=config.delimiter, comment=config.comment, header=config.header,
                           source=config.source, target=config.target, weight=config.weight)  # fmt: skip
         _same_format(files)
         text_bytes = total
-        chunks = partial(_edge_chunks, files, fmt, config, counts, total, progress)
-    if note is not None:
-        note(f"edge list '{files[0] if len(files) == 1 else files[0].parent}': {fmt.describe()}")
+        chunks = partial(_edge_chunks, files, fmt, config, counts, total)
+    logger.info(f"edge list '{files[0] if len(files) == 1 else files[0].parent}': {fmt.describe()}")
     scratch = writer.path(".edges")
     scratch.mkdir()
     label_rows = _LabelRows(scratch) if labels is not None else None
     done = sum(f.stat().st_size for f in files)
     if config.ids == "names":
-        num_nodes, edges, label_nodes = _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total, memory_bytes, progress)
+        num_nodes, edges, label_nodes = _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total, memory_bytes)
     else:
-        num_nodes, edges, label_nodes = _numbered(scratch, chunks, labels, label_rows, done, total, progress)
+        num_nodes, edges, label_nodes = _numbered(scratch, chunks, labels, label_rows, done, total)
     try:
         write_csr(writer, _counting(edges, counts), num_nodes, edges_bound=max(1, counts["input_edges"]), link_split=link_split, seed=seed,
-                  memory_bytes=memory_bytes, progress=progress, what="writing the adjacency", directed=config.directed)  # fmt: skip
+                  memory_bytes=memory_bytes, what="writing the adjacency", directed=config.directed)  # fmt: skip
         if label_rows is None:
             write_nodes(writer, num_nodes, None, [])
         else:
@@ -142,7 +145,7 @@ def _counting(edges: Iterator[tuple[np.ndarray, np.ndarray]], counts: dict) -> I
 
 
 # -- reading -------------------------------------------------------------------------------------
-def _edge_chunks(files: list[Path], fmt: EdgeFormat, config, counts: dict, total: int, progress: Progress | None):
+def _edge_chunks(files: list[Path], fmt: EdgeFormat, config, counts: dict, total: int):
     """Every chunk's edges as ``(text, (n, 2, 2) source and target fields)`` (with ``ids:
     integers``: ``(text, (n, 2) ids)``), checked, edges below ``min_weight`` left out; bad
     lines raise a ``DatasetError`` listing up to :data:`MAX_REPORTED` of a file's."""
@@ -178,8 +181,7 @@ def _edge_chunks(files: list[Path], fmt: EdgeFormat, config, counts: dict, total
         counts["input_edges"] += len(fields)
         counts["below_min_weight"] += dropped
         done += size
-        if progress is not None:
-            progress("reading the edges", done, total)
+        work("reading the edges", done, total)
         yield text, fields
     if problems:
         raise_line_problems(last, problems, fmt)
@@ -215,7 +217,7 @@ def _label_format(path: Path) -> tuple[EdgeFormat, bool]:
     return EdgeFormat(delimiter, "#", header, len(first), tuple(range(len(first)))), header
 
 
-def _label_chunks(path: Path, label_rows: _LabelRows, progress: Progress | None, done: int, total: int, *, integers: bool):
+def _label_chunks(path: Path, label_rows: _LabelRows, done: int, total: int, *, integers: bool):
     """The labels file's node fields, chunk by chunk, as ``(text, (n, 2) starts and lengths)``
     (``integers``: as ``(text, (n,) ids)``); each row's label and split go to ``label_rows``."""
     fmt, header = _label_format(path)
@@ -246,8 +248,7 @@ def _label_chunks(path: Path, label_rows: _LabelRows, progress: Progress | None,
             continue
         label_rows.add(text, fields[:, 1], split)
         done += size
-        if progress is not None:
-            progress("reading the labels", done, total)
+        work("reading the labels", done, total)
         yield text, nodes
     if problems:
         raise_line_problems(path, problems)
@@ -298,7 +299,7 @@ class _LabelRows:
 
 
 # -- ids by name ---------------------------------------------------------------------------------
-def _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total, memory_bytes, progress):
+def _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total, memory_bytes):
     """Number the names (tsv_import's steps 1 and 2); returns the node count and generators of
     the edges' and the labelled rows' ids (step 3)."""
     parts = _Partitions(scratch / "nodes", partitions_for(text_bytes, memory_bytes), positions=False)
@@ -319,11 +320,11 @@ def _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total,
             parts.write(chunk)
         edge_positions = position
         if labels is not None:
-            for chunk in prepared(((t, f[:, None, :]) for t, f in _label_chunks(labels, label_rows, progress, done, total, integers=False))):
+            for chunk in prepared(((t, f[:, None, :]) for t, f in _label_chunks(labels, label_rows, done, total, integers=False))):
                 parts.write(chunk)
     finally:
         parts.close()
-    first_ids = _number(writer, "nodes", parts, progress)
+    first_ids = _number(writer, "nodes", parts)
     reader = SequenceReader(parts, first_ids)
 
     def take(start: int, stop: int) -> np.ndarray:
@@ -345,7 +346,7 @@ def _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total,
 
 
 # -- ids as numbers ------------------------------------------------------------------------------
-def _numbered(scratch, chunks, labels, label_rows, done, total, progress):
+def _numbered(scratch, chunks, labels, label_rows, done, total):
     """Read the ids as numbers into scratch files (the node count is known only at the end);
     returns it and generators of the edges and of the labelled rows' ids."""
     largest = -1
@@ -356,7 +357,7 @@ def _numbered(scratch, chunks, labels, label_rows, done, total, progress):
             ids.tofile(out)
     if labels is not None:
         with open(label_path, "wb") as out:
-            for _, ids in _label_chunks(labels, label_rows, progress, done, total, integers=True):
+            for _, ids in _label_chunks(labels, label_rows, done, total, integers=True):
                 largest = max(largest, ids.max(initial=-1))
                 ids.tofile(out)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError, DatasetError
+from ..progress import work
 from .edge_list import parse_integers
 from .tsv import MAX_REPORTED
 
@@ -118,7 +119,7 @@ def _is_number(pa, kind) -> bool:
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
 
 
-def parquet_chunks(files: list[Path], fmt: ParquetEdges, config, counts: dict, total: int, progress) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def parquet_chunks(files: list[Path], fmt: ParquetEdges, config, counts: dict, total: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Every batch's edges as :mod:`.edge_import`'s text reader yields them: ``(text, (n, 2,
     2) start and length of each source and target name)``, or with ``ids: integers`` ``(text,
     (n, 2) ids)``; edges below ``min_weight`` left out and counted in ``counts``."""
@@ -147,8 +148,7 @@ def parquet_chunks(files: list[Path], fmt: ParquetEdges, config, counts: dict, t
                     fields = fields[keep]
             counts["input_edges"] += len(fields)  # as the text reader counts: the edges kept
             row += batch.num_rows
-            if progress is not None:
-                progress("reading the edges", done + size * row // rows, total)
+            work("reading the edges", done + size * row // rows, total)
             yield text, fields
         done += size
 

@@ -49,8 +49,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
+from ..progress import work
 from .fingerprint import hash_columns
-from .store import MAX_PARTITIONS, DatasetWriter, Progress
+from .store import MAX_PARTITIONS, DatasetWriter
 
 IMPORTER_VERSION = 1
 KEY_BYTES = 8
@@ -92,7 +93,6 @@ def write_csr(
     link_split: tuple[float, float] = (0.0, 0.0),
     seed: int = 0,
     memory_bytes: int = 256 << 20,
-    progress: Progress | None = None,
     what: str = "reading edges",
     directed: bool = False,
 ) -> None:
@@ -117,8 +117,7 @@ def write_csr(
         for u, v in chunks:
             _scatter(np.asarray(u, np.int64), np.asarray(v, np.int64), parts, n, span, directed)
             done += len(u)
-            if progress is not None:
-                progress(what, done, edges_bound)
+            work(what, done, edges_bound)
     finally:
         for f in parts:
             f.close()
@@ -153,8 +152,7 @@ def write_csr(
             rowptr[start : start + len(degrees)] = offset + np.cumsum(degrees)
             offset += int(degrees.sum())
         total = offset
-        if progress is not None:
-            progress("sorting edges", p + 1, count)
+        work("sorting edges", p + 1, count)
     scratch.rmdir()
     rowptr.flush()
     writer.meta.update(num_nodes=n, num_edges=total if directed else total // 2, max_degree=max_degree)

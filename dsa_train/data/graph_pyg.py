@@ -16,7 +16,7 @@ import torch
 
 from ..errors import DatasetError
 from .graph_import import write_csr, write_nodes
-from .store import DatasetWriter, Progress
+from .store import DatasetWriter
 
 PLANETOID = ("Cora", "CiteSeer", "PubMed")
 
@@ -28,13 +28,13 @@ def torch_geometric_version() -> str:
     return torch_geometric.__version__
 
 
-def write_karate(writer: DatasetWriter, *, link_split: tuple[float, float], seed: int, progress: Progress | None = None) -> None:
+def write_karate(writer: DatasetWriter, *, link_split: tuple[float, float], seed: int) -> None:
     """Write KarateClub (its train mask the training nodes, the rest the test nodes)."""
     from torch_geometric.datasets import KarateClub
 
     data = KarateClub()[0]  # built into PyG: no download
     masks = {"train": data.train_mask, "test": ~data.train_mask}
-    write_pyg_graph(writer, data, masks, link_split=link_split, seed=seed, progress=progress)
+    write_pyg_graph(writer, data, masks, link_split=link_split, seed=seed)
 
 
 def planetoid_files(name: str, root: Path) -> list[Path]:
@@ -48,12 +48,11 @@ def planetoid_files(name: str, root: Path) -> list[Path]:
 
 def write_planetoid(
     writer: DatasetWriter, *, name: str, root: Path, files: list[Path], link_split: tuple[float, float], seed: int,
-    progress: Progress | None = None,
 ) -> None:  # fmt: skip
     """Write a Planetoid dataset (``files``: its :func:`planetoid_files`) with its own node split."""
     data = _planetoid(name, root, files)
     masks = {"train": data.train_mask, "valid": data.val_mask, "test": data.test_mask}
-    write_pyg_graph(writer, data, masks, link_split=link_split, seed=seed, progress=progress)
+    write_pyg_graph(writer, data, masks, link_split=link_split, seed=seed)
 
 
 def _planetoid(name: str, root: Path, files: list[Path]):
@@ -79,13 +78,12 @@ def _planetoid(name: str, root: Path, files: list[Path]):
 
 def write_pyg_graph(
     writer: DatasetWriter, data, masks: dict[str, torch.Tensor | None], *, link_split: tuple[float, float], seed: int,
-    progress: Progress | None = None,
 ) -> None:  # fmt: skip
     """Write a (small) PyG ``Data`` graph: its ``edge_index``, its labels ``y`` and the
     nodes of each split's mask (``masks``: ``train``, ``valid``, ``test``; ``None``: none)."""
     n = int(data.num_nodes)
     source, target = data.edge_index.numpy()
-    write_csr(writer, [(source, target)], n, edges_bound=len(source), link_split=link_split, seed=seed, progress=progress)
+    write_csr(writer, [(source, target)], n, edges_bound=len(source), link_split=link_split, seed=seed)
     split = np.full(n, -1, np.int8)
     for which, name in enumerate(("train", "valid", "test")):
         if masks.get(name) is not None:

@@ -18,7 +18,7 @@ import torch
 from ..recipe import GraphSyntheticConfig
 from .fingerprint import mix64
 from .graph_import import BLOCK_NODES, fraction_bound, write_csr, write_nodes
-from .store import DatasetWriter, Progress
+from .store import DatasetWriter
 from .synthetic import CHUNK, power_law_ids
 
 #: 2: written out of core into the dataset format; the node split by a hash of each node.
@@ -39,7 +39,7 @@ def node_priority(nodes: np.ndarray, seed: int) -> np.ndarray:
 
 def write_synthetic_graph(
     writer: DatasetWriter, *, config: GraphSyntheticConfig, link_split: tuple[float, float],
-    memory_bytes: int = 256 << 20, progress: Progress | None = None,
+    memory_bytes: int = 256 << 20,
 ) -> None:  # fmt: skip
     r"""Generate the graph into ``writer`` (see the module docstring).
 
@@ -53,7 +53,7 @@ def write_synthetic_graph(
     draws = n * config.average_degree // 2
     write_csr(
         writer, _synthetic_edges(config), n, edges_bound=draws, link_split=link_split, seed=config.seed,
-        memory_bytes=memory_bytes, progress=progress, what="generating edges",
+        memory_bytes=memory_bytes, what="generating edges",
     )  # fmt: skip
     write_nodes(writer, n, k, _synthetic_nodes(n, k, config.seed))
 

@@ -21,20 +21,21 @@ from dataclasses import asdict
 from functools import partial
 
 from ..errors import DatasetError
+from ..progress import work
 from ..recipe import DatasetConfig
 from . import clicks_import, clicks_synthetic, edge_import, graph_import, graph_pyg, graph_synthetic, pyg, synthetic, tsv, tsv_import
 from .clicks import ClickLog
 from .graphs import Graph
 from .kg import FILTER_INDEX, LAYOUT, KnowledgeGraph
 from .paths import data_root, dataset_path, import_target, places_looked
-from .store import SPLITS, DatasetWriter, Progress, file_sources, import_folder
+from .store import SPLITS, DatasetWriter, file_sources, import_folder
 from .triple_index import write_triple_index
 
 
-def load_knowledge_graph(config: DatasetConfig, *, progress: Progress | None = None, note=None) -> KnowledgeGraph:
+def load_knowledge_graph(config: DatasetConfig) -> KnowledgeGraph:
     """Load the knowledge graph a recipe names, importing (or generating) it first if it has
     not been, or if its sources changed. Raises ``DatasetError``."""
-    name, target, sources, write = _knowledge_graph_source(config, progress)
+    name, target, sources, write = _knowledge_graph_source(config)
     sources = {**sources, "layout": LAYOUT}
 
     def build(writer: DatasetWriter) -> None:
@@ -44,22 +45,20 @@ def load_knowledge_graph(config: DatasetConfig, *, progress: Progress | None = N
             for split in SPLITS:
                 yield from writer.blocks(split)
 
-        if progress is not None:
-            progress("building the filter index", 0, 1)
+        work("building the filter index", 0, 1)
         write_triple_index(writer.path(FILTER_INDEX), chunks, writer.meta["num_entities"], writer.meta["num_relations"])
-        if progress is not None:
-            progress("building the filter index", 1, 1)
+        work("building the filter index", 1, 1)
 
-    dataset = import_folder(target, kind="kg", name=name, sources=sources, build=build, note=note)
+    dataset = import_folder(target, kind="kg", name=name, sources=sources, build=build)
     return KnowledgeGraph.of(dataset)
 
 
-def _knowledge_graph_source(config: DatasetConfig, progress: Progress | None):
+def _knowledge_graph_source(config: DatasetConfig):
     """The dataset's name, import folder, sources, and the function that writes it."""
     if config.kind == "synthetic":
         settings = asdict(config.synthetic)
         sources = {"generator": f"synthetic-{synthetic.GENERATOR_VERSION}", "settings": settings}
-        write = partial(synthetic.write_synthetic_knowledge_graph, config=config.synthetic, progress=progress)
+        write = partial(synthetic.write_synthetic_knowledge_graph, config=config.synthetic)
         return f"synthetic-{config.synthetic.entities}", import_target(config, "synthetic", sources), sources, write
     if config.kind == "tsv":
         folder = dataset_path(config, config.path)
@@ -67,30 +66,30 @@ def _knowledge_graph_source(config: DatasetConfig, progress: Progress | None):
         delimiter, header = tsv.triple_format(files[0], delimiter=config.triples.delimiter, header=config.triples.header)
         form = {} if (delimiter, header) == ("\t", False) else {"delimiter": delimiter, "header": header}  # the plain form's sources as before
         sources = file_sources(files, importer=f"tsv-{tsv_import.IMPORTER_VERSION}", **form)
-        write = partial(tsv_import.write_knowledge_graph, files=files, progress=progress, delimiter=delimiter, header=header)
+        write = partial(tsv_import.write_knowledge_graph, files=files, delimiter=delimiter, header=header)
         return folder.name, import_target(config, f"tsv-{folder.name}", str(folder.resolve())), sources, write
     name, files, write = pyg.pyg_source(config.kind, data_root(config))
     sources = file_sources(files, importer="pyg-1")
     return name, import_target(config, config.kind, config.kind), sources, write
 
 
-def load_graph(config: DatasetConfig, *, progress: Progress | None = None, note=None) -> Graph:
+def load_graph(config: DatasetConfig) -> Graph:
     """Load the graph a recipe names, importing (or generating) it first if it has not been,
     or if its sources changed (other generator settings, files or ``link_split``). Raises
     ``DatasetError``."""
-    name, target, sources, write = _graph_source(config, progress, note)
-    return Graph.of(import_folder(target, kind="graph", name=name, sources=sources, build=write, note=note))
+    name, target, sources, write = _graph_source(config)
+    return Graph.of(import_folder(target, kind="graph", name=name, sources=sources, build=write))
 
 
-def _graph_source(config: DatasetConfig, progress: Progress | None, note=None):
+def _graph_source(config: DatasetConfig):
     """The graph's name, import folder, sources, and the function that writes it. The held-out
     edges depend on ``link_split`` and the seed: they are sources too (a new split re-imports
     into the same folder)."""
     split = {"link_split": [float(f) for f in config.link_split], "split_seed": config.graph.seed, "importer": f"graph-{graph_import.IMPORTER_VERSION}"}
-    link = {"link_split": tuple(config.link_split), "seed": config.graph.seed, "progress": progress}
+    link = {"link_split": tuple(config.link_split), "seed": config.graph.seed}
     if config.kind == "synthetic_graph":
         identity = {"generator": f"synthetic_graph-{graph_synthetic.GENERATOR_VERSION}", "settings": asdict(config.graph)}
-        write = partial(graph_synthetic.write_synthetic_graph, config=config.graph, link_split=link["link_split"], progress=progress)
+        write = partial(graph_synthetic.write_synthetic_graph, config=config.graph, link_split=link["link_split"])
         return f"sbm-{config.graph.nodes}", import_target(config, "synthetic-graph", identity), {**identity, **split}, write
     if config.kind == "karate":
         sources = {"dataset": "KarateClub", "torch_geometric": graph_pyg.torch_geometric_version(), **split}
@@ -111,7 +110,7 @@ def _graph_source(config: DatasetConfig, progress: Progress | None, note=None):
             files + ([labels] if labels else []), **split, edge_importer=f"edge_list-{edge_import.IMPORTER_VERSION}",
             edges=edge_import.edge_sources(config.edges), labels=str(labels.resolve()) if labels else None,
         )  # fmt: skip
-        write = partial(edge_import.write_edge_list, files=files, labels=labels, config=config.edges, note=note, **link)
+        write = partial(edge_import.write_edge_list, files=files, labels=labels, config=config.edges, **link)
         return path.stem, import_target(config, f"edges-{path.stem}", str(path.resolve())), sources, write
     files = graph_pyg.planetoid_files(config.name, root)
     write = partial(graph_pyg.write_planetoid, name=config.name, root=root, files=files, **link)
@@ -119,19 +118,19 @@ def _graph_source(config: DatasetConfig, progress: Progress | None, note=None):
     return config.name, target, file_sources(files, **split), write
 
 
-def load_click_log(config: DatasetConfig, *, progress: Progress | None = None, note=None) -> ClickLog:
+def load_click_log(config: DatasetConfig) -> ClickLog:
     """Load the click log a recipe names (a file, or generated), importing it first if it has
     not been, or if its sources changed (the file, the generator's or the columns' settings).
     Raises ``DatasetError``."""
     if config.kind == "synthetic_clicks":
         sources = {"generator": f"synthetic_clicks-{clicks_synthetic.GENERATOR_VERSION}", "settings": asdict(config.clicks)}
-        write = partial(clicks_synthetic.write_synthetic_clicks, config=config.clicks, progress=progress)
+        write = partial(clicks_synthetic.write_synthetic_clicks, config=config.clicks)
         name, target = f"clicks-{config.clicks.samples}", import_target(config, "synthetic-clicks", sources)
     else:
         path = clicks_import.click_log_file(dataset_path(config, config.path), looked=places_looked(config, config.path))
         columns = clicks_import.click_columns(config)
         described = json.loads(json.dumps(asdict(columns)))  # as the manifest holds it (lists, not tuples)
         sources = file_sources([path], importer=f"clicks-{clicks_import.IMPORTER_VERSION}", columns=described)
-        write = partial(clicks_import.write_click_log, path=path, config=columns, progress=progress, note=note)
+        write = partial(clicks_import.write_click_log, path=path, config=columns)
         name, target = path.stem, import_target(config, f"clicks-{path.stem}", str(path.resolve()))
-    return ClickLog.of(import_folder(target, kind="clicks", name=name, sources=sources, build=write, note=note))
+    return ClickLog.of(import_folder(target, kind="clicks", name=name, sources=sources, build=write))

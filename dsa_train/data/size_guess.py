@@ -47,7 +47,7 @@ def edge_list_guess(config: DatasetConfig) -> Guess:
     total = sum(f.stat().st_size for f in files)
     if edge_parquet.is_parquet(files[0]):
         fmt = edge_parquet.parquet_format(files, edges_config)
-        text, fields = next(edge_parquet.parquet_chunks(files[:1], fmt, edges_config, {"input_edges": 0, "below_min_weight": 0}, total, None))
+        text, fields = next(edge_parquet.parquet_chunks(files[:1], fmt, edges_config, {"input_edges": 0, "below_min_weight": 0}, total))
         edges, how = fmt.rows, f"estimated from {fmt.rows:,} rows in the parquet metadata and its first batch"
     else:
         fmt = edge_format(files[0], delimiter=edges_config.delimiter, comment=edges_config.comment, header=edges_config.header,

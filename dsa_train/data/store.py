@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import mmap
 import os
 import shutil
@@ -41,6 +42,8 @@ import torch
 from ..errors import DatasetError, StateError
 from ..fsutil import DirectoryLock, fsync_all, fsync_directory, read_json_object
 
+logger = logging.getLogger(__name__)
+
 FORMAT = "dsa-train/dataset"
 VERSION = 1
 MANIFEST = "manifest.json"
@@ -52,8 +55,6 @@ NPY_MAGIC = b"\x93NUMPY\x01\x00"
 SPLITS = ("train", "valid", "test")  # the splits of every dataset (arrays, files or node sets)
 MAX_PARTITIONS = 256  # scratch partitions of one import step: each keeps a few files open
 
-#: ``progress(what, done, total)``: a long import step reports how far it is.
-Progress = Callable[[str, int, int], None]
 
 
 def partition_count(work_bytes: int, memory_bytes: int) -> int:
@@ -342,7 +343,6 @@ def import_folder(
     name: str,
     sources: dict,
     build: Callable[[DatasetWriter], None],
-    note: Callable[[str], None] | None = None,
 ) -> Dataset:
     """The dataset at ``folder``, imported by ``build(writer)`` unless a current one is there.
 
@@ -381,8 +381,8 @@ def import_folder(
         for entry in os.scandir(parent):  # left by a killed import of this dataset
             if entry.name.startswith((f"{PARTIAL}{folder.name}-", f"{RETIRED}{folder.name}-")):
                 _remove_entry(Path(entry.path))
-        if note is not None and (folder.exists() or folder.is_symlink()):
-            note(f"the sources of '{folder}' changed: importing '{name}' again")
+        if folder.exists() or folder.is_symlink():
+            logger.info(f"the sources of '{folder}' changed: importing '{name}' again")
         with DatasetWriter(folder, kind=kind, name=name, sources=sources) as writer:
             build(writer)
             writer.commit()

@@ -24,9 +24,10 @@ import numpy as np
 import torch
 
 from ..errors import DatasetError
+from ..progress import work
 from ..recipe import SyntheticConfig
 from .fingerprint import hash_columns
-from .store import DatasetWriter, Progress, partition_count
+from .store import DatasetWriter, partition_count
 
 CHUNK = 1 << 20
 GENERATOR_VERSION = 2  # 2: chunked into the dataset format, held-out triples by hash priority
@@ -51,7 +52,7 @@ def power_law_ids(num_ids: int, count: int, generator: torch.Generator, zipf: fl
 
 
 def write_synthetic_knowledge_graph(
-    writer: DatasetWriter, *, config: SyntheticConfig, memory_bytes: int = 256 << 20, progress: Progress | None = None
+    writer: DatasetWriter, *, config: SyntheticConfig, memory_bytes: int = 256 << 20
 ) -> None:
     """Generate the graph into ``writer`` (see the module docstring)."""
     generator = torch.Generator().manual_seed(config.seed)
@@ -77,8 +78,7 @@ def write_synthetic_knowledge_graph(
             bounds = np.searchsorted(partition[order], np.arange(count + 1))
             for p in np.flatnonzero(np.diff(bounds)).tolist():
                 parts[p].write(triples[order[bounds[p] : bounds[p + 1]]].tobytes())
-            if progress is not None:
-                progress("generating triples", start + size, config.triples)
+            work("generating triples", start + size, config.triples)
     finally:
         for f in parts:
             f.close()
@@ -91,8 +91,7 @@ def write_synthetic_knowledge_graph(
         if held_out and len(priority) > held_out:
             priority = np.partition(priority, held_out - 1)[:held_out]
         smallest = np.sort(np.concatenate([smallest, priority]))[:held_out]
-        if progress is not None:
-            progress("deduplicating", p + 1, count)
+        work("deduplicating", p + 1, count)
     if len(smallest) < held_out:
         raise DatasetError(
             f"the synthetic graph has only {len(smallest):,} distinct triples, not more than valid + test ({held_out:,})",

@@ -33,8 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..progress import work
 from .fingerprint import fingerprints
-from .store import SPLITS, DatasetWriter, Progress, partition_count
+from .store import SPLITS, DatasetWriter, partition_count
 from .tsv import MAX_REPORTED, all_chunks, parse_chunk, raise_problems
 
 IMPORTER_VERSION = 1
@@ -197,8 +198,7 @@ def partitions_for(total_bytes: int, memory_bytes: int) -> int:
 
 
 def write_knowledge_graph(
-    writer: DatasetWriter, *, files: list[Path], memory_bytes: int = 256 << 20, final_newline: bool = False,
-    progress: Progress | None = None, delimiter: str = "\t", header: bool = False,
+    writer: DatasetWriter, *, files: list[Path], memory_bytes: int = 256 << 20, final_newline: bool = False, delimiter: str = "\t", header: bool = False,
 ) -> None:  # fmt: skip
     """Import the split files (train, valid, test) into ``writer`` (see the module docstring);
     ``delimiter`` between the columns, ``header``: each file's first line names them."""
@@ -236,8 +236,7 @@ def write_knowledge_graph(
                     space.write(chunk)
             split_rows[path] += rows
             done += size
-            if progress is not None:
-                progress("reading the text", done, total)
+            work("reading the text", done, total)
     finally:
         for space in spaces.values():
             space.close()
@@ -245,10 +244,10 @@ def write_knowledge_graph(
         if found:
             raise_problems(path, found, delimiter)
     split_rows = [split_rows[path] for path in files]
-    first_ids = {space: _number(writer, space, parts, progress) for space, parts in spaces.items()}
+    first_ids = {space: _number(writer, space, parts) for space, parts in spaces.items()}
     counts = {space: first[-1] for space, first in first_ids.items()}
     dtype = np.int32 if max(counts.values()) < 2**31 else np.int64
-    _assemble(writer, [(spaces[space], first_ids[space]) for space in spaces], split_rows, dtype, progress)
+    _assemble(writer, [(spaces[space], first_ids[space]) for space in spaces], split_rows, dtype)
     shutil.rmtree(scratch)
     writer.meta.update(
         num_entities=counts["entities"], num_relations=counts["relations"],
@@ -256,7 +255,7 @@ def write_knowledge_graph(
     )  # fmt: skip
 
 
-def _number(writer: DatasetWriter, space: str, parts: _Partitions, progress: Progress | None) -> list[int]:
+def _number(writer: DatasetWriter, space: str, parts: _Partitions) -> list[int]:
     """Step 2 for one name space: ids in fingerprint order, names in id order, and each
     partition's ``(position, rank)`` records (in position order) for step 3. Returns where each
     partition's ids start, and (last) how many names there are."""
@@ -271,8 +270,7 @@ def _number(writer: DatasetWriter, space: str, parts: _Partitions, progress: Pro
         offsets.append(name_bytes + np.cumsum(lengths))
         name_bytes += int(lengths.sum())
         first_ids.append(first_ids[-1] + len(unique))
-        if progress is not None:
-            progress(f"numbering {space}", p + 1, parts.count)
+        work(f"numbering {space}", p + 1, parts.count)
     return first_ids
 
 
@@ -346,7 +344,7 @@ def _rank(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return rank
 
 
-def _assemble(writer: DatasetWriter, spaces: list, split_rows: list[int], dtype, progress: Progress | None) -> None:
+def _assemble(writer: DatasetWriter, spaces: list, split_rows: list[int], dtype) -> None:
     """Step 3: merge every partition's position-ordered ``(position, rank)`` stream into the
     splits' id arrays, one window of rows at a time (``spaces``: each name space's partitions
     and where each partition's ids start)."""
@@ -364,8 +362,7 @@ def _assemble(writer: DatasetWriter, spaces: list, split_rows: list[int], dtype,
                     window[part[:, 0] - row * 3] = part[:, 1]
                 out.append(window.reshape(-1, 3))
                 row = stop
-                if progress is not None:
-                    progress("writing the id arrays", row, total)
+                work("writing the id arrays", row, total)
     finally:
         for stream in streams:
             stream.file.close()

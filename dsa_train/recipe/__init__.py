@@ -19,6 +19,7 @@ against what torch and the file system accept.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import stat
 from pathlib import Path
@@ -61,6 +62,8 @@ __all__ = [
     "ModelConfig", "Node2VecConfig", "OptimizerConfig", "OutputConfig", "Recipe", "RecsysConfig", "SageConfig", "SyntheticConfig", "TrainConfig", "TriplesConfig",
     "load_recipe", "parse_recipe", "recipe_differences", "recipe_to_yaml", "with_data_root",
 ]  # fmt: skip
+
+logger = logging.getLogger(__name__)
 
 
 def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
@@ -134,18 +137,17 @@ def _plain(value):
     return value
 
 
-def with_data_root(recipe: Recipe, *, stored: bool = False, note=None) -> Recipe:
+def with_data_root(recipe: Recipe, *, stored: bool = False) -> Recipe:
     """``recipe`` with ``dataset.root`` resolved to the absolute data root it reads (its own,
     else ``$DSA_DATA_ROOT``, else ``./datasets``), as a new run stores it, so that ``eval``
     and ``--resume`` find the data without the environment the run was started in.
     A relative ``dataset.path`` (or ``labels``) that exists from the current folder is stored
     absolute (else it is read under the data root).
     ``stored``: the recipe is a run's; a set ``$DSA_DATA_ROOT`` other than its root wins (the
-    data moved), and ``note(text)`` is told so."""
+    data moved), with a warning saying so."""
     root, env = recipe.dataset.root, os.environ.get("DSA_DATA_ROOT")
     if stored and root and env and Path(env).resolve() != Path(root).resolve():
-        if note is not None:
-            note(f"data root: $DSA_DATA_ROOT ({Path(env).resolve()}) instead of the run's {root}")
+        logger.warning(f"data root: $DSA_DATA_ROOT ({Path(env).resolve()}) instead of the run's {root}")
         root = env
     resolved = Path(root or env or "datasets").resolve()
     found = {}

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +36,7 @@ from ..fsutil import atomic_write_bytes
 if TYPE_CHECKING:
     from .reader import TrainedRun
 
+logger = logging.getLogger(__name__)
 MAGIC = b"DSA-ANN 1\n"
 KINDS = ("flat", "ivf", "hnsw")
 ANN_METRICS = ("cosine", "dot", "l2")
@@ -85,8 +85,7 @@ class AnnIndex:
 
 
 def open_index(
-    run: TrainedRun, table: str, metric: str, *, kind: str | None = None, folder: Path | None = None, note: Callable[[str], None] | None = None,
-    effort: int | None = None,
+    run: TrainedRun, table: str, metric: str, *, kind: str | None = None, folder: Path | None = None, effort: int | None = None,
 ) -> AnnIndex:  # fmt: skip
     """The saved index of ``run``'s ``table`` in ``metric`` under ``folder`` (default: the run
     folder's ``ann/``), built and saved first if there is none or it is stale. ``kind``:
@@ -97,7 +96,8 @@ def open_index(
     ``effort``: how hard a search looks, traded against its time: the candidates an ``hnsw``
     search keeps (faiss's ``efSearch``, default 128) or the lists an ``ivf`` search probes
     (``nprobe``, default 1/16 of them, at least 16). It is a search setting, not saved with
-    the index; the recall@10 is measured again at the effort given."""
+    the index; the recall@10 is measured again at the effort given. What was built or loaded,
+    and its recall@10, is logged."""
     faiss = faiss_module()
     if effort is not None and effort < 1:
         raise DsaError(f"the search effort must be at least 1, got {effort}", hint=f"e.g. {HNSW_SEARCH} (hnsw's default); higher finds more of the true neighbours, slower")
@@ -108,7 +108,6 @@ def open_index(
         )
     if kind is not None and kind not in KINDS:
         raise DsaError(f"index type must be one of {', '.join(KINDS)}, got {kind!r}", hint="hnsw (the default above 20,000 rows), ivf (smaller, faster to build), flat (exact)")
-    note = note or (lambda text: print(text, file=sys.stderr))
     folder = Path(folder) if folder is not None else run.run.path / "ann"
     path = folder / f"{table}.{metric}.ann"
     rows, dim = run.tables[table]
@@ -120,8 +119,8 @@ def open_index(
         same = all(saved.get(key) == value for key, value in wanted.items()) and kind in (None, saved.get("kind"))
         if same:
             _refuse_effort_on_flat(saved["kind"], effort)
-            return _at_effort(run, table, AnnIndex(_read_index(faiss, path), saved, path, built=False), effort, note)
-        note(f"the index at {path} was made for {_describe(saved)}; rebuilding it for {_describe(wanted)}")
+            return _at_effort(run, table, AnnIndex(_read_index(faiss, path), saved, path, built=False), effort)
+        logger.info(f"the index at {path} was made for {_describe(saved)}; rebuilding it for {_describe(wanted)}")
     kind = kind or ("flat" if rows < FLAT_BELOW else "hnsw")
     _refuse_effort_on_flat(kind, effort)
     index, settings = _build(faiss, run, table, metric, kind, rows, dim)
@@ -134,9 +133,9 @@ def open_index(
         _write(faiss, path, manifest, index)
     except OSError as e:
         raise DsaError(f"cannot save the index to '{path}': {e}", hint="give a writable folder with free space with --index-dir (folder=)") from None
-    note(f"built a {kind} index of {table} ({rows:,} rows, {metric}): recall@10 {manifest['recall_at_10']:.3f} against the exact answer "
+    logger.info(f"built a {kind} index of {table} ({rows:,} rows, {metric}): recall@10 {manifest['recall_at_10']:.3f} against the exact answer "
          f"on {manifest['recall_queries']} rows; saved to {path}")  # fmt: skip
-    return _at_effort(run, table, found, effort, note)
+    return _at_effort(run, table, found, effort)
 
 
 def _refuse_effort_on_flat(kind: str, effort: int | None) -> None:
@@ -144,7 +143,7 @@ def _refuse_effort_on_flat(kind: str, effort: int | None) -> None:
         raise DsaError("a flat index compares every row: a search effort applies to ivf and hnsw indexes", hint="leave out the effort, or choose --index-type hnsw or ivf")
 
 
-def _at_effort(run: TrainedRun, table: str, found: AnnIndex, effort: int | None, note: Callable[[str], None]) -> AnnIndex:
+def _at_effort(run: TrainedRun, table: str, found: AnnIndex, effort: int | None) -> AnnIndex:
     """``found`` searching with ``effort`` (unchanged for ``None``), its recall@10 measured again."""
     setting = {"hnsw": "ef_search", "ivf": "probes"}.get(found.manifest["kind"])
     if effort is None or setting is None or found.manifest[setting] == effort:
@@ -156,7 +155,7 @@ def _at_effort(run: TrainedRun, table: str, found: AnnIndex, effort: int | None,
         found.index.nprobe = effort
     at_effort = AnnIndex(found.index, {**found.manifest, setting: effort}, found.path, found.built)
     at_effort.manifest["recall_at_10"] = _recall(run, table, at_effort)
-    note(f"searching with {setting} {effort}: recall@10 {at_effort.recall:.3f} against the exact answer on {at_effort.manifest['recall_queries']} rows")
+    logger.info(f"searching with {setting} {effort}: recall@10 {at_effort.recall:.3f} against the exact answer on {at_effort.manifest['recall_queries']} rows")
     return at_effort
 
 

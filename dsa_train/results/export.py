@@ -14,13 +14,13 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DsaError
 from ..fsutil import fsync_directory, fsync_path
+from ..progress import work
 from .names import INVERSE
 from .reader import CHUNK_ROWS, TrainedRun
 from .text_blobs import decimal, holds_tab_or_line_break, tab_lines
@@ -38,11 +38,11 @@ MEANINGS = {
 
 def export_run(
     trained: TrainedRun, out: Path, fmt: str, *, force: bool = False, chunk_rows: int = CHUNK_ROWS,
-    progress: Callable[[str, int, int], None] | None = None,
 ) -> dict:  # fmt: skip
     """Write every table of ``trained`` to folder ``out`` in format ``fmt`` and return the
     manifest. ``force`` replaces ``out`` only if it is an earlier export (its ``export.json``
-    says so); anything else there is refused. ``progress(table, rows_done, rows)``."""
+    says so); anything else there is refused. Each table's progress is reported as the work
+    ``exporting TABLE`` (:mod:`dsa_train.progress`)."""
     if fmt not in FORMATS:
         raise DsaError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}", hint="e.g. --format npy")
     out = Path(out)
@@ -52,7 +52,7 @@ def export_run(
     try:
         tables = {}
         for table, (rows, dim) in trained.tables.items():
-            tables[table] = _export_table(trained, table, partial, fmt, chunk_rows, progress)
+            tables[table] = _export_table(trained, table, partial, fmt, chunk_rows)
             meaning = trained.scoring.meanings.get(table, "embedding rows") if trained.scoring else MEANINGS.get((trained.kind, table), "embedding rows")
             if table == "relations" and rows > trained.task.kg.num_relations:
                 meaning += f"; rows {trained.task.kg.num_relations:,} on are the inverse relations head queries use, named {INVERSE}<name>"
@@ -106,9 +106,9 @@ def _commit(partial: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
-def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk_rows: int, progress) -> dict:
+def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk_rows: int) -> dict:
     if fmt == "parquet":
-        return _export_parquet(trained, table, folder, chunk_rows, progress)
+        return _export_parquet(trained, table, folder, chunk_rows)
     rows, dim = trained.tables[table]
     names_file, weights_file = f"{table}.names.tsv", {"npy": f"{table}.npy", "tsv": f"{table}.tsv", "word2vec": f"{table}.w2v.txt"}[fmt]
     names, weights = _open_new(folder / names_file), _open_new(folder / weights_file)
@@ -135,8 +135,7 @@ def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk
                     )
                 lines = _text_rows(values, " ").splitlines()
                 weights.write("".join(f"{n} {line}\n" for n, line in zip(labels, lines)).encode("utf-8"))
-            if progress is not None:
-                progress(table, start + len(block), rows)
+            work(f"exporting {table}", start + len(block), rows)
         for f in (names, weights):
             f.flush()
             os.fsync(f.fileno())
@@ -146,7 +145,7 @@ def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk
     return {"weights": weights_file, "names": names_file}
 
 
-def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: int, progress) -> dict:
+def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: int) -> dict:
     """``TABLE.parquet``: columns ``id`` (int64), ``name`` (string), ``vector`` (a fixed-size
     list of ``dim`` float32), one row group a chunk; the names file as for the other formats."""
     try:
@@ -168,8 +167,7 @@ def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: i
                 vectors = pa.FixedSizeListArray.from_arrays(pa.array(block.numpy().reshape(-1)), dim)
                 ids = pa.array(np.arange(start, start + len(block), dtype=np.int64))
                 writer.write_table(pa.Table.from_arrays([ids, labels, vectors], schema=schema))
-                if progress is not None:
-                    progress(table, start + len(block), rows)
+                work(f"exporting {table}", start + len(block), rows)
         names.flush()
         os.fsync(names.fileno())
     finally:

@@ -49,7 +49,7 @@ class ShardedTable(nn.Module):
         return out.view(*ids.shape, self.embedding_dim)
 
 
-def open_job(run: RunFolder, recipe: Recipe, checkpoint: int | None, note) -> tuple[list[Path], int, SimpleNamespace]:
+def open_job(run: RunFolder, recipe: Recipe, checkpoint: int | None) -> tuple[list[Path], int, SimpleNamespace]:
     """The ranks' checkpoint folders of one complete step (the newest by default), the step,
     and a task-like object (``kg`` or ``graph``, ``model``) whose entity or node table is a
     :class:`ShardedTable` over them."""
@@ -69,7 +69,7 @@ def open_job(run: RunFolder, recipe: Recipe, checkpoint: int | None, note) -> tu
         path, _, _ = CheckpointStore(rank_run.checkpoints).find(step)  # a step asked for is never substituted
         paths.append(path)
     if recipe.is_kge:
-        kg = load_knowledge_graph(recipe.dataset, note=note)
+        kg = load_knowledge_graph(recipe.dataset)
         table = _sharded(recipe, paths, "entities", "node_emb.weight", kg.num_entities)
         model = build_kge_model(recipe.model, kg.num_entities, kg.num_relations, table)
         rank_zero = load_tensors(CheckpointStore.get_model_file(paths[0]))
@@ -79,7 +79,7 @@ def open_job(run: RunFolder, recipe: Recipe, checkpoint: int | None, note) -> tu
         return paths, step, SimpleNamespace(kg=kg, model=model)
     if recipe.model.kind != "node2vec":
         raise DsaError(f"'{run.path}' trained {recipe.model.kind!r} over several processes, which open_run cannot read", hint="dsa-train eval scores it")
-    graph = load_graph(recipe.dataset, note=note)
+    graph = load_graph(recipe.dataset)
     table = _sharded(recipe, paths, "nodes", "embedding.weight", graph.num_nodes)
     return paths, step, SimpleNamespace(graph=graph, model=SkipGram(graph.num_nodes, recipe.model.dim, embedding=table))
 

@@ -9,9 +9,11 @@ RAM is never loaded whole. Everything here is read-only.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
-from collections.abc import Callable, Iterator, Sequence
+import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from .names import TableNames, table_shape, task_tables
 CHUNK_ROWS = 1 << 16  # rows read at once when a table is streamed
 METRICS = ("cosine", "dot", "l1", "l2")
 SINGULAR = {"entities": "entity", "relations": "relation", "nodes": "node"}
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,27 +64,35 @@ class TrainedRun:
     (for tables that fit in RAM); :meth:`names` and :meth:`ids` map rows and names."""
 
     def __init__(self, run_dir: Path, checkpoint: int | None = None) -> None:
+        #: the warnings logged while the run was opened (a damaged newest checkpoint passed
+        #: over, a moved data root), also kept here
         self.warnings: list[str] = []
-        run = RunFolder.find(run_dir)
-        self.run = run
-        self.recipe = with_data_root(run.read_config(["train.device=cpu"]), stored=True, note=self.warnings.append)
-        torch.manual_seed(self.recipe.train.seed)
-        if is_job(run.path):  # a torchrun job: the ranks' shards, read by global id
-            paths, self.step, self.task = open_job(run, self.recipe, checkpoint, self.warnings.append)
-            self.path = paths[0]
-        else:
-            store = CheckpointStore(run.checkpoints)
-            self.path, _, damaged = store.find(checkpoint)
-            self.warnings += [f"warning: {text}" for text in damaged]
-            self.step = int(self.path.name)
-            site = TableSite(store.get_tables_dir(self.path), writable=False, versions=store.table_versions(self.path))
-            self.task = make_task(self.recipe, torch.device("cpu"), site, note=self.warnings.append)
-            store.load_model(self.path, self.task.model)
+        with _kept_warnings(self.warnings):
+            self._open(run_dir, checkpoint)
         self.model: nn.Module = self.task.model.eval()
         self.kind: str = self.recipe.model.kind
         self.settings: dict = dataclasses.asdict(self.recipe.model)
         self._tables = task_tables(self.task, self.recipe)
         self._names = TableNames(self.task, self.recipe, self._tables)
+
+    def _open(self, run_dir: Path, checkpoint: int | None) -> None:
+        """The run folder, its recipe, the checkpoint and the task with its model loaded."""
+        run = RunFolder.find(run_dir)
+        self.run = run
+        self.recipe = with_data_root(run.read_config(["train.device=cpu"]), stored=True)
+        torch.manual_seed(self.recipe.train.seed)
+        if is_job(run.path):  # a torchrun job: the ranks' shards, read by global id
+            paths, self.step, self.task = open_job(run, self.recipe, checkpoint)
+            self.path = paths[0]
+        else:
+            store = CheckpointStore(run.checkpoints)
+            self.path, _, damaged = store.find(checkpoint)
+            for text in damaged:
+                logger.warning(f"warning: {text}")
+            self.step = int(self.path.name)
+            site = TableSite(store.get_tables_dir(self.path), writable=False, versions=store.table_versions(self.path))
+            self.task = make_task(self.recipe, torch.device("cpu"), site)
+            store.load_model(self.path, self.task.model)
 
     # -- tables -------------------------------------------------------------------------
     @property
@@ -312,22 +323,20 @@ class TrainedRun:
         return [Answer(n, i, s) for n, i, s in zip(self.names(table, best_ids), best_ids, best_scores)]
 
     def ann_index(
-        self, table: str | None = None, metric: str | None = None, *, kind: str | None = None, folder: str | Path | None = None,
-        note: Callable[[str], None] | None = None, effort: int | None = None,
+        self, table: str | None = None, metric: str | None = None, *, kind: str | None = None, folder: str | Path | None = None, effort: int | None = None,
     ) -> AnnIndex:  # fmt: skip
         """A faiss index of ``table`` (default: entities or nodes) in ``metric`` (default:
         :attr:`default_metric`; ``cosine``, ``dot`` or ``l2``), for ``neighbors(...,
         approximate=index)``. Loaded from ``folder`` (default: the run folder's ``ann/``) when
         saved there for this checkpoint, else built from the table a chunk at a time, its
-        recall@10 against the exact answer measured and passed to ``note`` (default: printed
-        on stderr), and saved. ``kind``: ``flat``, ``ivf`` or ``hnsw`` (default: ``flat``
-        below 20,000 rows, ``hnsw`` above). ``effort``: the search's ``efSearch`` (hnsw) or
-        ``nprobe`` (ivf), higher for more recall at more time, the recall measured again at
-        it. Needs ``pip install "dsa-train[faiss]"``."""
+        recall@10 against the exact answer measured and logged, and saved. ``kind``: ``flat``,
+        ``ivf`` or ``hnsw`` (default: ``flat`` below 20,000 rows, ``hnsw`` above). ``effort``:
+        the search's ``efSearch`` (hnsw) or ``nprobe`` (ivf), higher for more recall at more
+        time, the recall measured again at it. Needs ``pip install "dsa-train[faiss]"``."""
         table = table or next(iter(self._tables))
         self._table(table)
         folder = None if folder is None else Path(folder)
-        return open_index(self, table, metric or self.default_metric, kind=kind, folder=folder, note=note, effort=effort)
+        return open_index(self, table, metric or self.default_metric, kind=kind, folder=folder, effort=effort)
 
     # -- helpers ------------------------------------------------------------------------
     def _table(self, table: str) -> nn.Module:
@@ -355,3 +364,22 @@ class TrainedRun:
         if not self.recipe.is_kge:
             raise DsaError(f"{what} scores knowledge-graph triples; model.kind {self.kind!r} has none", hint="use neighbors() for node embeddings")
 
+
+class _KeptWarnings(logging.Handler):
+    def __init__(self, kept: list[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.kept = kept
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.kept.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _kept_warnings(kept: list[str]) -> Iterator[None]:
+    """Append to ``kept`` the message of each warning the library logs during the block."""
+    handler, library = _KeptWarnings(kept), logging.getLogger("dsa_train")
+    library.addHandler(handler)
+    try:
+        yield
+    finally:
+        library.removeHandler(handler)

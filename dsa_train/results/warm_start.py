@@ -11,6 +11,8 @@ over in bounded memory.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -19,13 +21,13 @@ from ..train.partitioned import SlotTable
 from .names import TableNames, table_shape, task_tables
 from .reader import CHUNK_ROWS, open_run
 
+logger = logging.getLogger(__name__)
 
-def carry_over(task, recipe, note=None) -> dict[str, dict[str, int]]:
+
+def carry_over(task, recipe) -> dict[str, dict[str, int]]:
     """Copy into ``task``'s tables the rows of the run ``recipe.model.init_from`` that share
     their names; returns ``{table: {"carried": n, "new": m}}``."""
-    source = open_run(recipe.model.init_from)
-    for text in source.warnings:
-        note and note(text)
+    source = open_run(recipe.model.init_from)  # its warnings are logged as it opens
     if (source.kind, source.recipe.model.dim) != (recipe.model.kind, recipe.model.dim):
         raise DsaError(
             f"model.init_from: '{source.run.path}' trained {source.kind} with dim {source.recipe.model.dim}, "
@@ -42,9 +44,8 @@ def carry_over(task, recipe, note=None) -> dict[str, dict[str, int]]:
             for start in range(0, rows, CHUNK_ROWS):
                 carried += _carry_chunk(source, table, module, names, start, min(start + CHUNK_ROWS, rows))
         counts[table] = {"carried": carried, "new": rows - carried}
-    if note:
-        parts = [f"{table} {c['carried']:,} carried over, {c['new']:,} new" for table, c in counts.items()]
-        note(f"init_from {source.run.path} (checkpoint {source.step}): {'; '.join(parts)}; Adam's moments start at zero")
+    parts = [f"{table} {c['carried']:,} carried over, {c['new']:,} new" for table, c in counts.items()]
+    logger.info(f"init_from {source.run.path} (checkpoint {source.step}): {'; '.join(parts)}; Adam's moments start at zero")
     return counts
 
 

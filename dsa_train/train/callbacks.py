@@ -10,13 +10,16 @@ calls in order. Each hook receives the :class:`~.loop.Training`, whose state (``
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 
+from .. import progress
 from ..memory import PeakRssAnon, rss_anon_bytes
 from .schedule import lr_factor
 
 MiB = 1 << 20
+logger = logging.getLogger(__name__)
 
 
 class Callback:
@@ -50,16 +53,17 @@ class Callback:
 
 
 class Progress(Callback):
-    """Tells the reporter (the CLI's progress display) what the loop does."""
+    """Tells the reporter (:func:`dsa_train.progress.current`: the CLI's progress display) what
+    the loop does."""
 
     def epoch_start(self, training, steps: int) -> None:
-        training.reporter.epoch_start(training.epoch + 1, training.recipe.train.epochs, steps, training.batch)
+        progress.current().epoch_start(training.epoch + 1, training.recipe.train.epochs, steps, training.batch)
 
     def step_done(self, training, loss: float, rate: float) -> None:
-        training.reporter.step_done(1, loss, rate, training.task.unit)
+        progress.current().step_done(1, loss, rate, training.task.unit)
 
     def epoch_done(self, training, record: dict) -> None:
-        training.reporter.epoch_done(record)
+        progress.current().epoch_done(record)
 
 
 class LearningRateSchedule(Callback):
@@ -121,7 +125,7 @@ class CheckpointOnInterrupt(Callback):
 
         def first(signum, frame) -> None:
             training.interrupted = True
-            training.reporter.note("interrupted: finishing this step and writing a checkpoint (Ctrl-C again stops at once)")
+            logger.warning("interrupted: finishing this step and writing a checkpoint (Ctrl-C again stops at once)")
             signal.signal(signal.SIGINT, signal.default_int_handler)  # the second one raises KeyboardInterrupt
 
         previous = signal.signal(signal.SIGINT, first)

@@ -10,6 +10,7 @@ answers (k-vs-all).
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from .. import progress
 from ..data import KnowledgeGraph, load_knowledge_graph
 from ..data.kg_queries import DistinctQueries, QueryBatch
 from ..data.order import Shuffle
@@ -30,6 +32,7 @@ from .sizes import FLOAT_BYTES, Working, check_sizes, keys_of
 from .tables import TableSite, WholeTable
 from .task import Task
 
+logger = logging.getLogger(__name__)
 
 def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entities: int) -> list[Working]:
     """What a training step and an evaluation batch hold at once (see :meth:`KGETask.loss` and
@@ -128,22 +131,22 @@ def sampled_loss(model: KGEModel, cfg, sides, candidates: Tensor, masked: Tensor
 
 
 class RankingForecast:
-    """The ranking's progress callback: advances the reporter's bar and, after the first batch
+    """The ranking's progress callback: advances the evaluation's bar and, after the first batch
     of a full ranking that will take over a minute, says how long (the bar alone is not seen in
     a log, and full ranking over 10^8 entities can take hours)."""
 
-    def __init__(self, reporter, total: int, num_entities: int, *, sampled: bool) -> None:
-        self.reporter, self.total, self.num_entities, self.sampled = reporter, total, num_entities, sampled
+    def __init__(self, total: int, num_entities: int, *, sampled: bool) -> None:
+        self.total, self.num_entities, self.sampled = total, num_entities, sampled
         self.started, self.done = time.perf_counter(), 0
 
     def __call__(self, done: int) -> None:
         first = self.done == 0
         self.done += done
-        self.reporter.eval_advance(done)
+        progress.current().eval_advance(done)
         if first and not self.sampled and self.done < self.total:
             seconds = (time.perf_counter() - self.started) / self.done * self.total
             if seconds > 60:
-                self.reporter.note(
+                logger.info(
                     f"full ranking of {self.total:,} queries against all {self.num_entities:,} entities will take about "
                     f"{seconds / 60:,.0f} minutes; eval.sampled_negatives: K ranks against K sampled entities instead"
                 )
@@ -153,12 +156,12 @@ class KGETask(Task):
     saves_ranks = True
 
     def __init__(
-        self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None, layout=WholeTable
+        self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, layout=WholeTable
     ) -> None:  # fmt: skip
         """``layout(num_entities)``: where this process's entity rows are (:class:`~.tables.WholeTable`)."""
         self.recipe, self.device = recipe, device
         self.unit = "queries" if recipe.train.labels == "all" else "triples"  # what an epoch item is
-        self.kg: KnowledgeGraph = load_knowledge_graph(recipe.dataset, progress=progress, note=note)
+        self.kg: KnowledgeGraph = load_knowledge_graph(recipe.dataset)
         self.description = str(self.kg)
         kg, dim = self.kg, recipe.model.dim
         self.layout = layout(kg.num_entities)
@@ -277,7 +280,7 @@ class KGETask(Task):
             loss = loss + cfg.regularization * self.n3_penalty(anchor_emb, answer_emb, relations, sides)
         return loss
 
-    def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
+    def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
         """Filtered ranking of a split; during training at most ``eval.max_queries`` triples."""
         cfg = self.recipe.eval
         if self.index is None:  # every true triple of every split: what filtered ranking filters out
@@ -288,7 +291,7 @@ class KGETask(Task):
             triples = self.kg.rows(split, Shuffle(len(triples), self.recipe.train.seed).slice(0, limit))
         else:
             triples = self.kg.rows(split, slice(None))
-        reporter.eval_start(split, 2 * len(triples))
+        progress.current().eval_start(split, 2 * len(triples))
         score_fn, scope = self.ranking()
         ranks: dict[str, Tensor] = {}
         metrics: dict[str, RankingMetrics] = evaluate_link_prediction(
@@ -300,7 +303,7 @@ class KGETask(Task):
             entity_chunk=cfg.entity_chunk,
             sampled_negatives=cfg.sampled_negatives,
             seed=self.recipe.train.seed,
-            progress=RankingForecast(reporter, 2 * len(triples), self.kg.num_entities, sampled=cfg.sampled_negatives is not None),
+            progress=RankingForecast(2 * len(triples), self.kg.num_entities, sampled=cfg.sampled_negatives is not None),
             scope=scope,
             ranks_out=ranks,
         )

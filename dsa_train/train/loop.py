@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import math
 import time
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
+from .. import progress
 from ..errors import DsaError
 from ..memory import peak_rss_bytes
 from ..recipe import Recipe, with_data_root
@@ -44,80 +45,7 @@ from .tasks import make_task
 MiB = 1 << 20
 DENSE_STATE = "dense_optimizer.pt"
 TENSORBOARD = "tensorboard"  # output.tensorboard: the event files, beside metrics.jsonl
-
-
-class Reporter(Protocol):
-    """What the training loop tells its caller (the CLI draws progress bars from it)."""
-
-    def note(self, text: str) -> None: ...
-    def epoch_start(self, epoch: int, epochs: int, steps: int, done: int) -> None: ...
-    def step_done(self, steps: int, loss: float, rate: float, unit: str) -> None: ...
-    def epoch_done(self, record: dict) -> None: ...
-    def eval_start(self, split: str, total: int) -> None: ...
-    def eval_advance(self, done: int) -> None: ...
-    def eval_done(self, split: str, summary: str) -> None: ...
-    def work_start(self, what: str, total: int) -> None: ...
-    def work_advance(self, done: int) -> None: ...
-    def work_done(self) -> None: ...
-
-
-class SilentReporter:
-    def note(self, text: str) -> None:
-        pass
-
-    def epoch_start(self, epoch: int, epochs: int, steps: int, done: int) -> None:
-        pass
-
-    def step_done(self, steps: int, loss: float, rate: float, unit: str) -> None:
-        pass
-
-    def epoch_done(self, record: dict) -> None:
-        pass
-
-    def eval_start(self, split: str, total: int) -> None:
-        pass
-
-    def eval_advance(self, done: int) -> None:
-        pass
-
-    def eval_done(self, split: str, summary: str) -> None:
-        pass
-
-    def work_start(self, what: str, total: int) -> None:
-        pass
-
-    def work_advance(self, done: int) -> None:
-        pass
-
-    def work_done(self) -> None:
-        pass
-
-
-class WorkProgress:
-    """A ``progress(done, total)`` callback (as ``DiskEmbedding`` takes) drawn by a reporter;
-    called as ``progress(what, done, total)`` (as a dataset import does), each new ``what``
-    is a bar of its own."""
-
-    def __init__(self, reporter: Reporter, what: str = "") -> None:
-        self.reporter, self.what, self.done, self.open = reporter, what, 0, False
-
-    def __call__(self, *args) -> None:
-        *what, done, total = args
-        if what and what[0] != self.what:
-            self._close()
-            self.what = what[0]
-        if not self.open:
-            self.reporter.work_start(self.what, total)
-            self.open, self.done = True, 0
-        self.reporter.work_advance(done - self.done)
-        self.done = done
-        if done >= total:
-            self._close()
-
-    def _close(self) -> None:
-        if self.open:
-            self.reporter.work_done()
-            self.open = False
+logger = logging.getLogger(__name__)
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -137,12 +65,12 @@ def step_seed(seed: int, step: int) -> int:
 
 class Training:
     def __init__(
-        self, recipe: Recipe, run: RunFolder, *, reporter: Reporter | None = None, world=None, warm_start=None, callbacks: list[Callback] | None = None,
+        self, recipe: Recipe, run: RunFolder, *, world=None, warm_start=None, callbacks: list[Callback] | None = None,
     ) -> None:  # fmt: skip
         self.recipe = recipe
         #: the extras around the loop, their hooks called in order (:mod:`.callbacks`)
         self.callbacks = default_callbacks() if callbacks is None else callbacks
-        #: ``warm_start(task, recipe, note) -> {table: {"carried", "new"}}``: a fresh run's rows
+        #: ``warm_start(task, recipe) -> {table: {"carried", "new"}}``: a fresh run's rows
         #: from a finished run's (``model.init_from``; results.warm_start.carry_over)
         self.warm_start = warm_start
         self.warm_started: dict | None = None
@@ -151,7 +79,6 @@ class Training:
         self.interrupted = False  # Ctrl-C during train(): stop after the step, with a checkpoint (callbacks.CheckpointOnInterrupt)
         self.run = run
         self.store = CheckpointStore(run.checkpoints)  # its checkpoints: saved, found, verified, restored, pruned
-        self.reporter = reporter or SilentReporter()
         self.device = resolve_device(recipe.train.device)
         self.step_count = 0  # optimizer steps done
         self._froze = False  # setup() froze the objects alive then (see there)
@@ -174,7 +101,7 @@ class Training:
         if resume and self.store.complete():
             checkpoint, trainer, damaged = self.store.find(at_step)
             for warning in damaged:
-                self.reporter.note(f"warning: {warning}")
+                logger.warning(f"warning: {warning}")
         if not resume:
             for folder, what in ((state_dir, "optimizer state directory"), (tables, "table folder")):
                 if folder.exists() and any(folder.iterdir()):
@@ -188,29 +115,29 @@ class Training:
             self.store.restore_tables(checkpoint, tables)
             restore_state_dir(checkpoint, state_dir, owned={self.run.marker.get("state_id")})
         torch.manual_seed(recipe.train.seed)
-        site = TableSite(tables, progress=WorkProgress(self.reporter, "writing the new disk table"))
-        self.task = make_task(recipe, self.device, site, progress=WorkProgress(self.reporter), note=self.reporter.note, world=self.world)
-        self.reporter.note(self.task.description)
+        site = TableSite(tables)
+        self.task = make_task(recipe, self.device, site, world=self.world)
+        logger.info(self.task.description)
         if checkpoint is None and recipe.model.init_from:
             if self.warm_start is None or self.world is not None:
                 raise DsaError(
                     "model.init_from starts a run in one process from `dsa-train run`; a torchrun job cannot yet",
                     hint="train the first run's successor in one process, or leave out model.init_from",
                 )
-            self.warm_started = self.warm_start(self.task, recipe, self.reporter.note)
+            self.warm_started = self.warm_start(self.task, recipe)
         if checkpoint is not None:
             self.store.load_model(checkpoint, self.task.model)
             self.step_count, self.epoch, self.batch = trainer["step"], trainer["epoch"], trainer["batch"]
             self.window, self.epoch_loss = trainer["window"], trainer["epoch_loss"]
             self.optimizer_ram = trainer["optimizer_ram"]
             MetricsLog.truncate(self.run.metrics_path, trainer["metrics_records"])
-            self.reporter.note(f"resuming from {checkpoint} (step {self.step_count}, epoch {self.epoch + 1})")
+            logger.info(f"resuming from {checkpoint} (step {self.step_count}, epoch {self.epoch + 1})")
         elif resume:
             MetricsLog.truncate(self.run.metrics_path, 0)
-            self.reporter.note(f"{self.run.path} has no checkpoint yet: starting it from the beginning")
+            logger.info(f"{self.run.path} has no checkpoint yet: starting it from the beginning")
         self.optimizer = build_optimizer(recipe.optimizer, self.task.sparse_parameters(), state_dir)
         self.run.record_state_id(getattr(self.optimizer, "state_id", None), state_dir)
-        self.reporter.note(f"checkpoints: {self.store.mode(self.optimizer)}")
+        logger.info(f"checkpoints: {self.store.mode(self.optimizer)}")
         dense = self.task.dense_parameters()
         if dense:
             self.dense_optimizer = torch.optim.Adam(dense, lr=recipe.optimizer.dense_lr)
@@ -365,8 +292,8 @@ class Training:
         """Score a split; during training (``final=False``) the task may sample it."""
         started = time.perf_counter()
         self.task.model.eval()
-        metrics = self.task.evaluate(split, final=final, reporter=self.reporter)
-        self.reporter.eval_done(split, self.task.headline(metrics))
+        metrics = self.task.evaluate(split, final=final)
+        progress.current().eval_done(split, self.task.headline(metrics))
         record = {
             "kind": "eval",
             "split": split,
@@ -405,7 +332,7 @@ class Training:
     def close(self, *, after_error: bool = False) -> None:
         """Release the metrics log and the optimizer. ``after_error``: an error is already on
         its way to the user, and a second one while closing (a full disk failing the flush,
-        say) must not hide it: it is reported as a note instead."""
+        say) must not hide it: it is logged as a warning instead."""
         if self._froze:
             gc.unfreeze()  # what setup() froze is the collector's again
             self._froze = False
@@ -419,7 +346,7 @@ class Training:
         except Exception as e:
             if not after_error:
                 raise
-            self.reporter.note(f"warning: while stopping after the error below, closing also failed: {e}")
+            logger.warning(f"warning: while stopping after the error below, closing also failed: {e}")
 
 
 TRAINER_FIELDS = {"step": int, "epoch": int, "batch": int, "optimizer_ram": int, "metrics_records": int, "skipped_steps": int}
@@ -453,22 +380,20 @@ def _allocated_bytes(folder: Path) -> int:
 
 
 def evaluate_run(
-    run: RunFolder, split: str, *, checkpoint: int | None = None, device: str | None = None, reporter: Reporter | None = None,
-    world=None, save_ranks: Path | None = None,
+    run: RunFolder, split: str, *, checkpoint: int | None = None, device: str | None = None, world=None, save_ranks: Path | None = None,
 ) -> tuple[Path, dict[str, dict], str]:  # fmt: skip
     """Score ``split`` with the model of a run's checkpoint (the newest intact one by default);
     returns the checkpoint, the metrics and their one-line headline. ``world``: this process
     is one rank of a torchrun job, ``run`` its rank folder (every rank scores its share).
     ``save_ranks``: write each query's rank there (knowledge graphs, one process)."""
-    reporter = reporter or SilentReporter()
-    recipe = with_data_root(run.read_config([f"train.device={device}"] if device else []), stored=True, note=reporter.note)
+    recipe = with_data_root(run.read_config([f"train.device={device}"] if device else []), stored=True)
     store = CheckpointStore(run.checkpoints)
     path, _, damaged = store.find(checkpoint)
     for warning in damaged:
-        reporter.note(f"warning: {warning}")
+        logger.warning(f"warning: {warning}")
     torch.manual_seed(recipe.train.seed)
     site = TableSite(store.get_tables_dir(path), writable=False, versions=store.table_versions(path))  # deltas read through their chains
-    task = make_task(recipe, resolve_device(recipe.train.device), site, progress=WorkProgress(reporter), note=reporter.note, world=world)
+    task = make_task(recipe, resolve_device(recipe.train.device), site, world=world)
     store.load_model(path, task.model)
     task.model.eval()
     if save_ranks is not None and not task.saves_ranks:
@@ -476,9 +401,9 @@ def evaluate_run(
             f"--save-ranks writes the ranks of knowledge-graph queries; model.kind {recipe.model.kind!r} has none",
             hint="leave out --save-ranks for this run",
         )
-    metrics = task.evaluate(split, final=True, reporter=reporter)
-    reporter.eval_done(split, task.headline(metrics))
+    metrics = task.evaluate(split, final=True)
+    progress.current().eval_done(split, task.headline(metrics))
     if save_ranks is not None:
         lines = task.write_ranks(save_ranks)
-        reporter.note(f"{lines:,} ranks written to {save_ranks}")
+        logger.info(f"{lines:,} ranks written to {save_ranks}")
     return path, metrics, task.headline(metrics)

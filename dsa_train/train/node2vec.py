@@ -59,12 +59,12 @@ class Node2VecTask(Task):
     unit = "nodes"
 
     def __init__(
-        self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None, layout=WholeTable
+        self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, layout=WholeTable
     ) -> None:  # fmt: skip
         """``layout(num_nodes)``: where this process's node rows are (:class:`~.tables.WholeTable`)."""
         self.recipe, self.device = recipe, device
         self.config = recipe.model.node2vec
-        self.graph: Graph = load_graph(recipe.dataset, progress=progress, note=note)
+        self.graph: Graph = load_graph(recipe.dataset)
         self.description = str(self.graph)
         g = self.graph
         self.layout = layout(g.num_nodes)
@@ -97,7 +97,7 @@ class Node2VecTask(Task):
         random_walks = torch.cat([starts[:, None], torch.randint(0, self.graph.num_nodes, (len(starts), c.walk_length))], 1)
         return positive, windows(random_walks, c.context_size)
 
-    def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
+    def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
         return evaluate_node_embeddings(self.graph, self.model.node_embeddings().cpu(), split, self.recipe)
 
     def headline(self, metrics: dict[str, dict]) -> str:

@@ -23,11 +23,11 @@ from .tables import TableSite
 
 
 class PartitionedKGETask(KGETask):
-    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None) -> None:
+    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, ) -> None:
         cfg = recipe.train
         layout = lambda rows: PartitionLayout(rows, cfg.partitions, cfg.seed)  # noqa: E731
-        super().__init__(recipe, device, tables, progress=progress, note=note, layout=layout)
-        self.buckets: Buckets = load_buckets(self.kg, self.partitions, progress=progress, note=note)
+        super().__init__(recipe, device, tables, layout=layout)
+        self.buckets: Buckets = load_buckets(self.kg, self.partitions)
         self.held = HeldPartitions(self.model.node_emb, min(cfg.buffer, cfg.partitions))
         self.order: PartitionedOrder | None = None
         self._bucket_state: np.ndarray | None = None

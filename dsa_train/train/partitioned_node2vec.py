@@ -60,10 +60,10 @@ class PairPool:
 
 
 class PartitionedNode2VecTask(Node2VecTask):
-    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None) -> None:
+    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, ) -> None:
         cfg = recipe.train
         layout = lambda rows: PartitionLayout(rows, cfg.partitions, cfg.seed)  # noqa: E731
-        super().__init__(recipe, device, tables, progress=progress, note=note, layout=layout)
+        super().__init__(recipe, device, tables, layout=layout)
         c = self.config
         #: positive pairs per start node: its walks' windows, each first node with the others
         self.pairs_per_start = c.walks_per_node * (c.walk_length - c.context_size + 2) * (c.context_size - 1)
@@ -139,7 +139,7 @@ class PartitionedNode2VecTask(Node2VecTask):
             drawn = self.held.draw(count, torch.device("cpu"))
         return positive, torch.stack([positive[:, 0].repeat(self.config.negatives), drawn], 1)
 
-    def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
+    def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
         return evaluate_node_embeddings(self.graph, _ById(self.model.embedding), split, self.recipe)  # the table is laid out by slot
 
     def buffer_summary(self) -> dict:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .. import progress
 from ..data import ClickLog, load_click_log
 from ..data.clicks import ClickBatch
 from ..data.order import Shuffle
@@ -52,12 +53,10 @@ def recsys_working(recipe: Recipe, log: ClickLog, ids_per_sample: float) -> list
 class RecsysTask(Task):
     unit = "samples"
 
-    def __init__(
-        self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None
-    ) -> None:  # fmt: skip
+    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None) -> None:
         self.recipe, self.device = recipe, device
         self.config = c = recipe.model.recsys
-        self.log: ClickLog = load_click_log(recipe.dataset, progress=progress, note=note)
+        self.log: ClickLog = load_click_log(recipe.dataset)
         self.description = str(self.log)
         if self.log.weighted and c.mode == "mean":
             raise ConfigError(["model.recsys.mode: 'mean' cannot take the click log's per-id weights (torch pools weights by sum only); use 'sum'"])
@@ -118,21 +117,21 @@ class RecsysTask(Task):
         return DLRM.loss(logits, labels)
 
     @torch.no_grad()
-    def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
+    def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
         """AUC and log loss of a split; during training at most ``eval.max_queries`` impressions."""
         n = self.log.samples[split]
         limit = None if final else self.recipe.eval.max_queries
         picked = Shuffle(n, self.recipe.train.seed).slice(0, limit) if limit is not None and n > limit else torch.arange(n)
         if not len(picked):
             return {}
-        reporter.eval_start(split, len(picked))
+        progress.current().eval_start(split, len(picked))
         parts, labels, true = [], [], []
         for start in range(0, len(picked), EVAL_CHUNK):
             logits, y, t = self.logits(split, picked[start : start + EVAL_CHUNK])
             parts.append(logits.float().cpu())
             labels.append(y.cpu())
             true.append(t)
-            reporter.eval_advance(len(y))
+            progress.current().eval_advance(len(y))
         truth = torch.cat(true) if true[0] is not None else None
         return {"clicks": click_metrics(torch.cat(parts), torch.cat(labels), truth)}
 

@@ -20,6 +20,7 @@ so the job's ``checkpoints.json`` names the new number of ranks.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,8 @@ from ..nn import DiskEmbedding
 from .checkpoint_store import CheckpointStore
 from .optimizers import STATE_COPY, load_tensors
 from .run_folder import MetricsLog, RunFolder
+
+logger = logging.getLogger(__name__)
 
 CHUNK_ROWS = 1 << 16
 
@@ -71,7 +74,7 @@ def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
     training.window, training.epoch_loss, training.optimizer_ram = trainer["window"], trainer["epoch_loss"], trainer["optimizer_ram"]
     if world.is_leader:
         _copy_metrics(old_folders[0], training, trainer["metrics_records"])
-    training.reporter.note(f"resharded step {step} from {len(old_folders)} ranks to {world.world_size}")
+    logger.info(f"resharded step {step} from {len(old_folders)} ranks to {world.world_size}")
     training.save_checkpoint()
 
 
@@ -205,7 +208,7 @@ def _copy_metrics(old_rank0: Path, training, records: int) -> None:
     """Old rank 0's metrics records up to the checkpoint open new rank 0's log."""
     path = RunFolder(old_rank0).metrics_path
     if not path.is_file():
-        training.reporter.note(f"warning: '{path}' is not on this machine: the new metrics log starts at the checkpoint")
+        logger.warning(f"warning: '{path}' is not on this machine: the new metrics log starts at the checkpoint")
         return
     for record in MetricsLog.read(path)[:records]:
         training.metrics.log(record)

@@ -56,12 +56,10 @@ def sage_working(recipe: Recipe, num_nodes: int, num_edges: int, items: int) -> 
 
 
 class SageTask(Task):
-    def __init__(
-        self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, progress=None, note=None
-    ) -> None:  # fmt: skip
+    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None) -> None:
         self.recipe, self.device = recipe, device
         self.config = recipe.model.sage
-        self.graph: Graph = load_graph(recipe.dataset, progress=progress, note=note)
+        self.graph: Graph = load_graph(recipe.dataset)
         self.description = str(self.graph)
         node_task = self.config.task == "node"
         if node_task and (self.graph.labels is None or not len(self.graph.nodes("train"))):
@@ -127,7 +125,7 @@ class SageTask(Task):
         # checkpoint's table read through its deltas.
         return self.model.encoder(self.model.embedding(torch.arange(g.num_nodes, device=self.device)), edge_index)
 
-    def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
+    def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
         z = self.encode_all()
         if self.train_nodes is None:
             return evaluate_node_embeddings(self.graph, z.cpu(), split, self.recipe)

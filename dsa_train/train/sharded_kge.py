@@ -50,7 +50,7 @@ from .tables import TableSite
 class ShardedKGETask(ShardedTask, KGETask):
     """A :class:`KGETask` whose entity table is this rank's shard (see the module docstring)."""
 
-    def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None, **kwargs) -> None:
+    def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None) -> None:
         if recipe.train.candidates == "all":
             raise DsaError(
                 "train.candidates 'all' runs in one process so far: each rank would fetch every entity row every step",
@@ -63,8 +63,8 @@ class ShardedKGETask(ShardedTask, KGETask):
                 "the relation table (rel_emb) so far",
                 hint="run it in one process (without torchrun)",
             )
-        wait_for_import(world, lambda: load_knowledge_graph(recipe.dataset, progress=kwargs.get("progress"), note=kwargs.get("note")))
-        super().__init__(recipe, device, tables, layout=sharded_layout(world, recipe), **kwargs)
+        wait_for_import(world, lambda: load_knowledge_graph(recipe.dataset))
+        super().__init__(recipe, device, tables, layout=sharded_layout(world, recipe))
         self.world = world
         self.description += f"; entities sharded over {world.world_size} ranks (this rank holds {self.shards.rows_here:,} rows)"
 

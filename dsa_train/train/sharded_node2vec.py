@@ -31,9 +31,9 @@ from .tables import TableSite
 class ShardedNode2VecTask(ShardedTask, Node2VecTask):
     """A :class:`Node2VecTask` whose node table is this rank's shard."""
 
-    def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None, **kwargs) -> None:
-        wait_for_import(world, lambda: load_graph(recipe.dataset, progress=kwargs.get("progress"), note=kwargs.get("note")))
-        super().__init__(recipe, device, tables, layout=sharded_layout(world, recipe), **kwargs)
+    def __init__(self, recipe: Recipe, device: torch.device, world: World, tables: TableSite | None = None) -> None:
+        wait_for_import(world, lambda: load_graph(recipe.dataset))
+        super().__init__(recipe, device, tables, layout=sharded_layout(world, recipe))
         self.world = world
         self.description += f"; nodes sharded over {world.world_size} ranks (this rank holds {self.shards.rows_here:,} rows)"
 
@@ -68,7 +68,7 @@ class ShardedNode2VecTask(ShardedTask, Node2VecTask):
         shards.push(ids, torch.cat(grads) if grads else no_rows, torch.cat(positions) if positions else no_ids)
         return shards.total(losses)
 
-    def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
+    def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
         return evaluate_node_embeddings(self.graph, FetchedRows(self.shards), split, self.recipe)
 
 

@@ -21,6 +21,7 @@ and filled from the old ranks' checkpoints (:mod:`.reshard`).
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -32,15 +33,16 @@ from ..distributed.group import World, broadcast_bytes, broadcast_int
 from ..errors import DsaError, StateError
 from ..fsutil import atomic_write_bytes
 from ..recipe import Recipe, parse_recipe, recipe_differences, recipe_to_yaml
-from .loop import Reporter, SilentReporter, Training, evaluate_run, resolve_device
+from .loop import Training, evaluate_run, resolve_device
 from .reshard import reshard
 from .run_folder import JOB_FORMAT, JOB_MANIFEST, RANKS, RunFolder, job_checkpoints, rank_folder_name
 
+logger = logging.getLogger(__name__)
 EVAL_TIMEOUT = 300.0  # seconds; an evaluation has no recipe until its rank folder is found
 
 
 def train_rank(
-    recipe: Recipe, world: World, *, output: Path | None, resume: bool, reporter: Reporter, overrides: list[str] | tuple[str, ...] = ()
+    recipe: Recipe, world: World, *, output: Path | None, resume: bool, overrides: list[str] | tuple[str, ...] = ()
 ) -> tuple[Training, RunFolder, dict]:
     """Join the job, train this rank's shard to the end, leave; returns the training, the
     job's run folder (on rank 0; elsewhere its path) and the summary. A resumed job trains
@@ -67,7 +69,7 @@ def train_rank(
             step, saved_world = _newest_complete_step(path) if world.is_leader and resume else (-1, world.world_size)
             step, saved_world = broadcast_int(step), broadcast_int(saved_world)
             if resume:
-                recipe = _saved_recipe(top, recipe, overrides, reporter) if world.is_leader else None
+                recipe = _saved_recipe(top, recipe, overrides) if world.is_leader else None
                 recipe = parse_recipe(broadcast_bytes(recipe_to_yaml(recipe).encode() if recipe else b"").decode(), source=f"'{path}'s config.yaml")
         resharding = step >= 0 and saved_world != world.world_size
         top = top or RunFolder(path)
@@ -80,12 +82,12 @@ def train_rank(
             rank_run = _fresh_rank_folder(recipe, folder, step) if resume else RunFolder.create(recipe, folder)
         try:
             if world.is_leader and world.world_size > recipe.distributed.slices:
-                reporter.note(
+                logger.warning(
                     f"warning: distributed.slices is {recipe.distributed.slices}, so ranks {recipe.distributed.slices}-{world.world_size - 1} "
                     f"compute nothing (they hold rows only); set distributed.slices to {world.world_size} or more for all "
                     "to compute (a new run: slices is part of what a run computes)"
                 )
-            training = Training(recipe, rank_run, reporter=reporter if world.is_leader else SilentReporter(), world=world)
+            training = Training(recipe, rank_run, world=world)
             training.commit = lambda step: _commit(world, path, step, recipe.train.keep_checkpoints)  # noqa: E731
             try:
                 if resharding:  # a fresh shard, filled from the old ranks' checkpoint
@@ -112,13 +114,13 @@ def train_rank(
     return training, top, summary
 
 
-def _saved_recipe(top: RunFolder, given: Recipe, overrides, reporter: Reporter) -> Recipe:
+def _saved_recipe(top: RunFolder, given: Recipe, overrides) -> Recipe:
     """The job's saved recipe with ``overrides``, as a resumed one-process run takes it; a
     note names what the given recipe would have changed."""
     saved = top.read_config(overrides)
     changed = recipe_differences(saved, given)
     if changed:
-        reporter.note(
+        logger.warning(
             "the recipe differs from the run's config.yaml in "
             + "; ".join(f"{key} ({ours!r} in the run, {theirs!r} in the recipe)" for key, ours, theirs in changed)
             + ". The run's values win; --set overrides them."
@@ -172,7 +174,7 @@ def _newest_complete_step(top: Path) -> tuple[int, int]:
     return (steps[-1] if steps else -1), world
 
 
-def evaluate_rank(top: Path, world: World, split: str, *, checkpoint: int | None, device: str | None, reporter: Reporter):
+def evaluate_rank(top: Path, world: World, split: str, *, checkpoint: int | None, device: str | None):
     """This rank's part of scoring a job's checkpoint (every rank gets the same metrics)."""
     world.join("gloo", EVAL_TIMEOUT, torch.device("cpu"))  # rows travel on the host whatever scores them
     try:
@@ -185,6 +187,6 @@ def evaluate_rank(top: Path, world: World, split: str, *, checkpoint: int | None
                 hint=f"evaluate it with {saved_world} processes (dsa-train eval starts them when the job's folders are on this machine)",
             )
         step = checkpoint if checkpoint is not None else newest
-        return evaluate_run(RunFolder.find(top / RANKS / rank_folder_name(world.rank, world.world_size)), split, checkpoint=step, device=device, reporter=reporter, world=world)
+        return evaluate_run(RunFolder.find(top / RANKS / rank_folder_name(world.rank, world.world_size)), split, checkpoint=step, device=device, world=world)
     finally:
         world.leave()

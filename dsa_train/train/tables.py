@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from torch import nn
 
+from .. import progress
 from ..errors import DsaError
 from ..nn import DiskEmbedding, DiskEmbeddingBag
 from ..recipe import Recipe
+
+
+NEW_TABLE = "writing the new disk table"  # the progress bar of a table being created
 
 
 @dataclass(frozen=True)
@@ -20,7 +25,6 @@ class TableSite:
 
     directory: Path
     writable: bool = True
-    progress: Callable[[int, int], None] | None = None  # called while a new table is written
     # tables read another way, by file name (a checkpoint's version read through its deltas)
     versions: Mapping[str, Callable[[], nn.Module]] = field(default_factory=dict)
 
@@ -72,6 +76,6 @@ def disk_table(
         raise DsaError(f"table '{path}' is missing", hint="evaluate a checkpoint written by a run with these tables")
     module, options = (DiskEmbedding, {}) if bag_mode is None else (DiskEmbeddingBag, {"mode": bag_mode})
     return module(
-        num_rows, recipe.model.dim, path=path, std=std, seed=recipe.train.seed, writable=site.writable, progress=site.progress,
+        num_rows, recipe.model.dim, path=path, std=std, seed=recipe.train.seed, writable=site.writable, progress=partial(progress.work, NEW_TABLE),
         first_row=first_row, total_rows=total_rows, **options,
     )  # fmt: skip

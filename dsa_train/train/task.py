@@ -60,7 +60,7 @@ class Task:
         loss.backward()
         return loss.item()
 
-    def evaluate(self, split: str, *, final: bool, reporter) -> dict[str, dict]:
+    def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
         raise NotImplementedError
 
     def headline(self, metrics: dict[str, dict]) -> str:

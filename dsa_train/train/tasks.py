@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,13 +49,11 @@ TASKS.add("dlrm", TaskKind("dlrm", RecsysTask))
 
 
 def make_task(
-    recipe: Recipe, device: torch.device, tables: TableSite | None = None, *,
-    progress: Callable[..., None] | None = None, note: Callable[[str], None] | None = None, world=None,
+    recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, world=None,
 ) -> Task:  # fmt: skip
     """The task for the recipe's model; builds its data and model (seed torch first).
 
     ``tables``: where disk tables live (needed with ``model.embedding_storage: disk``);
-    ``progress(what, done, total)`` and ``note(text)`` hear how a dataset import goes;
     ``world``: this rank's place in a ``torchrun`` job (``None``: one process)."""
     kind = TASKS.get("kge" if recipe.is_kge else recipe.model.kind)
     if world is not None:
@@ -71,8 +68,8 @@ def make_task(
                 f"model.kind {recipe.model.kind!r} does not train over several processes yet; {sharded} do",
                 hint="run it in one process (without torchrun)",
             )
-        return kind.sharded(recipe, device, world, tables, progress=progress, note=note)
+        return kind.sharded(recipe, device, world, tables)
     partitioned = recipe.train.order == "partitioned" and not (kind.one_partition_is_random and recipe.train.partitions == 1)
     if partitioned and kind.partitioned is not None:
-        return kind.partitioned(recipe, device, tables, progress=progress, note=note)
-    return kind.random(recipe, device, tables, progress=progress, note=note)
+        return kind.partitioned(recipe, device, tables)
+    return kind.random(recipe, device, tables)

@@ -360,7 +360,7 @@ def _values(trial, space: Space) -> dict:
     return values
 
 
-def best_test(folder: TuneFolder, best: Row, *, note: Callable[[str], None] | None = None) -> dict:
+def best_test(folder: TuneFolder, best: Row) -> dict:
     """The best trial's model scored on the test split (once; kept in best-test.json and read
     back while the best trial is the same)."""
     from ..train.loop import evaluate_run
