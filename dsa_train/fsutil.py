@@ -476,6 +476,8 @@ def write_digested(fd: int, size: int, chunks, *, depth: int) -> str:
 
 
 SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
+
+
 @functools.cache
 def libc() -> ctypes.CDLL:
     """The C library of this process, with ``errno`` kept for ``ctypes.get_errno``."""
@@ -517,7 +519,9 @@ def write_back(fd: int, offset: int, length: int) -> None:
     """Write these bytes' dirty pages to the disk and wait for them, in file order (one
     sequential write-out), so the pages are clean and can be dropped from the cache. Not a
     durability point (no metadata, no disk cache flush): that stays the fsync's."""
-    if not _sync_file_range(fd, offset, length, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER):
+    if not _sync_file_range(
+        fd, offset, length, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
+    ):
         os.fdatasync(fd)
 
 
@@ -535,7 +539,9 @@ def drop_cached(fd: int, offset: int = 0, length: int = 0) -> None:
     os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
-def copy_sparse(source: Path, target: Path, *, replaced: list[tuple[int, int]] = (), fill: Callable[[int], object] | None = None) -> None:
+def copy_sparse(
+    source: Path, target: Path, *, replaced: list[tuple[int, int]] = (), fill: Callable[[int], object] | None = None
+) -> None:
     """Copy a file, skipping its holes (``SEEK_DATA``/``SEEK_HOLE``), then fsync the copy.
 
     A row file of a 10M-row table is gigabytes apparent but holds only the rows ever

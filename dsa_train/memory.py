@@ -115,10 +115,12 @@ def _cgroup_room() -> int | None:
     for limit_file, usage_file, stat_file, inactive in (
         ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat", "inactive_file"),
         (
-            "/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-            "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file",
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+            "/sys/fs/cgroup/memory/memory.stat",
+            "total_inactive_file",
         ),
-    ):  # fmt: skip
+    ):
         limit, usage = _read_int(limit_file), _read_int(usage_file)
         if limit is None or usage is None or limit >= 1 << 60:  # "max", or v1's "no limit"
             continue
@@ -211,11 +213,11 @@ def require_memory(
     if needed <= room:
         return
     where = "memory" if device is None or getattr(device, "type", str(device)) != "cuda" else f"memory on {device}"
-    message = (
-        f"{key}: {what} would take {_size(needed)} of {where}, but only {_size(max(room, 0))} is available"
-    )
+    message = f"{key}: {what} would take {_size(needed)} of {where}, but only {_size(max(room, 0))} is available"
     if reserved:
-        message += f" (of {human_bytes(available)} free, {human_bytes(reserved)} go to {reserved_for or 'what comes first'})"
+        message += (
+            f" (of {human_bytes(available)} free, {human_bytes(reserved)} go to {reserved_for or 'what comes first'})"
+        )
     raise DsaError(message, hint=f"{hint} (DSA_MEMORY_CHECK=0 skips this check)")
 
 

@@ -54,7 +54,9 @@ class DiskTable(nn.Module):
     ) -> None:
         super().__init__()
         if num_embeddings <= 0 or embedding_dim <= 0:
-            raise ValueError(f"num_embeddings and embedding_dim must be positive, got {num_embeddings} and {embedding_dim}")
+            raise ValueError(
+                f"num_embeddings and embedding_dim must be positive, got {num_embeddings} and {embedding_dim}"
+            )
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         path = Path(path)
         shape = (num_embeddings, embedding_dim)
@@ -62,9 +64,18 @@ class DiskTable(nn.Module):
             self.table = Table.open(path, shape, dtype, writable=writable)
         else:
             self.table = Table.create(
-                path, shape, dtype, name=path.stem, init=init, std=std, bound=bound, seed=seed, progress=progress,
-                first_row=first_row, total_rows=total_rows,
-            )  # fmt: skip
+                path,
+                shape,
+                dtype,
+                name=path.stem,
+                init=init,
+                std=std,
+                bound=bound,
+                seed=seed,
+                progress=progress,
+                first_row=first_row,
+                total_rows=total_rows,
+            )
             if not writable:
                 self.table.close()
                 self.table = Table.open(path, shape, dtype, writable=False)
@@ -114,11 +125,15 @@ class DiskTable(nn.Module):
             "shape": [self.num_embeddings, self.embedding_dim],
         }
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         weight, ref = state_dict.get(prefix + "weight"), state_dict.get(prefix + STATE_KEY)
         if weight is not None:  # e.g. an nn.Embedding's weights: copied into the table, in chunks
             if tuple(weight.shape) != tuple(self.weight.shape):
-                error_msgs.append(f"size mismatch for {prefix}weight: {tuple(weight.shape)} vs table {tuple(self.weight.shape)}")
+                error_msgs.append(
+                    f"size mismatch for {prefix}weight: {tuple(weight.shape)} vs table {tuple(self.weight.shape)}"
+                )
                 return
             with torch.no_grad():
                 for begin in range(0, self.num_embeddings, 1 << 16):
@@ -132,7 +147,11 @@ class DiskTable(nn.Module):
                 f"this module's is '{self.table.path}' (id {self.table.table_id}); restore that table file"
             )
         for key in state_dict:
-            if key.startswith(prefix) and key[len(prefix) :] not in ("weight", STATE_KEY) and "." not in key[len(prefix) :]:
+            if (
+                key.startswith(prefix)
+                and key[len(prefix) :] not in ("weight", STATE_KEY)
+                and "." not in key[len(prefix) :]
+            ):
                 unexpected_keys.append(key)
 
     def extra_repr(self) -> str:
@@ -189,17 +208,27 @@ class DiskEmbeddingBag(DiskTable):
         super().__init__(num_embeddings, embedding_dim, **table_options)
         self.mode = mode
 
-    def forward(self, indices: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None) -> Tensor:
+    def forward(
+        self, indices: Tensor, offsets: Tensor | None = None, per_sample_weights: Tensor | None = None
+    ) -> Tensor:
         cpu = lambda t: None if t is None else t.to("cpu")  # noqa: E731
         indices = indices.to("cpu")
         if indices.dim() == 2:  # fixed-size bags, one per row, as nn.EmbeddingBag takes them
-            offsets = torch.arange(0, indices.numel(), indices.shape[1]) if indices.shape[1] else torch.zeros(len(indices), dtype=torch.long)
+            offsets = (
+                torch.arange(0, indices.numel(), indices.shape[1])
+                if indices.shape[1]
+                else torch.zeros(len(indices), dtype=torch.long)
+            )
             indices = indices.reshape(-1)
             per_sample_weights = None if per_sample_weights is None else per_sample_weights.reshape(-1)
         gathered = F.embedding(indices, self.weight, sparse=True)
         bags = F.embedding_bag(
-            torch.arange(len(indices)), gathered, cpu(offsets), mode=self.mode, per_sample_weights=cpu(per_sample_weights),
-        )  # fmt: skip
+            torch.arange(len(indices)),
+            gathered,
+            cpu(offsets),
+            mode=self.mode,
+            per_sample_weights=cpu(per_sample_weights),
+        )
         return bags.to(self.output_device, non_blocking=True)
 
 
@@ -286,7 +315,9 @@ class ChainEmbedding(nn.Module):
         where = str(self.rows.reader.chain[-1])
         destination[prefix + STATE_KEY] = {"path": where, "table_id": self.table_id, "shape": list(self.spec.shape)}
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         ref = state_dict.get(prefix + STATE_KEY)
         if ref is None:
             missing_keys.append(prefix + STATE_KEY)

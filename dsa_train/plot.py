@@ -25,9 +25,14 @@ from .train.run_folder import MetricsLog, RunFolder
 #: The metrics drawn from an evaluation: (group, metric) -> panel title. Only these, so a
 #: knowledge graph's eval gives two panels, not fifteen.
 HEADLINES = {
-    ("both", "mrr"): "MRR", ("both", "hits_at_10"): "Hits@10", ("classifier", "accuracy"): "classifier accuracy",
-    ("probe", "accuracy"): "probe accuracy", ("link", "auc"): "link AUC", ("link", "mrr"): "link MRR", ("clicks", "auc"): "click AUC",
-}  # fmt: skip
+    ("both", "mrr"): "MRR",
+    ("both", "hits_at_10"): "Hits@10",
+    ("classifier", "accuracy"): "classifier accuracy",
+    ("probe", "accuracy"): "probe accuracy",
+    ("link", "auc"): "link AUC",
+    ("link", "mrr"): "link MRR",
+    ("clicks", "auc"): "click AUC",
+}
 FORMATS = (".png", ".svg", ".pdf")
 
 
@@ -38,7 +43,9 @@ class Curves:
     name: str
     loss: tuple[list[int], list[float]] = field(default_factory=lambda: ([], []))
     lr: tuple[list[int], list[float]] = field(default_factory=lambda: ([], []))
-    evals: dict[tuple[str, str], tuple[list[int], list[float]]] = field(default_factory=dict)  # (panel title, split) -> series
+    evals: dict[tuple[str, str], tuple[list[int], list[float]]] = field(
+        default_factory=dict
+    )  # (panel title, split) -> series
 
 
 def read_curves(run: Path, name: str | None = None) -> Curves:
@@ -75,7 +82,10 @@ def _matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise DsaError("dsa-train plot draws with matplotlib, which is not installed", hint="pip install 'dsa-train[plot]' (or matplotlib)") from None
+        raise DsaError(
+            "dsa-train plot draws with matplotlib, which is not installed",
+            hint="pip install 'dsa-train[plot]' (or matplotlib)",
+        ) from None
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
@@ -132,7 +142,14 @@ def _run_panels(runs: list[Curves]) -> list:
             for run, colour in zip(runs, colours):
                 for (panel, split), (steps, values) in run.evals.items():
                     if panel == title:
-                        ax.plot(steps, values, color=colour, marker="o", linestyle="-" if split == "valid" else "--", label=f"{run.name} ({split})")
+                        ax.plot(
+                            steps,
+                            values,
+                            color=colour,
+                            marker="o",
+                            linestyle="-" if split == "valid" else "--",
+                            label=f"{run.name} ({split})",
+                        )
             ax.set_xlabel("step")
 
         panels.append((title, draw))
@@ -144,7 +161,10 @@ def _tune_panels(tune: Path) -> list:
 
     table_path = tune / TuneFolder.TABLE
     if not table_path.is_file():
-        raise StateError(f"tune folder '{tune}' has no {TuneFolder.TABLE} yet", hint="it is written when a search ends; resume the search to finish it")
+        raise StateError(
+            f"tune folder '{tune}' has no {TuneFolder.TABLE} yet",
+            hint="it is written when a search ends; resume the search to finish it",
+        )
     table = read_table(table_path)
     metric = next(iter(k for k in (table[0] if table else {}) if k.startswith("valid ")), "valid metric")
     finished = [(int(r["trial"]), float(r[metric]), r["state"]) for r in table if r.get(metric)]
@@ -174,11 +194,22 @@ def _tune_panels(tune: Path) -> list:
             run = tune / "trials" / row["run"] if row.get("run") else None
             if run is None or not (run / RunFolder.METRICS).is_file():
                 continue
-            points = [(r["epoch"], v) for r in MetricsLog.read(run / RunFolder.METRICS)
-                      if r.get("kind") == "eval" and r.get("split") == "valid" for v in [_headline(r)] if v is not None]  # fmt: skip
+            points = [
+                (r["epoch"], v)
+                for r in MetricsLog.read(run / RunFolder.METRICS)
+                if r.get("kind") == "eval" and r.get("split") == "valid"
+                for v in [_headline(r)]
+                if v is not None
+            ]
             if points:
                 pruned = row["state"] == "PRUNED"
-                ax.plot(*zip(*points), color="C3" if pruned else "C0", alpha=0.6, linestyle="--" if pruned else "-", marker=".")
+                ax.plot(
+                    *zip(*points),
+                    color="C3" if pruned else "C0",
+                    alpha=0.6,
+                    linestyle="--" if pruned else "-",
+                    marker=".",
+                )
         ax.set_xlabel("epoch")
         ax.set_ylabel(metric)
 
@@ -198,7 +229,10 @@ def save(fig, path: Path) -> None:
     """Write the figure as PNG, SVG or PDF (by the file's extension), atomically."""
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
-        raise DsaError(f"cannot write a plot as '{path.name}': the extension says no format drawn here", hint="end the file name in .png, .svg or .pdf")
+        raise DsaError(
+            f"cannot write a plot as '{path.name}': the extension says no format drawn here",
+            hint="end the file name in .png, .svg or .pdf",
+        )
     data = io.BytesIO()
     fig.savefig(data, format=path.suffix.lower().lstrip("."), dpi=100)
     atomic_write_bytes(path, data.getvalue())

@@ -78,7 +78,10 @@ def declared(package: Path, registry: str, *, first: str = "SHIPPED") -> dict[st
     second); a scoring function's module does. So the recipe's checks read its declarations
     here, and a test holds them equal to the imported classes' attributes."""
     order = _literal(ast.parse((package / "__init__.py").read_text(encoding="utf-8")), first) or ()
-    modules = sorted((p for p in package.glob("*.py") if p.name != "__init__.py"), key=lambda p: (p.stem not in order, order.index(p.stem) if p.stem in order else 0, p.stem))
+    modules = sorted(
+        (p for p in package.glob("*.py") if p.name != "__init__.py"),
+        key=lambda p: (p.stem not in order, order.index(p.stem) if p.stem in order else 0, p.stem),
+    )
     found: dict[str, dict[str, object]] = {}
     for path in modules:
         for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
@@ -91,25 +94,38 @@ def declared(package: Path, registry: str, *, first: str = "SHIPPED") -> dict[st
 def _registered_name(node: ast.ClassDef, registry: str) -> str | None:
     for d in node.decorator_list:
         if (
-            isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "register_as"
-            and isinstance(d.func.value, ast.Name) and d.func.value.id == registry
-            and d.args and isinstance(d.args[0], ast.Constant) and isinstance(d.args[0].value, str)
-        ):  # fmt: skip
+            isinstance(d, ast.Call)
+            and isinstance(d.func, ast.Attribute)
+            and d.func.attr == "register_as"
+            and isinstance(d.func.value, ast.Name)
+            and d.func.value.id == registry
+            and d.args
+            and isinstance(d.args[0], ast.Constant)
+            and isinstance(d.args[0].value, str)
+        ):
             return d.args[0].value
     return None
 
 
 def _assigned(node) -> list[str]:
-    return [s.targets[0].id for s in node.body if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)]
+    return [
+        s.targets[0].id
+        for s in node.body
+        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)
+    ]
 
 
 def _literal(node, key: str):
     """The literal a body (a module's, a class's) assigns to ``key``, or ``None``."""
     for s in node.body:
-        if isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) and s.targets[0].id == key:
+        if (
+            isinstance(s, ast.Assign)
+            and len(s.targets) == 1
+            and isinstance(s.targets[0], ast.Name)
+            and s.targets[0].id == key
+        ):
             try:
                 return ast.literal_eval(s.value)
             except ValueError:
                 return None
     return None
-

@@ -201,7 +201,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="steps between two checkpoints")
     parser.add_argument("--batch", type=int, default=16_384, help="lookups per step")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dir", type=Path, default=None, help="where the table and checkpoints go (default: a temporary folder here)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the table and checkpoints go (default: a temporary folder here)"
+    )
     parser.add_argument("--profile", action="store_true", help="then take one more delta checkpoint apart")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir=args.dir or Path.cwd()))
@@ -216,7 +218,9 @@ def run(args, root: Path) -> None:
     table = DiskEmbedding(args.rows, args.dim, path=root / "tables" / "entities.table", std=0.01)
     model = torch.nn.ModuleDict({"entities": table})
     size = table.path.stat().st_size
-    print(f"table: {args.rows:,} x {args.dim} float32 [w|m|v] = {size / 1e9:.2f} GB, written in {time.perf_counter() - started:.1f} s")
+    print(
+        f"table: {args.rows:,} x {args.dim} float32 [w|m|v] = {size / 1e9:.2f} GB, written in {time.perf_counter() - started:.1f} s"
+    )
     checkpoints, step = root / "checkpoints", 0
     with DiskSparseAdam(model.named_parameters(), lr=0.01, state_dir=root / "state") as opt:
         CheckpointStore.count_from_creation(opt)  # as a fresh run does: the table is as Table.create made it
@@ -245,9 +249,15 @@ def run(args, root: Path) -> None:
             f"first checkpoint of the fresh run (a delta on the initial table: {written['rows']:,} rows): {first:.3f} s, "
             f"{on_disk / 1e6:.1f} MB on disk ({on_disk / size:.2%} of the table)"
         )
-        restore = timed(lambda: restore_row_file(checkpoints / f"{step:010d}" / "tables" / "entities.table", root / "restored.table"))
+        restore = timed(
+            lambda: restore_row_file(
+                checkpoints / f"{step:010d}" / "tables" / "entities.table", root / "restored.table"
+            )
+        )
         (root / "restored.table").unlink()
-        print(f"restoring the table from it (what --resume does: the table drawn again, the delta laid over it): {restore:.2f} s")
+        print(
+            f"restoring the table from it (what --resume does: the table drawn again, the delta laid over it): {restore:.2f} s"
+        )
         results = {"delta": [], "records": [], "full warm": [], "full cold": [], "disk written / records": []}
         device = block_device_stat(root)
         for round_ in range(args.repeats):
@@ -268,7 +278,11 @@ def run(args, root: Path) -> None:
             (root / f"records-{round_}").unlink()
             for key, value in zip(results, (t_delta, t_records, t_warm, t_cold)):
                 results[key].append(value)
-            disk = f"{written / 1e6:.1f} MB written to the disk during it" if written is not None else "the disk's writes unknown here"
+            disk = (
+                f"{written / 1e6:.1f} MB written to the disk during it"
+                if written is not None
+                else "the disk's writes unknown here"
+            )
             print(
                 f"round {round_ + 1}: {len(rows):,} rows touched ({len(data) / 1e6:.1f} MB of records, links {delta['links']}): "
                 f"delta {t_delta:.3f} s ({disk}), records {t_records:.3f} s, full warm {t_warm:.2f} s, full cold {t_cold:.2f} s"

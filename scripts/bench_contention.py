@@ -137,8 +137,10 @@ class Neighbours:
                 self.errors.append(errors)
                 process = subprocess.Popen(
                     [sys.executable, "-c", NEIGHBOUR, kind, str(self.folder), str(self.io_mb)],
-                    stdout=subprocess.PIPE, stderr=errors, text=True,
-                )  # fmt: skip
+                    stdout=subprocess.PIPE,
+                    stderr=errors,
+                    text=True,
+                )
                 self.processes.append((kind, process))
                 self._wait_ready(kind, process, errors)
         except BaseException:
@@ -224,7 +226,10 @@ def summarise(measurements: list[dict], conditions: list[str]) -> dict:
         by = {(m["repeat"], m["kind"]): m for m in mine}
         pairs = [(by[r, "dsa"], by[r, "sparse_adam"]) for r in repeats if (r, "dsa") in by and (r, "sparse_adam") in by]
         entry = {
-            kind: {f: statistics.median(m[f] for m in mine if m["kind"] == kind) for f in ("wall_s", "cpu_s", "items_per_s", "median_step_ms")}
+            kind: {
+                f: statistics.median(m[f] for m in mine if m["kind"] == kind)
+                for f in ("wall_s", "cpu_s", "items_per_s", "median_step_ms")
+            }
             for kind in KINDS
         }
         entry["ratio"] = {
@@ -244,15 +249,28 @@ def summarise(measurements: list[dict], conditions: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", type=Path, default=ROOT / "recipes" / "quickstart.yaml", help="default: quickstart (no download)")
-    parser.add_argument("--steps", type=int, default=600, help="timed steps per measurement (default 600: meant as 20-40 s of quickstart on 2 cores)")
+    parser.add_argument(
+        "--recipe", type=Path, default=ROOT / "recipes" / "quickstart.yaml", help="default: quickstart (no download)"
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=600,
+        help="timed steps per measurement (default 600: meant as 20-40 s of quickstart on 2 cores)",
+    )
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
-    parser.add_argument("--conditions", default=",".join(CONDITIONS), help=f"comma-separated, of {', '.join(CONDITIONS)}")
+    parser.add_argument(
+        "--conditions", default=",".join(CONDITIONS), help=f"comma-separated, of {', '.join(CONDITIONS)}"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="measurements per condition and optimizer")
     parser.add_argument("--io-mb", type=int, default=256, help="size of the io neighbour's file")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="recipe override key=value")
-    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()),
-                        help="where the run folders and the io neighbour's file go (one file system)")  # fmt: skip
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()),
+        help="where the run folders and the io neighbour's file go (one file system)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     args = parser.parse_args()
     conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
@@ -274,33 +292,60 @@ def main() -> None:
                 m = measure(condition, kind, args)
                 measurements.append({"repeat": repeat, "condition": condition, **m})
                 if len(measurements) == 1:
-                    say(f"{m['recipe']}: {m['epoch_items']:,} {m['unit']} per epoch, batch {m['batch']}, dim {m['dim']}; "
+                    say(
+                        f"{m['recipe']}: {m['epoch_items']:,} {m['unit']} per epoch, batch {m['batch']}, dim {m['dim']}; "
                         f"{m['steps']} timed steps after {m['warmup']} untimed; torch {m['torch']}, {m['threads']} threads, "
                         f"{m['cpus']} CPUs; run folders and io neighbour in {args.dir}\n"
                         f"each measurement: one optimizer in a fresh process with a fresh run folder (the optimizer state "
-                        f"starts cold), fresh neighbours; {args.repeats} repeat{'s' * (args.repeats != 1)} alternating which optimizer goes first")  # fmt: skip
-                say(f"  repeat {repeat + 1} {condition:7s} {kind:12s} wall {m['wall_s']:7.2f} s  CPU {m['cpu_s']:7.2f} s  "
-                    f"{m['items_per_s']:9,.0f} {m['unit']}/s  {neighbour_work([m])}")  # fmt: skip
+                        f"starts cold), fresh neighbours; {args.repeats} repeat{'s' * (args.repeats != 1)} alternating which optimizer goes first"
+                    )
+                say(
+                    f"  repeat {repeat + 1} {condition:7s} {kind:12s} wall {m['wall_s']:7.2f} s  CPU {m['cpu_s']:7.2f} s  "
+                    f"{m['items_per_s']:9,.0f} {m['unit']}/s  {neighbour_work([m])}"
+                )
     summary = summarise(measurements, conditions)
     if args.json:
-        print(json.dumps({"recipe": str(args.recipe), "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
-                          "conditions": conditions, "io_mb": args.io_mb, "overrides": args.overrides, "dir": str(args.dir),
-                          "target": TARGET, "measurements": measurements, "summary": summary}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "recipe": str(args.recipe),
+                    "steps": args.steps,
+                    "warmup": args.warmup,
+                    "repeats": args.repeats,
+                    "conditions": conditions,
+                    "io_mb": args.io_mb,
+                    "overrides": args.overrides,
+                    "dir": str(args.dir),
+                    "target": TARGET,
+                    "measurements": measurements,
+                    "summary": summary,
+                },
+                indent=2,
+            )
+        )
         return
-    print(f"medians over {args.repeats} repeat{'s' * (args.repeats != 1)}; targets: dsa / sparse_adam <= {TARGET:.1f}x "
-          f"for training time and for CPU time")  # fmt: skip
+    print(
+        f"medians over {args.repeats} repeat{'s' * (args.repeats != 1)}; targets: dsa / sparse_adam <= {TARGET:.1f}x "
+        f"for training time and for CPU time"
+    )
     for condition in conditions:
         entry = summary[condition]
         print(f"{condition}:")
         for kind in KINDS:
             e = entry[kind]
-            slower = f"  ({e['wall_vs_none']:.2f}x the wall, {e['cpu_vs_none']:.2f}x the CPU of none)" if "wall_vs_none" in e and condition != "none" else ""
+            slower = (
+                f"  ({e['wall_vs_none']:.2f}x the wall, {e['cpu_vs_none']:.2f}x the CPU of none)"
+                if "wall_vs_none" in e and condition != "none"
+                else ""
+            )
             work = f"  neighbours: {entry['neighbour_work'][kind]}" if entry["neighbour_work"][kind] else ""
             print(f"  {kind:12s} wall {e['wall_s']:7.2f} s  CPU {e['cpu_s']:7.2f} s{slower}{work}")
         for key, name in (("wall", "training time"), ("cpu", "CPU time")):
             r = entry["ratio"][key]
-            print(f"  dsa / sparse_adam {name:13s} {r['median']:.2f}x (repeats {r['min']:.2f}-{r['max']:.2f})  "
-                  f"target <= {TARGET:.1f}x: {entry['target'][key]}")  # fmt: skip
+            print(
+                f"  dsa / sparse_adam {name:13s} {r['median']:.2f}x (repeats {r['min']:.2f}-{r['max']:.2f})  "
+                f"target <= {TARGET:.1f}x: {entry['target'][key]}"
+            )
 
 
 if __name__ == "__main__":

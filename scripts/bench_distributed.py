@@ -71,7 +71,11 @@ def run_job(recipe: Path, nproc: int, overrides: list[str], *, threads: int, fol
     records; the run folder is left for the caller's temporary directory to remove."""
     run = folder / f"n{nproc}"
     log = folder / f"n{nproc}.log"
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     command = [sys.executable, "-m", "dsa_train", "run", str(recipe), "--nproc", str(nproc), "-o", str(run)]
     command += [f"--set={o}" for o in overrides]
     load = os.getloadavg()[0]
@@ -99,7 +103,9 @@ def run_job(recipe: Path, nproc: int, overrides: list[str], *, threads: int, fol
         "load_before": round(load, 2),
         "wall_s": round(wall, 2),
         "cpu_s": round(cpu, 2),
-        "others_cpu_s": round(max(0.0, busy_after - busy_before - cpu), 1) if busy_before is not None and busy_after is not None else None,
+        "others_cpu_s": round(max(0.0, busy_after - busy_before - cpu), 1)
+        if busy_before is not None and busy_after is not None
+        else None,
         "steps": ranks[0]["steps"],
         "train_s": max(r["seconds"] for r in ranks),
         "step_s": step_s,
@@ -168,8 +174,12 @@ def read_rank(folder: Path, rank: int) -> dict:
         node = params.get("node_emb.weight")
         if node:
             rows, dim = node["shape"]
-            rank_figures.update(rows=rows, dim=dim, table_mib=rows * dim * 4 / MiB,
-                                state_file_mib=(manifest.parent / node["file"]).stat().st_size / MiB)  # fmt: skip
+            rank_figures.update(
+                rows=rows,
+                dim=dim,
+                table_mib=rows * dim * 4 / MiB,
+                state_file_mib=(manifest.parent / node["file"]).stat().st_size / MiB,
+            )
         if "rel_emb.weight" in params:
             rank_figures["relation_dim"] = params["rel_emb.weight"]["shape"][1]
     return rank_figures
@@ -192,7 +202,10 @@ def traffic_model(n: int, k: int, slices: int, world: int, dim: int, relation_di
     away = 1 - 1 / world
     total_fetch, total_push = sum(fetch), sum(push)
     sent = [away * (fetch[r] * 8 + push[r] * (16 + row)) + (total_fetch - fetch[r]) / world * row for r in range(world)]
-    received = [away * fetch[r] * row + ((total_fetch - fetch[r]) * 8 + (total_push - push[r]) * (16 + row)) / world for r in range(world)]
+    received = [
+        away * fetch[r] * row + ((total_fetch - fetch[r]) * 8 + (total_push - push[r]) * (16 + row)) / world
+        for r in range(world)
+    ]
     relation = (world - 1) * max(relations) * (rel_row + 16)  # all_gather: every rank's padded block to every other
     return {
         "world": world,
@@ -236,38 +249,67 @@ def _or_dash(value: float | None, spec: str) -> str:
 
 
 def show(runs: list[dict], base: dict) -> None:
-    print(f"\n{'N':>3} {'step s':>8} {'triples/s':>10} {'speed vs N=' + str(base['nproc']):>15} {'train s':>8} {'job wall s':>10} {'job CPU s':>9} {'others CPU s':>12} {'load':>5}")
+    print(
+        f"\n{'N':>3} {'step s':>8} {'triples/s':>10} {'speed vs N=' + str(base['nproc']):>15} {'train s':>8} {'job wall s':>10} {'job CPU s':>9} {'others CPU s':>12} {'load':>5}"
+    )
     for job in runs:
-        print(f"{job['nproc']:>3} {job['step_s']:8.3f} {job['items_per_s']:10,.0f} {job['speed_vs_base']:14.2f}x {job['train_s']:8.1f} "
-              f"{job['wall_s']:10.1f} {job['cpu_s']:9.1f} {_or_dash(job['others_cpu_s'], '12.1f')} {job['load_before']:5.2f}")  # fmt: skip
-    print("(job CPU: every process of the job, setup included; others CPU: what other processes of the machine took meanwhile; "
-          "load: the 1-minute load average before the job)")
-    print(f"\n{'N':>3} {'rank':>4} {'sent/step':>12} {'recv/step':>12} {'rows':>12} {'table MiB':>10} {'state file MiB':>14} "
-          f"{'state on disk':>13} {'peak RSS':>9} {'anon RSS':>9}")  # fmt: skip
+        print(
+            f"{job['nproc']:>3} {job['step_s']:8.3f} {job['items_per_s']:10,.0f} {job['speed_vs_base']:14.2f}x {job['train_s']:8.1f} "
+            f"{job['wall_s']:10.1f} {job['cpu_s']:9.1f} {_or_dash(job['others_cpu_s'], '12.1f')} {job['load_before']:5.2f}"
+        )
+    print(
+        "(job CPU: every process of the job, setup included; others CPU: what other processes of the machine took meanwhile; "
+        "load: the 1-minute load average before the job)"
+    )
+    print(
+        f"\n{'N':>3} {'rank':>4} {'sent/step':>12} {'recv/step':>12} {'rows':>12} {'table MiB':>10} {'state file MiB':>14} "
+        f"{'state on disk':>13} {'peak RSS':>9} {'anon RSS':>9}"
+    )
     for job in runs:
         for r in job["ranks"]:
             rows = f"{r['rows']:,}" if r["rows"] is not None else "-"
             table = f"{r['table_mib']:,.0f}" if r["table_mib"] is not None else "-"
             state = f"{r['state_file_mib']:,.0f}" if r["state_file_mib"] is not None else "-"
             anon = f"{r['peak_rss_anon_mib']:,.0f}" if r["peak_rss_anon_mib"] is not None else "-"
-            print(f"{job['nproc']:>3} {r['rank']:>4} {mb(r['sent_per_step']):>12} {mb(r['received_per_step']):>12} {rows:>12} {table:>10} "
-                  f"{state:>14} {r['state_on_disk_mib']:>13,.0f} {r['peak_rss_mib']:>9,.0f} {anon:>9}")  # fmt: skip
-    print("(MiB unless said; state file: the rank's DiskSparseAdam moments file, rows x 2 moments x dim x 4 bytes; "
-          "state on disk: its blocks allocated so far, the pages of rows touched)")
+            print(
+                f"{job['nproc']:>3} {r['rank']:>4} {mb(r['sent_per_step']):>12} {mb(r['received_per_step']):>12} {rows:>12} {table:>10} "
+                f"{state:>14} {r['state_on_disk_mib']:>13,.0f} {r['peak_rss_mib']:>9,.0f} {anon:>9}"
+            )
+    print(
+        "(MiB unless said; state file: the rank's DiskSparseAdam moments file, rows x 2 moments x dim x 4 bytes; "
+        "state on disk: its blocks allocated so far, the pages of rows touched)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "synthetic-10m.yaml")
     parser.add_argument("--nproc", default="1,2", help="comma-separated numbers of ranks to run (default 1,2)")
-    parser.add_argument("--max-steps", type=int, default=40, help="steps per run (default 40: synthetic-10m takes under a minute a run on 2 cores)")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=40,
+        help="steps per run (default 40: synthetic-10m takes under a minute a run on 2 cores)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every rank (default 1)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="recipe override key=value (after the script's own)")
-    parser.add_argument("--extrapolate", default="8,64", help="numbers of ranks for the paper extrapolation (default 8,64)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="recipe override key=value (after the script's own)",
+    )
+    parser.add_argument(
+        "--extrapolate", default="8,64", help="numbers of ranks for the paper extrapolation (default 8,64)"
+    )
     parser.add_argument("--rows", type=float, default=1e9, help="table rows of the extrapolation (default 1e9)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one job may take before it is stopped")
-    parser.add_argument("--dir", type=Path, default=None, help="where the temporary run folders go (default: the system's)")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write every figure to PATH as JSON")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the temporary run folders go (default: the system's)"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="also write every figure to PATH as JSON"
+    )
     args = parser.parse_args()
     nprocs = [int(x) for x in args.nproc.split(",") if x.strip()]
     wide = [int(x) for x in args.extrapolate.split(",") if x.strip()]
@@ -278,18 +320,32 @@ def main() -> None:
     from dsa_train.cli.recipes import find_recipe
     from dsa_train.recipe import load_recipe  # only the recipe: torch stays in the ranks
 
-    overrides = [f"train.max_steps={args.max_steps}", f"train.log_every={args.max_steps}", "eval.final_splits=[]", "train.final_checkpoint=false", *args.overrides]
+    overrides = [
+        f"train.max_steps={args.max_steps}",
+        f"train.log_every={args.max_steps}",
+        "eval.final_splits=[]",
+        "train.final_checkpoint=false",
+        *args.overrides,
+    ]
     args.recipe = find_recipe(args.recipe)  # a path, or a shipped recipe's name
     recipe = load_recipe(args.recipe, overrides)
     cfg = recipe.train
     n, slices, dim = cfg.batch_size, recipe.distributed.slices, recipe.model.dim
     k = cfg.negatives + (2 * n if cfg.batch_negatives else 0)
-    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    print(f"{recipe.name}: {recipe.dataset.synthetic.entities if recipe.dataset.kind == 'synthetic' else '?'} entities, {recipe.model.kind} dim {dim}, "
-          f"batch {n}, negatives {cfg.negatives} (+{2 * n if cfg.batch_negatives else 0} batch answers: |C| = {k}), slices {slices}; "
-          f"{args.max_steps} steps a run, OMP_NUM_THREADS={args.threads} per rank, {os.cpu_count()} CPUs, commit {commit}", flush=True)  # fmt: skip
-    print("step s = the summary record's training-loop seconds / steps, slowest rank (a mean over the steps, cold start included; "
-          "no process start, setup, evaluation or checkpoint)", flush=True)
+    commit = subprocess.run(
+        ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=REPO
+    ).stdout.strip()
+    print(
+        f"{recipe.name}: {recipe.dataset.synthetic.entities if recipe.dataset.kind == 'synthetic' else '?'} entities, {recipe.model.kind} dim {dim}, "
+        f"batch {n}, negatives {cfg.negatives} (+{2 * n if cfg.batch_negatives else 0} batch answers: |C| = {k}), slices {slices}; "
+        f"{args.max_steps} steps a run, OMP_NUM_THREADS={args.threads} per rank, {os.cpu_count()} CPUs, commit {commit}",
+        flush=True,
+    )
+    print(
+        "step s = the summary record's training-loop seconds / steps, slowest rank (a mean over the steps, cold start included; "
+        "no process start, setup, evaluation or checkpoint)",
+        flush=True,
+    )
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still stops the job and removes the folder
     tmp = Path(tempfile.mkdtemp(prefix="dsa-bench-distributed-", dir=args.dir))
@@ -297,7 +353,9 @@ def main() -> None:
     try:
         for nproc in nprocs:
             print(f"  N={nproc}: running ...", end="", flush=True)
-            job = run_job(args.recipe.resolve(), nproc, overrides, threads=args.threads, folder=tmp, timeout=args.timeout)
+            job = run_job(
+                args.recipe.resolve(), nproc, overrides, threads=args.threads, folder=tmp, timeout=args.timeout
+            )
             print(f" {job['wall_s']:.0f} s", flush=True)
             runs.append(job)
     finally:
@@ -312,8 +370,10 @@ def main() -> None:
     flat = [x for values in losses.values() for x in values]
     if flat and None not in flat:
         same = len(set(flat)) == 1
-        print(f"last logged loss (train record): {'; '.join(f'N={w}: ' + ', '.join(repr(x) for x in v) for w, v in losses.items())} "
-              f"-> {'bit-equal for every N and rank' if same else 'DIFFERENT (the same slices should give bit-equal losses)'}")  # fmt: skip
+        print(
+            f"last logged loss (train record): {'; '.join(f'N={w}: ' + ', '.join(repr(x) for x in v) for w, v in losses.items())} "
+            f"-> {'bit-equal for every N and rank' if same else 'DIFFERENT (the same slices should give bit-equal losses)'}"
+        )
     relation_dim = next((r["relation_dim"] for job in runs for r in job["ranks"] if r["relation_dim"]), dim)
 
     # the model against the measured exchange counters
@@ -325,55 +385,97 @@ def main() -> None:
         model = traffic_model(n, k, slices, job["nproc"], dim, relation_dim)
         sent = statistics.mean(r["sent_per_step"] for r in job["ranks"])
         received = statistics.mean(r["received_per_step"] for r in job["ranks"])
-        checks.append({"nproc": job["nproc"], "measured_sent": sent, "measured_received": received, "model": model,
-                       "sent_error": sent / model["sent"] - 1, "received_error": received / model["received"] - 1})  # fmt: skip
+        checks.append(
+            {
+                "nproc": job["nproc"],
+                "measured_sent": sent,
+                "measured_received": received,
+                "model": model,
+                "sent_error": sent / model["sent"] - 1,
+                "received_error": received / model["received"] - 1,
+            }
+        )
     if checks:
-        print(f"\n{'N':>3} {'measured sent':>14} {'model':>9} {'error':>7} {'measured recv':>14} {'model':>9} {'error':>7}   "
-              "(per rank per step, mean over ranks; model = entity rows + relation gather)")  # fmt: skip
+        print(
+            f"\n{'N':>3} {'measured sent':>14} {'model':>9} {'error':>7} {'measured recv':>14} {'model':>9} {'error':>7}   "
+            "(per rank per step, mean over ranks; model = entity rows + relation gather)"
+        )
         for c in checks:
             m = c["model"]
-            print(f"{c['nproc']:>3} {mb(c['measured_sent']):>14} {mb(m['sent']):>9} {c['sent_error']:+7.2%} "
-                  f"{mb(c['measured_received']):>14} {mb(m['received']):>9} {c['received_error']:+7.2%}   "
-                  f"(= {mb(m['entity_sent'])} + {mb(m['relation_gather'])})")  # fmt: skip
+            print(
+                f"{c['nproc']:>3} {mb(c['measured_sent']):>14} {mb(m['sent']):>9} {c['sent_error']:+7.2%} "
+                f"{mb(c['measured_received']):>14} {mb(m['received']):>9} {c['received_error']:+7.2%}   "
+                f"(= {mb(m['entity_sent'])} + {mb(m['relation_gather'])})"
+            )
 
     # on paper: more ranks, a bigger table
     paper = []
-    anchor = checks[-1] if checks else None  # the widest measured job: the model's figure scaled by its measured / model ratio
+    anchor = (
+        checks[-1] if checks else None
+    )  # the widest measured job: the model's figure scaled by its measured / model ratio
     for world in wide:
         for s in sorted({slices, max(slices, world)}):
             m = traffic_model(n, k, s, world, dim, relation_dim)
             table = args.rows * dim * 4 / world
-            paper.append({**m, "rows": args.rows, "table_per_rank_bytes": table, "state_per_rank_bytes": 2 * table,
-                          "link_ms": link_ms(m["busiest"])})  # fmt: skip
+            paper.append(
+                {
+                    **m,
+                    "rows": args.rows,
+                    "table_per_rank_bytes": table,
+                    "state_per_rank_bytes": 2 * table,
+                    "link_ms": link_ms(m["busiest"]),
+                }
+            )
             if anchor:
                 measured = max(anchor["measured_sent"], anchor["measured_received"])
                 scaled = measured * m["busiest"] / anchor["model"]["busiest"]
                 paper[-1].update(scaled_from_measured=scaled, scaled_link_ms=link_ms(scaled))
     if paper:
-        print(f"\non paper: a {args.rows:,.0f}-row table, batch {n}, |C| = {k}, dim {dim}; time = the busiest rank's larger direction "
-              f"at {LINK_GBIT:g} Gb/s full duplex (bandwidth only: no latency of the ~11 collectives a step)")  # fmt: skip
-        print(f"{'N':>3} {'slices':>6} {'computing':>9} {'entity sent':>12} {'entity recv':>12} {'rel. gather':>12} {'per rank':>10} "
-              f"{'from measured':>13} {'at 10 Gb/s':>10} {'table/rank':>10} {'Adam/rank':>10}")  # fmt: skip
+        print(
+            f"\non paper: a {args.rows:,.0f}-row table, batch {n}, |C| = {k}, dim {dim}; time = the busiest rank's larger direction "
+            f"at {LINK_GBIT:g} Gb/s full duplex (bandwidth only: no latency of the ~11 collectives a step)"
+        )
+        print(
+            f"{'N':>3} {'slices':>6} {'computing':>9} {'entity sent':>12} {'entity recv':>12} {'rel. gather':>12} {'per rank':>10} "
+            f"{'from measured':>13} {'at 10 Gb/s':>10} {'table/rank':>10} {'Adam/rank':>10}"
+        )
         for p in paper:
             scaled = mb(p["scaled_from_measured"]) if "scaled_from_measured" in p else "-"
-            print(f"{p['world']:>3} {p['slices']:>6} {p['computing_ranks']:>9} {mb(p['entity_sent']):>12} {mb(p['entity_received']):>12} "
-                  f"{mb(p['relation_gather']):>12} {mb(p['busiest']):>10} {scaled:>13} {p['link_ms']:7.1f} ms "
-                  f"{p['table_per_rank_bytes'] / 1e9:7.1f} GB {p['state_per_rank_bytes'] / 1e9:7.1f} GB")  # fmt: skip
-        print("  entity sent / recv: the busiest rank's; per rank: the busiest rank's larger direction, relation gather included "
-              f"(the model's sent/received_bytes); from measured: the larger direction measured at N={anchor['nproc'] if anchor else '-'} "
-              "times the model's ratio; at 10 Gb/s: per rank's time")  # fmt: skip
+            print(
+                f"{p['world']:>3} {p['slices']:>6} {p['computing_ranks']:>9} {mb(p['entity_sent']):>12} {mb(p['entity_received']):>12} "
+                f"{mb(p['relation_gather']):>12} {mb(p['busiest']):>10} {scaled:>13} {p['link_ms']:7.1f} ms "
+                f"{p['table_per_rank_bytes'] / 1e9:7.1f} GB {p['state_per_rank_bytes'] / 1e9:7.1f} GB"
+            )
+        print(
+            "  entity sent / recv: the busiest rank's; per rank: the busiest rank's larger direction, relation gather included "
+            f"(the model's sent/received_bytes); from measured: the larger direction measured at N={anchor['nproc'] if anchor else '-'} "
+            "times the model's ratio; at 10 Gb/s: per rank's time"
+        )
         print(f"  measured step time at N={base['nproc']} on this machine: {base['step_s'] * 1e3:,.0f} ms")
 
     if args.json:
         document = {
-            "setting": {"recipe": recipe.name, "recipe_path": str(args.recipe), "overrides": overrides, "batch": n, "negatives": cfg.negatives,
-                        "batch_negatives": cfg.batch_negatives, "candidates": k, "slices": slices, "dim": dim, "relation_dim": relation_dim,
-                        "max_steps": args.max_steps, "threads_per_rank": args.threads, "cpus": os.cpu_count(), "commit": commit,
-                        "step_time": "summary seconds / steps, slowest rank (training loop only, mean with cold start)"},
+            "setting": {
+                "recipe": recipe.name,
+                "recipe_path": str(args.recipe),
+                "overrides": overrides,
+                "batch": n,
+                "negatives": cfg.negatives,
+                "batch_negatives": cfg.batch_negatives,
+                "candidates": k,
+                "slices": slices,
+                "dim": dim,
+                "relation_dim": relation_dim,
+                "max_steps": args.max_steps,
+                "threads_per_rank": args.threads,
+                "cpus": os.cpu_count(),
+                "commit": commit,
+                "step_time": "summary seconds / steps, slowest rank (training loop only, mean with cold start)",
+            },
             "runs": runs,
             "losses_bit_equal": len({r["last_loss"] for job in runs for r in job["ranks"]}) == 1,
             "model": {"formula": FORMULA, "check": checks, "extrapolation": paper, "link_gbit": LINK_GBIT},
-        }  # fmt: skip
+        }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(document, indent=2) + "\n")
         print(f"\nfigures written to {args.json}")

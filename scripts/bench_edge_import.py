@@ -61,11 +61,19 @@ def child(path: Path, root: Path) -> None:
         graph = load_graph(DatasetConfig(kind="edge_list", path=str(path), root=str(root)))
     seconds = time.perf_counter() - started
     folder = graph.dataset.folder
-    print(json.dumps({
-        "graph": str(graph), "seconds": round(seconds, 1), "edges_read": graph.dataset.meta["input_edges"],
-        "peak_rss_anon_mib": round(anon.peak / MiB), "rss_anon_before_mib": round(base / MiB), "peak_rss_mib": round(peak_rss_bytes() / MiB),
-        "imported_mib": round(sum(p.stat().st_size for p in folder.iterdir()) / MiB),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "graph": str(graph),
+                "seconds": round(seconds, 1),
+                "edges_read": graph.dataset.meta["input_edges"],
+                "peak_rss_anon_mib": round(anon.peak / MiB),
+                "rss_anon_before_mib": round(base / MiB),
+                "peak_rss_mib": round(peak_rss_bytes() / MiB),
+                "imported_mib": round(sum(p.stat().st_size for p in folder.iterdir()) / MiB),
+            }
+        )
+    )
 
 
 def main() -> int:
@@ -85,8 +93,16 @@ def main() -> int:
         path = work / "edges.txt"
         started = time.perf_counter()
         generate(path, args.edges, args.nodes or max(1, args.edges // 10), args.seed)
-        print(f"generated {args.edges:,} edges ({path.stat().st_size / MiB:,.0f} MiB) in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-        out = subprocess.run([sys.executable, __file__, "--child", str(path), str(work / "root")], check=True, capture_output=True, text=True)
+        print(
+            f"generated {args.edges:,} edges ({path.stat().st_size / MiB:,.0f} MiB) in {time.perf_counter() - started:.0f} s",
+            file=sys.stderr,
+        )
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", str(path), str(work / "root")],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         result = json.loads(out.stdout.strip().splitlines()[-1])
         result["edges_per_s"] = round(result["edges_read"] / result["seconds"])
         print(json.dumps(result))

@@ -53,11 +53,19 @@ def gradient(rows: int, dim: int, ids: torch.Tensor, scale: float = 1.0) -> torc
 
 
 def sample(rows: int, count: int, distribution: str, generator: torch.Generator) -> torch.Tensor:
-    return torch.randint(0, rows, (count,), generator=generator) if distribution == "uniform" else power_law_ids(rows, count, generator, 1.0)
+    return (
+        torch.randint(0, rows, (count,), generator=generator)
+        if distribution == "uniform"
+        else power_law_ids(rows, count, generator, 1.0)
+    )
 
 
 def optimizer(kind: str, param: torch.Tensor, state_dir: str):
-    return torch.optim.SparseAdam([param], lr=1e-3) if kind == "sparse_adam" else DiskSparseAdam([param], lr=1e-3, state_dir=state_dir)
+    return (
+        torch.optim.SparseAdam([param], lr=1e-3)
+        if kind == "sparse_adam"
+        else DiskSparseAdam([param], lr=1e-3, state_dir=state_dir)
+    )
 
 
 def vram_peak(kind: str, rows: int, args) -> int | None:
@@ -179,9 +187,18 @@ def bench_share(args) -> dict:
 
 def bench_training(args) -> dict:
     """FB15k-237 on the GPU through the throughput benchmark's own processes and loop."""
-    command = [sys.executable, str(SCRIPTS / "bench_throughput.py"), str(args.recipe), "--json",
-               "--steps", str(args.train_steps), "--repeats", str(args.train_repeats),
-               f"--set=dataset.root={Path(args.data_root).resolve()}", "--set=train.device=cuda"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(SCRIPTS / "bench_throughput.py"),
+        str(args.recipe),
+        "--json",
+        "--steps",
+        str(args.train_steps),
+        "--repeats",
+        str(args.train_repeats),
+        f"--set=dataset.root={Path(args.data_root).resolve()}",
+        "--set=train.device=cuda",
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"bench_throughput.py failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -203,21 +220,31 @@ def show(result: dict) -> None:
     for r in result["vram"]:
         peak = "out of memory" if r["peak_mib"] is None else f"{r['peak_mib']:,.0f}"
         share = "" if r["peak_mib"] is None else f"{r['peak_mib'] / r['sparse_adam_model_mib']:.3f}"
-        print(f"{r['rows']:>12,} x {r['dim']:<3}  {KINDS[r['kind']]:14}  {peak:>10}  {r['sparse_adam_model_mib']:>11,.0f}  {share:>14}")
+        print(
+            f"{r['rows']:>12,} x {r['dim']:<3}  {KINDS[r['kind']]:14}  {peak:>10}  {r['sparse_adam_model_mib']:>11,.0f}  {share:>14}"
+        )
     print(f"\nstep time: {result['rows']:,} x {result['dim']}, median of {result['steps']} steps after a warm-up epoch")
     print(f"{'rows':10}  {'unique/step':>11}  {'SparseAdam':>10}  {'DiskSparseAdam':>14}  {'ratio':>6}  weights equal")
     for r in result["speed"]:
-        print(f"{r['distribution']:10}  {r['unique_rows']:>11,.0f}  {r['sparse_adam_ms']:>8.2f}ms  {r['dsa_ms']:>12.2f}ms  "
-              f"{r['ratio']:>6.2f}  {'bit for bit' if r['weights_equal'] else 'NO'}")  # fmt: skip
-    print(f"\nthe optimizer's share of a GPU step ({result['rows']:,} x {result['dim']}, uniform rows, median of {result['steps']} steps)")
+        print(
+            f"{r['distribution']:10}  {r['unique_rows']:>11,.0f}  {r['sparse_adam_ms']:>8.2f}ms  {r['dsa_ms']:>12.2f}ms  "
+            f"{r['ratio']:>6.2f}  {'bit for bit' if r['weights_equal'] else 'NO'}"
+        )
+    print(
+        f"\nthe optimizer's share of a GPU step ({result['rows']:,} x {result['dim']}, uniform rows, median of {result['steps']} steps)"
+    )
     for kind, r in result["share"].items():
-        print(f"{KINDS[kind]:14}  forward+backward {r['model_ms']:>8.2f} ms  optimizer step {r['optimizer_ms']:>8.2f} ms  "
-              f"share {100 * r['optimizer_share']:>5.1f}%")  # fmt: skip
+        print(
+            f"{KINDS[kind]:14}  forward+backward {r['model_ms']:>8.2f} ms  optimizer step {r['optimizer_ms']:>8.2f} ms  "
+            f"share {100 * r['optimizer_share']:>5.1f}%"
+        )
     t = result["training"]
     if t is not None:
-        print(f"\ntraining {t['recipe']} on cuda ({t['steps']} timed steps, median of {t['repeats']} rounds): "
-              f"SparseAdam {t['sparse_adam_triples_per_s']:,.0f} triples/s, DiskSparseAdam {t['dsa_triples_per_s']:,.0f} "
-              f"triples/s, ratio {t['ratio']:.2f}, losses {'identical' if t['losses_identical'] else 'DIFFER'}")  # fmt: skip
+        print(
+            f"\ntraining {t['recipe']} on cuda ({t['steps']} timed steps, median of {t['repeats']} rounds): "
+            f"SparseAdam {t['sparse_adam_triples_per_s']:,.0f} triples/s, DiskSparseAdam {t['dsa_triples_per_s']:,.0f} "
+            f"triples/s, ratio {t['ratio']:.2f}, losses {'identical' if t['losses_identical'] else 'DIFFER'}"
+        )
 
 
 def main() -> None:
@@ -227,9 +254,13 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--lookups", type=int, default=65_536, help="lookups per step (default 65,536)")
     parser.add_argument("--steps", type=int, default=50, help="timed steps per optimizer and distribution")
-    parser.add_argument("--distinct-batches", type=int, default=8, help="different gradients the timed steps cycle through")
+    parser.add_argument(
+        "--distinct-batches", type=int, default=8, help="different gradients the timed steps cycle through"
+    )
     parser.add_argument("--vram-steps", type=int, default=5)
-    parser.add_argument("--state-dir", default=None, help="where DiskSparseAdam's moments go (default: a temporary folder)")
+    parser.add_argument(
+        "--state-dir", default=None, help="where DiskSparseAdam's moments go (default: a temporary folder)"
+    )
     parser.add_argument("--data-root", default=None, help="a data root holding FB15k-237: also measure training")
     parser.add_argument("--recipe", type=Path, default=SCRIPTS.parent / "recipes" / "fb15k237-distmult.yaml")
     parser.add_argument("--train-steps", type=int, default=200)

@@ -66,29 +66,52 @@ def child(phase: str, recipe: Path, nodes: int, root: Path, steps: int, run_step
                 picked = torch.randint(0, graph.num_nodes, (batch,))
                 positive = windows(sampler.walks(picked.repeat(c.walks_per_node), c.walk_length), c.context_size)
                 starts = picked.repeat(c.walks_per_node * c.negatives)
-                negative = windows(torch.cat([starts[:, None], torch.randint(0, graph.num_nodes, (len(starts), c.walk_length))], 1), c.context_size)
+                negative = windows(
+                    torch.cat([starts[:, None], torch.randint(0, graph.num_nodes, (len(starts), c.walk_length))], 1),
+                    c.context_size,
+                )
                 result["windows"] = len(positive) + len(negative)
             result["steps_seconds"] = round(time.perf_counter() - started, 2)
             began = time.perf_counter()
             nodes = torch.cat([_sampled(graph.nodes("train"), 0), _sampled(graph.nodes("test"), 1)]).unique()
-            result["probe_nodes"], result["labels_read"] = len(nodes), int(graph.labels[nodes].long().bincount().count_nonzero())
+            result["probe_nodes"], result["labels_read"] = (
+                len(nodes),
+                int(graph.labels[nodes].long().bincount().count_nonzero()),
+            )
             result["eval_sample_seconds"] = round(time.perf_counter() - began, 2)
         else:
             from dsa_train.cli.app import app
 
             out = root / "run"
-            args = ["run", str(recipe), "--output", str(out), "--set", f"dataset.graph.nodes={nodes}", "--set", f"dataset.root={root}",
-                    "--set", f"train.max_steps={run_steps}", "--set", f"train.log_every={max(1, run_steps // 2)}",
-                    "--set", "train.checkpoint_every=0", "--set", "train.final_checkpoint=false"]  # fmt: skip
+            args = [
+                "run",
+                str(recipe),
+                "--output",
+                str(out),
+                "--set",
+                f"dataset.graph.nodes={nodes}",
+                "--set",
+                f"dataset.root={root}",
+                "--set",
+                f"train.max_steps={run_steps}",
+                "--set",
+                f"train.log_every={max(1, run_steps // 2)}",
+                "--set",
+                "train.checkpoint_every=0",
+                "--set",
+                "train.final_checkpoint=false",
+            ]
             try:
                 app(args, standalone_mode=False)
             finally:
                 shutil.rmtree(out, ignore_errors=True)
     result.update(
         seconds=round(time.perf_counter() - started, 2),
-        peak_rss_anon_mib=round(anon.peak / MiB, 1), rise_rss_anon_mib=round((anon.peak - base_anon) / MiB, 1),
-        vm_hwm_mib=round(peak_rss_bytes() / MiB, 1), start_vm_hwm_mib=round(base_hwm / MiB, 1),
-    )  # fmt: skip
+        peak_rss_anon_mib=round(anon.peak / MiB, 1),
+        rise_rss_anon_mib=round((anon.peak - base_anon) / MiB, 1),
+        vm_hwm_mib=round(peak_rss_bytes() / MiB, 1),
+        start_vm_hwm_mib=round(base_hwm / MiB, 1),
+    )
     print(json.dumps(result))
 
 
@@ -96,7 +119,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=10_000_000)
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="whose dataset.graph and node2vec sizes to use")
-    parser.add_argument("--dir", type=Path, default=None, help="data root for the graph, kept there (default: a temporary folder, removed)")
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="data root for the graph, kept there (default: a temporary folder, removed)",
+    )
     parser.add_argument("--steps", type=int, default=20, help="node2vec batches in phase 2")
     parser.add_argument("--run", action="store_true", help="also run the recipe end to end (phase 3)")
     parser.add_argument("--run-steps", type=int, default=20)
@@ -110,13 +138,31 @@ def main() -> None:
     phases = ["generate", "steps"] + (["run"] if args.run else [])
     try:
         for phase in phases:
-            command = [sys.executable, __file__, "--child", phase, "--nodes", str(args.nodes), "--recipe", str(args.recipe),
-                       "--dir", str(root), "--steps", str(args.steps), "--run-steps", str(args.run_steps)]  # fmt: skip
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                phase,
+                "--nodes",
+                str(args.nodes),
+                "--recipe",
+                str(args.recipe),
+                "--dir",
+                str(root),
+                "--steps",
+                str(args.steps),
+                "--run-steps",
+                str(args.run_steps),
+            ]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
                 sys.exit(f"{phase} failed:\n{done.stderr[-4000:]}")
             result = json.loads(done.stdout.strip().splitlines()[-1])
-            details = ", ".join(f"{k} {v}" for k, v in result.items() if k not in ("seconds", "peak_rss_anon_mib", "rise_rss_anon_mib", "vm_hwm_mib", "start_vm_hwm_mib"))
+            details = ", ".join(
+                f"{k} {v}"
+                for k, v in result.items()
+                if k not in ("seconds", "peak_rss_anon_mib", "rise_rss_anon_mib", "vm_hwm_mib", "start_vm_hwm_mib")
+            )
             print(
                 f"  {phase:<9} {result['seconds']:8.1f} s   peak RssAnon {result['peak_rss_anon_mib']:8,.1f} MiB "
                 f"(+{result['rise_rss_anon_mib']:,.1f} over the start)   VmHWM {result['vm_hwm_mib']:8,.1f} MiB "

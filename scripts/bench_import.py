@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-OLD_PARSER = r'''
+OLD_PARSER = r"""
 import sys, time, torch
 def read_triples(path, entities, relations):
     rows = []
@@ -47,17 +47,17 @@ def read_triples(path, entities, relations):
 entities, relations = {}, {}
 splits = [read_triples(f"{sys.argv[1]}/{s}.txt", entities, relations) for s in ("train", "valid", "test")]
 print(len(entities), len(relations), *[len(s) for s in splits])
-'''
+"""
 
-NEW_IMPORT = r'''
+NEW_IMPORT = r"""
 import sys
 from dsa_train.data import load_knowledge_graph
 from dsa_train.recipe import DatasetConfig
 kg = load_knowledge_graph(DatasetConfig(kind="tsv", path=sys.argv[1]))
 print(kg.num_entities, kg.num_relations, len(kg.train), len(kg.valid), len(kg.test))
-'''
+"""
 
-MEASURE = r'''
+MEASURE = r"""
 import os, runpy, sys, threading, time
 peak = [0]
 def sample():
@@ -76,7 +76,7 @@ seconds = time.perf_counter() - started
 with open("/proc/self/status") as f:
     hwm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
 print("MEASURED", seconds, hwm, peak[0])
-'''
+"""
 
 
 def generate(folder: Path, entities: int, relations: int, triples: int, held_out: int, seed: int = 0) -> None:
@@ -110,11 +110,16 @@ def generate(folder: Path, entities: int, relations: int, triples: int, held_out
 
 
 def measure(code: str, folder: Path, env: dict) -> dict:
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script, tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as runner:
+    with (
+        tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script,
+        tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as runner,
+    ):
         script.write(code)
         runner.write(MEASURE)
     try:
-        result = subprocess.run([sys.executable, runner.name, script.name, str(folder)], env=env, capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, runner.name, script.name, str(folder)], env=env, capture_output=True, text=True
+        )
     finally:
         os.unlink(script.name)
         os.unlink(runner.name)
@@ -152,13 +157,16 @@ def main() -> None:
             runs["second load"].append(measure(NEW_IMPORT, data, env))
         finally:
             shutil.rmtree(root, ignore_errors=True)
-    assert len({r["counts"] for rs in runs.values() for r in rs}) == 1, {k: [r["counts"] for r in v] for k, v in runs.items()}
+    assert len({r["counts"] for rs in runs.values() for r in rs}) == 1, {
+        k: [r["counts"] for r in v] for k, v in runs.items()
+    }
     best = {name: min(rs, key=lambda r: r["seconds"]) for name, rs in runs.items()}
     report = {
-        "text_bytes": text_bytes, "counts (entities relations train valid test)": best["import"]["counts"],
+        "text_bytes": text_bytes,
+        "counts (entities relations train valid test)": best["import"]["counts"],
         **{name: {k: v for k, v in r.items() if k != "counts"} for name, r in best.items()},
         "speedup (old / import)": round(best["old parser"]["seconds"] / best["import"]["seconds"], 2),
-    }  # fmt: skip
+    }
     if args.json:
         print(json.dumps(report, indent=2))
         return

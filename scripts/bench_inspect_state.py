@@ -47,7 +47,9 @@ def measure(args: list[str]) -> tuple[float, float]:
         "t = time.perf_counter(); r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL)\n"
         "print(r.returncode, time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
     )
-    out = subprocess.run([sys.executable, "-c", launcher, *args], capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", launcher, *args], capture_output=True, text=True, check=True
+    ).stdout.split()
     if out[0] != "0":
         raise SystemExit(f"{' '.join(args)} failed with exit code {out[0]}")
     return float(out[1]), float(out[2]) / 1024

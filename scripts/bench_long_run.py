@@ -120,7 +120,9 @@ def run_child(args) -> dict:
             opt = DiskSparseAdam([("weight", weight)], lr=1e-3, state_dir=Path(tmp) / "state", **budget)
             model = table if table is not None else torch.nn.ParameterDict({"weight": weight})
             store = CheckpointStore(Path(tmp) / "checkpoints")
-            CheckpointStore.count_from_creation(opt)  # a fresh run's: its first checkpoint may be a delta on the files as made
+            CheckpointStore.count_from_creation(
+                opt
+            )  # a fresh run's: its first checkpoint may be a delta on the files as made
         elif kind == "sparse_adam":
             opt = torch.optim.SparseAdam([weight], lr=1e-3)
         floor = FloorStep(weight.data) if kind == "floor" else None
@@ -141,12 +143,23 @@ def run_child(args) -> dict:
                 steps, minute_start, sectors = [], now, sectors_now
                 if now - start >= args.minutes * 60:
                     break
-            if opt is not None and kind == "dsa" and args.checkpoint_minutes and now - last_checkpoint >= args.checkpoint_minutes * 60:
+            if (
+                opt is not None
+                and kind == "dsa"
+                and args.checkpoint_minutes
+                and now - last_checkpoint >= args.checkpoint_minutes * 60
+            ):
                 before = sectors_written(stat)
                 t0 = time.perf_counter()
                 held = checkpoint(args, store, model, opt, len(checkpoints) + 1)
-                checkpoints.append({"at_min": round((t0 - start) / 60, 2), "s": round(time.perf_counter() - t0, 2),
-                                    "MiB": _mib(before, sectors_written(stat)), **held})  # fmt: skip
+                checkpoints.append(
+                    {
+                        "at_min": round((t0 - start) / 60, 2),
+                        "s": round(time.perf_counter() - t0, 2),
+                        "MiB": _mib(before, sectors_written(stat)),
+                        **held,
+                    }
+                )
                 last_checkpoint = minute_start = time.perf_counter()
                 sectors = sectors_written(stat)
             nxt = next(grads)  # made before the step, so the prefetch of the next batch can overlap it
@@ -174,12 +187,16 @@ def run_child(args) -> dict:
     written = sum(m["MiB_written"] or 0 for m in minutes)
     hours = sum(m["seconds"] for m in minutes) / 3600
     return {
-        "kind": kind, "minutes": minutes, "checkpoints": checkpoints,
+        "kind": kind,
+        "minutes": minutes,
+        "checkpoints": checkpoints,
         "steady_median_ms": round(statistics.median(steady), 1),
-        "best_minute_ms": min(steady), "worst_minute_ms": max(steady),
+        "best_minute_ms": min(steady),
+        "worst_minute_ms": max(steady),
         "GB_written_per_hour_between_checkpoints": round(written / 1024 * 1.073741824 / hours, 2) if stat else None,
-        "rss_anon_MiB_at_end": round(rss / MiB), "residency_MiB": residency,
-    }  # fmt: skip
+        "rss_anon_MiB_at_end": round(rss / MiB),
+        "residency_MiB": residency,
+    }
 
 
 def checkpoint(args, store: CheckpointStore, model: torch.nn.Module, opt: DiskSparseAdam, number: int) -> dict:
@@ -191,7 +208,11 @@ def checkpoint(args, store: CheckpointStore, model: torch.nn.Module, opt: DiskSp
         return {}
     folder = store.save(number, model, opt, {"run_id": "bench", "step": number}, keep=2)
     files = [p for p in folder.rglob("*") if p.is_file()]
-    rows = {p.name: "delta" if p.name.endswith(".delta") else "base" for p in files if p.suffix in (".rows", ".delta") or p.parent.name == "tables"}
+    rows = {
+        p.name: "delta" if p.name.endswith(".delta") else "base"
+        for p in files
+        if p.suffix in (".rows", ".delta") or p.parent.name == "tables"
+    }
     return {"MiB_held": round(sum(p.stat().st_blocks * 512 for p in files) / MiB, 1), "row_files": rows}
 
 
@@ -211,7 +232,18 @@ def _minute(steps: list[float], sectors, sectors_now, seconds: float) -> dict:
 
 def child(args, kind: str, minutes: float) -> dict:
     cmd = [sys.executable, __file__, "--child", kind, "--minutes", str(minutes)]
-    for flag in ("rows", "dim", "lookups", "distribution", "zipf", "state_dir", "table", "checkpoint_minutes", "checkpoint", "memory_budget"):
+    for flag in (
+        "rows",
+        "dim",
+        "lookups",
+        "distribution",
+        "zipf",
+        "state_dir",
+        "table",
+        "checkpoint_minutes",
+        "checkpoint",
+        "memory_budget",
+    ):
         value = getattr(args, flag)
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]
@@ -225,9 +257,11 @@ def busy_load(workers: int) -> list[subprocess.Popen]:
     """``workers`` processes that keep a core and the memory bus busy (a 2048 x 2048 float32
     matrix product and a 256 MiB copy, over and over, each on one thread): another user's job
     on the same machine, for the busy-machine regime."""
-    loop = ("import os; os.environ['OMP_NUM_THREADS'] = '1'\nimport torch\ntorch.set_num_threads(1)\n"
-            "a = torch.randn(2048, 2048); b = torch.empty(64 << 20); c = torch.empty_like(b)\n"
-            "while True:\n    a @ a\n    c.copy_(b)\n")  # fmt: skip
+    loop = (
+        "import os; os.environ['OMP_NUM_THREADS'] = '1'\nimport torch\ntorch.set_num_threads(1)\n"
+        "a = torch.randn(2048, 2048); b = torch.empty(64 << 20); c = torch.empty_like(b)\n"
+        "while True:\n    a @ a\n    c.copy_(b)\n"
+    )
     return [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(workers)]
 
 
@@ -245,22 +279,34 @@ def main() -> None:
     parser.add_argument("--zipf", type=float, default=1.1)
     parser.add_argument("--minutes", type=float, default=10.0, help="DiskSparseAdam's window")
     parser.add_argument("--reference-minutes", type=float, default=3.0, help="SparseAdam's and the floor's windows")
-    parser.add_argument("--checkpoint-minutes", type=float, default=5.0, help="checkpoint DiskSparseAdam this often (0: never)")
-    parser.add_argument("--checkpoint", choices=("save", "flush"), default="save", help="a training run's checkpoint, or flush() only")
+    parser.add_argument(
+        "--checkpoint-minutes", type=float, default=5.0, help="checkpoint DiskSparseAdam this often (0: never)"
+    )
+    parser.add_argument(
+        "--checkpoint", choices=("save", "flush"), default="save", help="a training run's checkpoint, or flush() only"
+    )
     parser.add_argument("--state-dir", default=None, help="where the state lives (default: the temp dir)")
     parser.add_argument("--table", choices=("memory", "disk"), default="memory")
     parser.add_argument("--memory-budget", default=None, help="DiskSparseAdam's memory_budget (default: its own)")
     parser.add_argument("--only", choices=KINDS, action="append", help="run only these (repeatable)")
-    parser.add_argument("--busy", type=int, default=0, help="processes that load the machine (a core and the memory bus each) throughout")
+    parser.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="processes that load the machine (a core and the memory bus each) throughout",
+    )
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_child(args)))
         return
     kinds = args.only or [k for k in KINDS if k == "dsa" or args.table == "memory" or fits_in_ram(args)]
-    print(f"# {args.rows:,} x {args.dim}, {args.lookups:,} {args.distribution} lookups a step, table in {args.table}, "
-          f"state in {args.state_dir or tempfile.gettempdir()}, memory_budget {args.memory_budget or 'default'}, "
-          f"{args.busy} busy processes beside it", flush=True)  # fmt: skip
+    print(
+        f"# {args.rows:,} x {args.dim}, {args.lookups:,} {args.distribution} lookups a step, table in {args.table}, "
+        f"state in {args.state_dir or tempfile.gettempdir()}, memory_budget {args.memory_budget or 'default'}, "
+        f"{args.busy} busy processes beside it",
+        flush=True,
+    )
     results = {}
     load = busy_load(args.busy)
     try:
@@ -272,18 +318,24 @@ def main() -> None:
             worker.kill()
     dsa = results.get("dsa", {})
     if "steady_median_ms" in dsa:
-        print(f"DiskSparseAdam: steady {dsa['steady_median_ms']} ms a step, worst minute / best minute "
-              f"{dsa['worst_minute_ms'] / dsa['best_minute_ms']:.2f}, GB written an hour between checkpoints "
-              f"{dsa['GB_written_per_hour_between_checkpoints']}, checkpoints {dsa['checkpoints']}")  # fmt: skip
+        print(
+            f"DiskSparseAdam: steady {dsa['steady_median_ms']} ms a step, worst minute / best minute "
+            f"{dsa['worst_minute_ms'] / dsa['best_minute_ms']:.2f}, GB written an hour between checkpoints "
+            f"{dsa['GB_written_per_hour_between_checkpoints']}, checkpoints {dsa['checkpoints']}"
+        )
         evicted = (dsa["residency_MiB"] or {}).get("evicted_MiB")
         between = sum(m["MiB_written"] or 0 for m in dsa["minutes"])
         if evicted:
-            print(f"past the budget: {evicted:,} MiB of changed pages left memory, {between:,.0f} MiB reached the disk "
-                  f"between checkpoints ({between / evicted:.2f}x)")  # fmt: skip
+            print(
+                f"past the budget: {evicted:,} MiB of changed pages left memory, {between:,.0f} MiB reached the disk "
+                f"between checkpoints ({between / evicted:.2f}x)"
+            )
         for c in dsa["checkpoints"]:
             if c.get("MiB_held") and c["MiB"] is not None:
-                print(f"checkpoint at minute {c['at_min']}: {c['s']} s, {c['MiB']:,.0f} MiB written for {c['MiB_held']:,.0f} MiB "
-                      f"held ({c['MiB'] / c['MiB_held']:.2f}x), row files {c['row_files']}")  # fmt: skip
+                print(
+                    f"checkpoint at minute {c['at_min']}: {c['s']} s, {c['MiB']:,.0f} MiB written for {c['MiB_held']:,.0f} MiB "
+                    f"held ({c['MiB'] / c['MiB_held']:.2f}x), row files {c['row_files']}"
+                )
         for other in ("sparse_adam", "floor"):
             if "steady_median_ms" in results.get(other, {}):
                 print(f"DiskSparseAdam / {other}: {dsa['steady_median_ms'] / results[other]['steady_median_ms']:.2f}")

@@ -53,14 +53,22 @@ optimizer: {{kind: {optimizer}, lr: 0.01}}
 
 def measure(args, candidates: str, optimizer_kind: str, root: Path, chunk: int) -> dict:
     text = RECIPE.format(
-        entities=args.entities, triples=10 * args.entities, dim=args.dim, batch=args.batch, candidates=candidates, chunk=chunk,
-        optimizer=optimizer_kind, root=root / "data",
-    )  # fmt: skip
+        entities=args.entities,
+        triples=10 * args.entities,
+        dim=args.dim,
+        batch=args.batch,
+        candidates=candidates,
+        chunk=chunk,
+        optimizer=optimizer_kind,
+        root=root / "data",
+    )
     recipe = parse_recipe(text)
     torch.manual_seed(0)
     task = make_task(recipe, torch.device("cpu"))
     before = rss_anon_bytes()
-    optimizer = build_optimizer(recipe.optimizer, task.sparse_parameters(), root / f"state-{candidates}-{optimizer_kind}-{chunk}")
+    optimizer = build_optimizer(
+        recipe.optimizer, task.sparse_parameters(), root / f"state-{candidates}-{optimizer_kind}-{chunk}"
+    )
     times, rows = [], 0
     with PeakRssAnon() as sampler:
         for step in range(args.steps + 2):  # the first two steps warm up (the kernel, the moments' first pages)
@@ -77,7 +85,12 @@ def measure(args, candidates: str, optimizer_kind: str, root: Path, chunk: int) 
     state = rss_anon_bytes() - before
     if hasattr(optimizer, "close"):
         optimizer.close()
-    return {"step_s": sum(times) / len(times), "rows_per_step": rows / len(times), "optimizer_anon_mib": max(state, 0) / 2**20, "peak_anon_mib": max(sampler.peak - before, 0) / 2**20}
+    return {
+        "step_s": sum(times) / len(times),
+        "rows_per_step": rows / len(times),
+        "optimizer_anon_mib": max(state, 0) / 2**20,
+        "peak_anon_mib": max(sampler.peak - before, 0) / 2**20,
+    }
 
 
 def main() -> None:
@@ -86,27 +99,36 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--batch", type=int, default=256, help="triples per step (2 x batch queries)")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--chunk", type=int, default=None, help="train.entity_chunk of the chunked 1-vs-all row (default: entities / 4)")
+    parser.add_argument(
+        "--chunk", type=int, default=None, help="train.entity_chunk of the chunked 1-vs-all row (default: entities / 4)"
+    )
     args = parser.parse_args()
     chunk = args.chunk or -(-args.entities // 4)
     configurations = [  # (name, candidates, optimizer, entity_chunk)
-        ("sampled, dsa", "sampled", "dsa", args.entities), ("sampled, sparse_adam", "sampled", "sparse_adam", args.entities),
-        ("all, dsa", "all", "dsa", args.entities), ("all, sparse_adam", "all", "sparse_adam", args.entities),
+        ("sampled, dsa", "sampled", "dsa", args.entities),
+        ("sampled, sparse_adam", "sampled", "sparse_adam", args.entities),
+        ("all, dsa", "all", "dsa", args.entities),
+        ("all, sparse_adam", "all", "sparse_adam", args.entities),
         (f"all in chunks of {chunk}, dsa", "all", "dsa", chunk),
-    ]  # fmt: skip
+    ]
     results = {}
     with tempfile.TemporaryDirectory(prefix="dsa-one-vs-all-") as tmp:
         for name, candidates, optimizer, entity_chunk in configurations:
             results[name] = r = measure(args, candidates, optimizer, Path(tmp), entity_chunk)
-            print(f"{name:<28} {r['step_s']:.3f} s/step, {r['rows_per_step']:,.0f} rows updated/step, "
-                  f"anonymous memory +{r['optimizer_anon_mib']:,.0f} MiB after the steps (moments in RAM), "
-                  f"+{r['peak_anon_mib']:,.0f} MiB at the peak (and the steps' scores)", flush=True)  # fmt: skip
+            print(
+                f"{name:<28} {r['step_s']:.3f} s/step, {r['rows_per_step']:,.0f} rows updated/step, "
+                f"anonymous memory +{r['optimizer_anon_mib']:,.0f} MiB after the steps (moments in RAM), "
+                f"+{r['peak_anon_mib']:,.0f} MiB at the peak (and the steps' scores)",
+                flush=True,
+            )
     for candidates in ("sampled", "all"):
         ratio = results[f"{candidates}, dsa"]["step_s"] / results[f"{candidates}, sparse_adam"]["step_s"]
         print(f"{candidates}: DiskSparseAdam's step / SparseAdam's = {ratio:.2f}")
     chunked = results[f"all in chunks of {chunk}, dsa"]
-    print(f"chunks of {chunk}: step time {chunked['step_s'] / results['all, dsa']['step_s']:.2f}x one chunk's, "
-          f"peak anonymous memory +{chunked['peak_anon_mib']:,.0f} MiB against +{results['all, dsa']['peak_anon_mib']:,.0f} MiB")  # fmt: skip
+    print(
+        f"chunks of {chunk}: step time {chunked['step_s'] / results['all, dsa']['step_s']:.2f}x one chunk's, "
+        f"peak anonymous memory +{chunked['peak_anon_mib']:,.0f} MiB against +{results['all, dsa']['peak_anon_mib']:,.0f} MiB"
+    )
     print(json.dumps({"entities": args.entities, "dim": args.dim, "batch": args.batch, "results": results}))
 
 

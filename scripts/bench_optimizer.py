@@ -69,7 +69,9 @@ def gradients(num_rows, dim, lookups, distribution, zipf, seed):
     g = torch.Generator().manual_seed(seed)
     while True:
         rows = sample_rows(num_rows, lookups, distribution, g, zipf)
-        yield torch.sparse_coo_tensor(rows[None], torch.randn(lookups, dim, generator=g), (num_rows, dim), check_invariants=False)
+        yield torch.sparse_coo_tensor(
+            rows[None], torch.randn(lookups, dim, generator=g), (num_rows, dim), check_invariants=False
+        )
 
 
 def warm_up_epoch(num_rows, dim, lookups, seed):
@@ -77,7 +79,9 @@ def warm_up_epoch(num_rows, dim, lookups, seed):
     perm = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed))
     for start in range(0, num_rows, lookups):
         rows = perm[start : start + lookups]
-        yield torch.sparse_coo_tensor(rows[None], torch.randn(len(rows), dim) * 1e-3, (num_rows, dim), check_invariants=False)
+        yield torch.sparse_coo_tensor(
+            rows[None], torch.randn(len(rows), dim) * 1e-3, (num_rows, dim), check_invariants=False
+        )
 
 
 class Turns:
@@ -159,8 +163,16 @@ def speed_child(args) -> dict:
     wall = turns.wall
     ratio = lambda part: statistics.median(wall["DiskSparseAdam"][part]) / statistics.median(wall["SparseAdam"][part])  # noqa: E731
     result = {
-        "regime": regime, "distribution": distribution, "repeat": args.child_repeat, "steps": len(wall["SparseAdam"]),
-        "unique_rows_per_step": round(statistics.mean(len(torch.unique(g._indices())) for g, _ in zip(gradients(n, dim, lookups, distribution, args.zipf, seed + 2), range(3)))),
+        "regime": regime,
+        "distribution": distribution,
+        "repeat": args.child_repeat,
+        "steps": len(wall["SparseAdam"]),
+        "unique_rows_per_step": round(
+            statistics.mean(
+                len(torch.unique(g._indices()))
+                for g, _ in zip(gradients(n, dim, lookups, distribution, args.zipf, seed + 2), range(3))
+            )
+        ),
         "sparse_adam_ms": round(statistics.median(wall["SparseAdam"]) * 1e3, 1),
         "disk_sparse_adam_ms": round(statistics.median(wall["DiskSparseAdam"]) * 1e3, 1),
         "ratio": round(ratio(slice(None)), 3),
@@ -169,14 +181,17 @@ def speed_child(args) -> dict:
         "bitwise_equal_weights": same,
         "idle_cpu_ms_per_s": round(idle_cpu_ms * 2, 1),
         "threads": len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None,
-    }  # fmt: skip
+    }
     if regime == "cold":
         result["first_step_ms"] = {k: round(v[0] * 1e3) for k, v in wall.items()}
         result["window_ratio"] = round(ratio(WINDOW), 3)
         result["last_step_ratio"] = round(wall["DiskSparseAdam"][-1] / wall["SparseAdam"][-1], 3)
     if regime == "warm":
         base = statistics.median(before)
-        result["matmul_ms"] = {"before": round(base, 3), **{k: round(statistics.median(v), 3) for k, v in after.items()}}
+        result["matmul_ms"] = {
+            "before": round(base, 3),
+            **{k: round(statistics.median(v), 3) for k, v in after.items()},
+        }
         result["matmul_after_dsa_vs_before"] = round(statistics.median(after["DiskSparseAdam"]) / base, 3)
         result["matmul_after_dsa_vs_after_sparse_adam"] = round(
             statistics.median(after["DiskSparseAdam"]) / statistics.median(after["SparseAdam"]), 3
@@ -225,7 +240,10 @@ def memory_child(args) -> dict:
                     opt.close()
         except (MemoryError, RuntimeError) as e:  # torch reports a failed allocation as RuntimeError
             return {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-    return {"peak_growth_mib": round((peak.peak - baseline) / MiB, 1), "growth_after_steps_mib": round((after - baseline) / MiB, 1)}
+    return {
+        "peak_growth_mib": round((peak.peak - baseline) / MiB, 1),
+        "growth_after_steps_mib": round((after - baseline) / MiB, 1),
+    }
 
 
 def bench_memory(args, distribution) -> dict:
@@ -256,7 +274,12 @@ def summarise(runs: list[dict]) -> list[dict]:
         keys += ["matmul_after_dsa_vs_before", "matmul_after_dsa_vs_after_sparse_adam"] if regime == "warm" else []
         for key in keys:
             values = [r[key] for r in group]
-            row[key] = {"median": round(statistics.median(values), 3), "min": min(values), "max": max(values), "runs": values}
+            row[key] = {
+                "median": round(statistics.median(values), 3),
+                "min": min(values),
+                "max": max(values),
+                "runs": values,
+            }
         row["bitwise_equal_weights"] = all(r["bitwise_equal_weights"] for r in group)
         summary.append(row)
     return summary
@@ -278,7 +301,9 @@ def main() -> None:
     parser.add_argument("--state-dir", default=None, help="where the state files go (default: the system temp dir)")
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--skip-memory", action="store_true")
-    parser.add_argument("--quick", action="store_true", help="small sizes: N=200k speed, N=1M memory, D=64, 8192 lookups")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes: N=200k speed, N=1M memory, D=64, 8192 lookups"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     for hidden in ("child-optimizer", "child-distribution", "child-regime"):
         parser.add_argument(f"--{hidden}", help=argparse.SUPPRESS)
@@ -298,9 +323,15 @@ def main() -> None:
         for repeat in range(args.repeats):
             for distribution in args.distribution:
                 for regime in args.regime:
-                    print(f"{regime}, {distribution} rows, repeat {repeat + 1}/{args.repeats} ...", file=sys.stderr, flush=True)
+                    print(
+                        f"{regime}, {distribution} rows, repeat {repeat + 1}/{args.repeats} ...",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     run = child(args, child_regime=regime, child_distribution=distribution, child_repeat=repeat)
-                    report["runs"].append(run if "error" not in run else {**run, "regime": regime, "distribution": distribution})
+                    report["runs"].append(
+                        run if "error" not in run else {**run, "regime": regime, "distribution": distribution}
+                    )
         report["speed"] = summarise(report["runs"])
     if not args.skip_memory:
         for distribution in args.distribution:
@@ -319,7 +350,9 @@ def spread(cell: dict) -> str:
 
 def print_table(report: dict) -> None:
     setup = report["setup"]
-    print(f"torch {report['torch']}, {report['threads']} threads; {setup['rows']:,} x {setup['dim']} table, {setup['lookups']:,} lookups a step")
+    print(
+        f"torch {report['torch']}, {report['threads']} threads; {setup['rows']:,} x {setup['dim']} table, {setup['lookups']:,} lookups a step"
+    )
     errors = [r for r in report["runs"] if "error" in r]
     for r in errors:
         print(f"  {r['regime']} {r['distribution']}: {r['error']}")
@@ -330,27 +363,41 @@ def print_table(report: dict) -> None:
             head = r.get("ratio_of_totals") or r.get("ratio")
             window = spread(r["window_ratio"]) if "window_ratio" in r else ""
             last = spread(r["last_step_ratio"]) if "last_step_ratio" in r else ""
-            print(f"{r['regime']:>12} {r['distribution']:>9} {r['repeats']:>7}  {spread(head):<18} {window:<18} {last:<18} {r['bitwise_equal_weights']}")
-        print("  cold: one epoch from a fresh state, ratio of the epoch's total time; warm and out-of-core: median step")
+            print(
+                f"{r['regime']:>12} {r['distribution']:>9} {r['repeats']:>7}  {spread(head):<18} {window:<18} {last:<18} {r['bitwise_equal_weights']}"
+            )
+        print(
+            "  cold: one epoch from a fresh state, ratio of the epoch's total time; warm and out-of-core: median step"
+        )
         for r in report["runs"]:
             if r.get("regime") == "cold" and "first_step_ms" in r:
-                print(f"  cold {r['distribution']} repeat {r['repeat'] + 1}: first step SparseAdam {r['first_step_ms']['SparseAdam']} ms, "
-                      f"DiskSparseAdam {r['first_step_ms']['DiskSparseAdam']} ms; median step {r['sparse_adam_ms']} / {r['disk_sparse_adam_ms']} ms")  # fmt: skip
+                print(
+                    f"  cold {r['distribution']} repeat {r['repeat'] + 1}: first step SparseAdam {r['first_step_ms']['SparseAdam']} ms, "
+                    f"DiskSparseAdam {r['first_step_ms']['DiskSparseAdam']} ms; median step {r['sparse_adam_ms']} / {r['disk_sparse_adam_ms']} ms"
+                )
         warm = [r for r in report["speed"] if r["regime"] == "warm"]
         if warm:
-            print("\nTorch ops after a step: a 512 x 512 matmul right after DiskSparseAdam's step / before any optimizer existed")
+            print(
+                "\nTorch ops after a step: a 512 x 512 matmul right after DiskSparseAdam's step / before any optimizer existed"
+            )
             for r in warm:
-                print(f"  {r['distribution']:>9}: {spread(r['matmul_after_dsa_vs_before'])}; "
-                      f"/ right after SparseAdam's step: {spread(r['matmul_after_dsa_vs_after_sparse_adam'])}")  # fmt: skip
+                print(
+                    f"  {r['distribution']:>9}: {spread(r['matmul_after_dsa_vs_before'])}; "
+                    f"/ right after SparseAdam's step: {spread(r['matmul_after_dsa_vs_after_sparse_adam'])}"
+                )
             idle = [r["idle_cpu_ms_per_s"] for r in report["runs"] if r.get("regime") == "warm"]
             threads = [r["threads"] for r in report["runs"] if r.get("regime") == "warm"]
-            print(f"  CPU burnt while idle after the steps: at most {max(idle)} ms/s; threads in the process: {max(threads)}")
+            print(
+                f"  CPU burnt while idle after the steps: at most {max(idle)} ms/s; threads in the process: {max(threads)}"
+            )
     if report["memory"]:
         print("\nOptimizer memory: growth of RssAnon (MiB), peak during the steps")
         print(f"{'rows':>10} {'N x D':>15} {'batch grad':>10} {'SparseAdam':>11} {'DiskSparseAdam':>15}")
         for r in report["memory"]:
             cells = [str(r[k].get("peak_growth_mib", r[k].get("error"))) for k in ("sparse_adam", "disk_sparse_adam")]
-            print(f"{r['distribution']:>10} {r['rows']:>11,}x{r['dim']:<3} {r['batch_gradient_mib']:>10} {cells[0]:>11} {cells[1]:>15}")
+            print(
+                f"{r['distribution']:>10} {r['rows']:>11,}x{r['dim']:<3} {r['batch_gradient_mib']:>10} {cells[0]:>11} {cells[1]:>15}"
+            )
 
 
 if __name__ == "__main__":

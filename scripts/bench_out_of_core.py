@@ -131,7 +131,12 @@ def page_in_rates(emb: DiskEmbedding, rows: int, threads: int, seed: int) -> dic
         else:
             offsets = (HEADER_BYTES + picked * table.spec.row_bytes).tolist()
             with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(lambda share: pread_records(table.rows.fd, share, table.spec.row_bytes), [offsets[i::threads] for i in range(threads)]))
+                list(
+                    pool.map(
+                        lambda share: pread_records(table.rows.fd, share, table.spec.row_bytes),
+                        [offsets[i::threads] for i in range(threads)],
+                    )
+                )
         results[name] = rows / (time.perf_counter() - started)
     return results
 
@@ -145,11 +150,18 @@ def pread_records(fd: int, offsets: list[int], length: int) -> None:
 
 def make_batches(num_rows, steps, batch, negatives, access, seed):
     g = torch.Generator().manual_seed(seed)
-    draw = (lambda n: torch.randint(0, num_rows, (n,), generator=g)) if access == "uniform" else (
-        lambda n: power_law_ids(num_rows, n, g, 1.0)
+    draw = (
+        (lambda n: torch.randint(0, num_rows, (n,), generator=g))
+        if access == "uniform"
+        else (lambda n: power_law_ids(num_rows, n, g, 1.0))
     )
     return [
-        (draw(batch), torch.randint(0, RELATIONS, (batch,), generator=g), draw(batch), torch.randint(0, num_rows, (negatives,), generator=g))
+        (
+            draw(batch),
+            torch.randint(0, RELATIONS, (batch,), generator=g),
+            draw(batch),
+            torch.randint(0, num_rows, (negatives,), generator=g),
+        )
         for _ in range(steps)
     ]
 
@@ -170,7 +182,9 @@ def train(emb, relations, optimizer, batches, prefetcher: Prefetcher | None) -> 
         query = h + relations(rels.to(device))
         positive = -(query - t).norm(dim=1, keepdim=True)
         negative = -torch.cdist(query, n)
-        loss = F.cross_entropy(torch.cat([positive, negative], 1), torch.zeros(len(heads), dtype=torch.long, device=device))
+        loss = F.cross_entropy(
+            torch.cat([positive, negative], 1), torch.zeros(len(heads), dtype=torch.long, device=device)
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -239,7 +253,9 @@ def main() -> None:
     rate_parallel = disk_random_reads(path, args.io_threads, args.disk_seconds)
     rate_serial = disk_random_reads(path, 1, args.disk_seconds)
     how = "O_DIRECT" if direct_io_supported(path) else "no O_DIRECT on this file system: buffered, cache evicted"
-    print(f"disk random 4 KiB reads ({how}): {rate_parallel:,.0f}/s with {args.io_threads} threads, {rate_serial:,.0f}/s at depth 1")
+    print(
+        f"disk random 4 KiB reads ({how}): {rate_parallel:,.0f}/s with {args.io_threads} threads, {rate_serial:,.0f}/s at depth 1"
+    )
 
     page_in = page_in_rates(emb, 4 * args.batch * 4, args.io_threads, seed=1)
     print("cold rows paged in: " + ", ".join(f"{name} {rate:,.0f}/s" for name, rate in page_in.items()))
@@ -250,15 +266,15 @@ def main() -> None:
     cuda = torch.device(args.device).type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    optimizer = DiskSparseAdam(
-        [("entities", emb.weight), ("relations", relations.weight)], lr=1e-3, state_dir=state
-    )
+    optimizer = DiskSparseAdam([("entities", emb.weight), ("relations", relations.weight)], lr=1e-3, state_dir=state)
     results = {}
     with PeakRssAnon() as peak:
         for access in ("uniform", "power-law"):
             for mode in ("no prefetch", "prefetch"):
                 emb.table.rows.evict()
-                batches = make_batches(rows, args.steps, args.batch, args.negatives, access, seed=hash((access, mode)) % 1000)
+                batches = make_batches(
+                    rows, args.steps, args.batch, args.negatives, access, seed=hash((access, mode)) % 1000
+                )
                 prefetcher = Prefetcher(args.io_threads) if mode == "prefetch" else None
                 results[(access, mode)] = train(emb, relations, optimizer, batches, prefetcher)
                 if prefetcher is not None:
@@ -282,11 +298,17 @@ def main() -> None:
             f"table on the GPU needs 3 x 4 x N x D = {table_bytes / 2**20:,.0f} MiB"
         )
     summary = {
-        "rows": rows, "dim": args.dim, "table_gb": table_bytes / GB, "ram_gb": ram / GB,
-        "disk_reads_per_s": rate_parallel, "disk_reads_per_s_depth1": rate_serial, "page_in_rows_per_s": page_in,
-        "train": {f"{a}/{m}": r for (a, m), r in results.items()}, "peak_rss_anon_mib": peak.peak / 2**20,
+        "rows": rows,
+        "dim": args.dim,
+        "table_gb": table_bytes / GB,
+        "ram_gb": ram / GB,
+        "disk_reads_per_s": rate_parallel,
+        "disk_reads_per_s_depth1": rate_serial,
+        "page_in_rows_per_s": page_in,
+        "train": {f"{a}/{m}": r for (a, m), r in results.items()},
+        "peak_rss_anon_mib": peak.peak / 2**20,
         "cuda_max_memory_allocated_mib": vram / 2**20 if cuda else None,
-    }  # fmt: skip
+    }
     print(json.dumps(summary))
     emb.table.close()
     if not args.keep:

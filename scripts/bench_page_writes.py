@@ -65,7 +65,9 @@ def run(folder: Path, args, regime: str) -> tuple[int, int, int, float, float]:
                 offset += len(os.pread(fd, 8 << 20, offset))
         finally:
             os.close(fd)
-        with mock.patch("dsa_train.optim.row_file.drop_cached") if regime == "large folios" else contextlib.nullcontext():
+        with (
+            mock.patch("dsa_train.optim.row_file.drop_cached") if regime == "large folios" else contextlib.nullcontext()
+        ):
             table = DiskEmbedding(args.rows, args.dim, path=path, std=0.01)
     optimizer = DiskSparseAdam([table.weight], lr=1e-3, state_dir=folder / "state")
     row_bytes = table_of(table.weight).rows.spec.row_bytes
@@ -97,7 +99,9 @@ def main() -> None:
     try:
         warmup = argparse.Namespace(**{**vars(args), "rows": 4096, "steps": 3})
         (root / "warm-up").mkdir()
-        run(root / "warm-up", warmup, "fresh")  # the optimizer's kernel loaded, torch warmed up: not in the first regime's figures
+        run(
+            root / "warm-up", warmup, "fresh"
+        )  # the optimizer's kernel loaded, torch warmed up: not in the first regime's figures
         shutil.rmtree(root / "warm-up")
         results = {}
         for name in ("fresh", "reopened", "large folios"):
@@ -112,7 +116,9 @@ def main() -> None:
                 f"{args.steps / seconds:.1f} steps/s, flush {flushing:.1f} s"
             )
         ratio = results["large folios"][0] / max(results["fresh"][0], 1)
-        print(f"large folios / fresh: {ratio:.1f}x the bytes written  ({args.rows:,} x {args.dim} table, {args.steps} steps of {args.batch})")
+        print(
+            f"large folios / fresh: {ratio:.1f}x the bytes written  ({args.rows:,} x {args.dim} table, {args.steps} steps of {args.batch})"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

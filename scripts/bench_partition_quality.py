@@ -56,11 +56,16 @@ def main() -> None:
     parser.add_argument("--partitions", default="4", help="comma-separated partition counts (default 4)")
     parser.add_argument("--buffer", type=int, default=2, help="partitions in memory (default 2)")
     parser.add_argument("--split", default="test", help="the split whose MRR is compared (one of eval.final_splits)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], help="recipe override key=value, for every run")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="recipe override key=value, for every run"
+    )
     args = parser.parse_args()
     common = ["model.embedding_storage=disk", f"eval.final_splits=[{args.split}]", *args.overrides]
     configurations = [("random", [])] + [
-        (f"partitioned P={p} C={min(args.buffer, int(p))}", ["train.order=partitioned", f"train.partitions={p}", f"train.buffer={min(args.buffer, int(p))}"])
+        (
+            f"partitioned P={p} C={min(args.buffer, int(p))}",
+            ["train.order=partitioned", f"train.partitions={p}", f"train.buffer={min(args.buffer, int(p))}"],
+        )
         for p in args.partitions.split(",")
     ]
     results = {}
@@ -70,13 +75,25 @@ def main() -> None:
             figures = scores(summary["final"][args.split])
             results[name] = {**figures, "steps": summary["step"], "seconds": summary["wall_seconds"]}
             shown = ", ".join(f"{k} {v:.4f}" for k, v in figures.items())
-            print(f"{name}: {shown}, {summary['step']:,} steps, {summary['wall_seconds']:.0f} s", file=sys.stderr, flush=True)
+            print(
+                f"{name}: {shown}, {summary['step']:,} steps, {summary['wall_seconds']:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     names = list(scores(summary["final"][args.split]))
     headline, base = names[0], results["random"][names[0]]
     print(f"\n{args.recipe} ({', '.join(common)}), {args.split} split:")
-    print(f"{'order':<28} " + " ".join(f"{n:>9}" for n in names) + f" {headline + ' - random':>18} {'steps':>7} {'wall':>7}")
+    print(
+        f"{'order':<28} "
+        + " ".join(f"{n:>9}" for n in names)
+        + f" {headline + ' - random':>18} {'steps':>7} {'wall':>7}"
+    )
     for name, r in results.items():
-        print(f"{name:<28} " + " ".join(f"{r[n]:>9.4f}" for n in names) + f" {r[headline] - base:>+18.4f} {r['steps']:>7,} {r['seconds']:>6.0f}s")
+        print(
+            f"{name:<28} "
+            + " ".join(f"{r[n]:>9.4f}" for n in names)
+            + f" {r[headline] - base:>+18.4f} {r['steps']:>7,} {r['seconds']:>6.0f}s"
+        )
     worst = min(r[headline] - base for r in results.values())
     print(f"largest {headline} loss against random order: {-worst:.4f} (target <= 0.01)")
     print(json.dumps({"recipe": args.recipe, "overrides": common, "results": results}))

@@ -83,7 +83,10 @@ def buffer_batches(layout: EntityPartitions, held, steps: int, batch: int, negat
     def draw(n: int) -> torch.Tensor:
         return layout.spread(held, torch.randint(0, total, (n,), generator=g))
 
-    return [(draw(batch), torch.randint(0, RELATIONS, (batch,), generator=g), draw(batch), draw(negatives)) for _ in range(steps)]
+    return [
+        (draw(batch), torch.randint(0, RELATIONS, (batch,), generator=g), draw(batch), draw(negatives))
+        for _ in range(steps)
+    ]
 
 
 def partitioned(emb, relations, optimizer, args, rows: int) -> dict:
@@ -102,22 +105,34 @@ def partitioned(emb, relations, optimizer, args, rows: int) -> dict:
         wait = time.perf_counter() - started
         waits += wait
         count = max(1, round(len(buckets) * per_bucket / args.batch))
-        result = train(emb, relations, optimizer, buffer_batches(layout, held, count, args.batch, args.negatives, seed=k), None)
+        result = train(
+            emb, relations, optimizer, buffer_batches(layout, held, count, args.batch, args.negatives, seed=k), None
+        )
         steps_seconds += result["steps"] * result["mean_step_s"]
         touched += result["rows_per_step"] * result["steps"]
         steps += result["steps"]
-        print(f"  state {k + 1}/{len(schedule)}: {len(buckets)} buckets, {result['steps']:,} steps, "
-              f"{result['rows_per_s']:,.0f} rows/s in its steps; waited {wait:.1f} s for partitions",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"  state {k + 1}/{len(schedule)}: {len(buckets)} buckets, {result['steps']:,} steps, "
+            f"{result['rows_per_s']:,.0f} rows/s in its steps; waited {wait:.1f} s for partitions",
+            file=sys.stderr,
+            flush=True,
+        )
     buffer.release(buffer.held)
     buffer.close()
     stats = buffer.stats
     return {
-        "states": len(schedule), "steps": int(steps), "rows_per_step": touched / steps, "step_seconds": steps_seconds,
-        "wait_seconds": waits, "rows_per_s": touched / (steps_seconds + waits), "partition_gb": layout.block * emb.table.spec.row_bytes / GB,
-        "read_gb": stats["read_bytes"] / GB, "read_seconds": stats["read_seconds"], "released_gb": stats["written_bytes"] / GB,
+        "states": len(schedule),
+        "steps": int(steps),
+        "rows_per_step": touched / steps,
+        "step_seconds": steps_seconds,
+        "wait_seconds": waits,
+        "rows_per_s": touched / (steps_seconds + waits),
+        "partition_gb": layout.block * emb.table.spec.row_bytes / GB,
+        "read_gb": stats["read_bytes"] / GB,
+        "read_seconds": stats["read_seconds"],
+        "released_gb": stats["written_bytes"] / GB,
         "write_back_seconds": stats["write_seconds"],
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -129,7 +144,12 @@ def main() -> None:
     parser.add_argument("--buffer", type=int, default=4, help="partitions in memory at once")
     parser.add_argument("--states", type=int, default=4, help="buffer states of the epoch to run (from its start)")
     parser.add_argument("--triples-per-entity", type=float, default=1.0, help="the epoch's triples over N")
-    parser.add_argument("--steps", type=int, default=300, help="steps of each random-order and in-memory configuration (enough to reach the kernel's dirty-page limits)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=300,
+        help="steps of each random-order and in-memory configuration (enough to reach the kernel's dirty-page limits)",
+    )
     parser.add_argument("--batch", type=int, default=1024, help="triples per step")
     parser.add_argument("--negatives", type=int, default=1024, help="shared negative entities per step")
     parser.add_argument("--io-threads", type=int, default=32, help="threads of the prefetcher")
@@ -138,13 +158,24 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1M x 32, P 8, C 2: a check that it all runs")
     args = parser.parse_args()
     if args.quick:
-        args.rows, args.dim, args.steps, args.batch, args.negatives, args.partitions, args.buffer, args.states = 1_000_000, 32, 8, 256, 256, 8, 2, 3
+        args.rows, args.dim, args.steps, args.batch, args.negatives, args.partitions, args.buffer, args.states = (
+            1_000_000,
+            32,
+            8,
+            256,
+            256,
+            8,
+            2,
+            3,
+        )
     args.dir.mkdir(parents=True, exist_ok=True)
     ram = mem_total_bytes()
     rows = choose_rows(args.rows, args.dim, args.dir, args.spare_gb * GB)
     table_bytes = 3 * 4 * rows * args.dim
-    print(f"RAM {ram / GB:.1f} GB; table {rows:,} x {args.dim} = {table_bytes / GB:.1f} GB on disk = {table_bytes / ram:.2f}x RAM; "
-          f"{args.partitions} partitions of {table_bytes / args.partitions / GB:.2f} GB, a buffer of {args.buffer}")  # fmt: skip
+    print(
+        f"RAM {ram / GB:.1f} GB; table {rows:,} x {args.dim} = {table_bytes / GB:.1f} GB on disk = {table_bytes / ram:.2f}x RAM; "
+        f"{args.partitions} partitions of {table_bytes / args.partitions / GB:.2f} GB, a buffer of {args.buffer}"
+    )
     path, state = args.dir / "entities.table", args.dir / "state"
     if not args.keep:  # with --keep, the table and its optimizer state are reused together
         path.unlink(missing_ok=True)
@@ -159,7 +190,9 @@ def main() -> None:
     read = emb.table.rows.read_rows(*layout.span(0))
     read_rate = read / (time.perf_counter() - started)
     write_rate = sequential_write_rate(args.dir, min(int(2 * GB), read))
-    print(f"disk, sequential: read {read_rate / 1e6:,.0f} MB/s (a partition, cold), write {write_rate / 1e6:,.0f} MB/s (fsync included)")
+    print(
+        f"disk, sequential: read {read_rate / 1e6:,.0f} MB/s (a partition, cold), write {write_rate / 1e6:,.0f} MB/s (fsync included)"
+    )
 
     relations = torch.nn.Embedding(RELATIONS, args.dim, sparse=True)
     torch.nn.init.normal_(relations.weight, std=0.01)
@@ -185,8 +218,16 @@ def main() -> None:
                 for first, stop in warm:
                     filler.submit(emb.table.rows, torch.arange(first, stop))
                 filler.close()
-            train(emb, relations, optimizer, buffer_batches(layout, held, 5, args.batch, args.negatives, seed=99), None)  # warm-up: torch's first calls
-            results[name] = train(emb, relations, optimizer, buffer_batches(layout, held, args.steps, args.batch, args.negatives, seed=98), None)
+            train(
+                emb, relations, optimizer, buffer_batches(layout, held, 5, args.batch, args.negatives, seed=99), None
+            )  # warm-up: torch's first calls
+            results[name] = train(
+                emb,
+                relations,
+                optimizer,
+                buffer_batches(layout, held, args.steps, args.batch, args.negatives, seed=98),
+                None,
+            )
             if hold:
                 for first, stop in warm:
                     emb.table.rows.drop_rows(first, stop)
@@ -200,18 +241,34 @@ def main() -> None:
     vs_random = part["rows_per_s"] / results["random, prefetch"]["rows_per_s"]
     vs_cache = part["rows_per_s"] / results["in the page cache"]["rows_per_s"]
     vs_held = part["rows_per_s"] / results["held in memory"]["rows_per_s"]
-    print(f"partitioned / random with prefetch: {vs_random:.1f}x (target >= 5); / in the page cache: {vs_cache:.2f}, "
-          f"/ held in memory: {vs_held:.2f} (target >= 0.5)")  # fmt: skip
-    print(f"partitioned: {part['states']} states, {part['step_seconds']:.0f} s of steps, {part['wait_seconds']:.1f} s waiting for partitions; "
-          f"read {part['read_gb']:.1f} GB in {part['read_seconds']:.0f} s, wrote back {part['released_gb']:.1f} GB in {part['write_back_seconds']:.0f} s "
-          f"(on the buffer's thread, beside the steps)")  # fmt: skip
-    print(f"peak resident anonymous memory (RssAnon): {peak.peak / 2**20:,.0f} MiB: the buffer's {args.buffer} (+1 being read) partitions of {part['partition_gb']:.2f} GB, held in memory")
+    print(
+        f"partitioned / random with prefetch: {vs_random:.1f}x (target >= 5); / in the page cache: {vs_cache:.2f}, "
+        f"/ held in memory: {vs_held:.2f} (target >= 0.5)"
+    )
+    print(
+        f"partitioned: {part['states']} states, {part['step_seconds']:.0f} s of steps, {part['wait_seconds']:.1f} s waiting for partitions; "
+        f"read {part['read_gb']:.1f} GB in {part['read_seconds']:.0f} s, wrote back {part['released_gb']:.1f} GB in {part['write_back_seconds']:.0f} s "
+        f"(on the buffer's thread, beside the steps)"
+    )
+    print(
+        f"peak resident anonymous memory (RssAnon): {peak.peak / 2**20:,.0f} MiB: the buffer's {args.buffer} (+1 being read) partitions of {part['partition_gb']:.2f} GB, held in memory"
+    )
     summary = {
-        "rows": rows, "dim": args.dim, "table_gb": table_bytes / GB, "ram_gb": ram / GB, "partitions": args.partitions,
-        "buffer": args.buffer, "triples_per_entity": args.triples_per_entity, "sequential_read_mb_s": read_rate / 1e6,
-        "sequential_write_mb_s": write_rate / 1e6, "results": results, "partitioned_over_random_prefetch": vs_random,
-        "partitioned_over_page_cache": vs_cache, "partitioned_over_held": vs_held, "peak_rss_anon_mib": peak.peak / 2**20,
-    }  # fmt: skip
+        "rows": rows,
+        "dim": args.dim,
+        "table_gb": table_bytes / GB,
+        "ram_gb": ram / GB,
+        "partitions": args.partitions,
+        "buffer": args.buffer,
+        "triples_per_entity": args.triples_per_entity,
+        "sequential_read_mb_s": read_rate / 1e6,
+        "sequential_write_mb_s": write_rate / 1e6,
+        "results": results,
+        "partitioned_over_random_prefetch": vs_random,
+        "partitioned_over_page_cache": vs_cache,
+        "partitioned_over_held": vs_held,
+        "peak_rss_anon_mib": peak.peak / 2**20,
+    }
     print(json.dumps(summary))
     emb.table.close()
     if not args.keep:

@@ -53,7 +53,7 @@ def train(recipe, folder: Path, steps: int | None, label: str) -> dict:
     """``steps`` steps (None: the partition order's first ``pools`` pools) from a cold cache."""
     torch.manual_seed(recipe.train.seed)
     task = make_task(recipe, torch.device("cpu"), TableSite(folder / "tables"))
-    (_, weight), = task.sparse_parameters()  # one state for both orders' view of the one table
+    ((_, weight),) = task.sparse_parameters()  # one state for both orders' view of the one table
     optimizer = build_optimizer(recipe.optimizer, [("nodes", weight)], folder / "state")
     batch = recipe.train.batch_size
     c = recipe.model.node2vec
@@ -75,27 +75,43 @@ def train(recipe, folder: Path, steps: int | None, label: str) -> dict:
         seconds += time.perf_counter() - step_started
         done += 1
         if done % 20 == 0:
-            print(f"  {label}: {done}/{steps} steps, {done * pairs_per_step / seconds:,.0f} pairs/s", file=sys.stderr, flush=True)
+            print(
+                f"  {label}: {done}/{steps} steps, {done * pairs_per_step / seconds:,.0f} pairs/s",
+                file=sys.stderr,
+                flush=True,
+            )
     buffer = task.buffer_summary() or {}
     task.close()
     optimizer.close()
     return {
-        "steps": done, "seconds": seconds, "step_s": seconds / max(done, 1), "pairs_per_s": done * pairs_per_step / seconds,
-        "wall_s": time.perf_counter() - started, "buffer": buffer,
-    }  # fmt: skip
+        "steps": done,
+        "seconds": seconds,
+        "step_s": seconds / max(done, 1),
+        "pairs_per_s": done * pairs_per_step / seconds,
+        "wall_s": time.perf_counter() - started,
+        "buffer": buffer,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dir", type=Path, required=True, help="folder on the disk to measure (the table goes there)")
     parser.add_argument("--recipe", type=Path, default=RECIPES / "synthetic-100m-node2vec-partitioned.yaml")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="recipe overrides (as dsa-train run --set)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="recipe overrides (as dsa-train run --set)"
+    )
     parser.add_argument("--random-steps", type=int, default=40, help="steps of random order")
     parser.add_argument("--pools", type=int, default=1, help="pools of partition order (each reads every partition)")
     parser.add_argument("--keep", action="store_true", help="keep the table and its optimizer state for the next run")
     parser.add_argument("--quick", action="store_true", help="20,000 nodes, P 4, C 2: a check that it all runs")
     args = parser.parse_args()
-    quick = ["dataset.graph.nodes=20000", "train.partitions=4", "train.buffer=2", "train.pool_pairs=200000", "train.batch_size=256"]
+    quick = [
+        "dataset.graph.nodes=20000",
+        "train.partitions=4",
+        "train.buffer=2",
+        "train.pool_pairs=200000",
+        "train.batch_size=256",
+    ]
     overrides = (quick if args.quick else []) + args.set
     random_recipe = load_recipe(args.recipe, [*overrides, "train.order=random"])
     partitioned = load_recipe(args.recipe, [*overrides, "train.order=partitioned"])
@@ -110,8 +126,10 @@ def main() -> None:
     per_start = c.walks_per_node * (c.walk_length - c.context_size + 2) * (c.context_size - 1)
     pool_starts = max(t.batch_size, t.pool_pairs // per_start)
     pool_steps = -(-pool_starts // t.batch_size)
-    print(f"recipe {partitioned.name}: {partitioned.dataset.graph.nodes:,} nodes x {partitioned.model.dim}; P = {t.partitions}, C = {t.buffer}, "
-          f"pools of {pool_starts * per_start:,} pairs ({pool_steps} steps of {t.batch_size} start nodes, {t.batch_size * per_start:,} pairs)")  # fmt: skip
+    print(
+        f"recipe {partitioned.name}: {partitioned.dataset.graph.nodes:,} nodes x {partitioned.model.dim}; P = {t.partitions}, C = {t.buffer}, "
+        f"pools of {pool_starts * per_start:,} pairs ({pool_steps} steps of {t.batch_size} start nodes, {t.batch_size * per_start:,} pairs)"
+    )
     results = {}
     with PeakRssAnon() as peak:
         results["random"] = train(random_recipe, args.dir, args.random_steps, "random")
@@ -121,10 +139,16 @@ def main() -> None:
         print(f"{name:<12} {r['steps']:>6} {r['step_s']:>7.2f} {r['pairs_per_s']:>10,.0f}")
     ratio = results["partitioned"]["pairs_per_s"] / results["random"]["pairs_per_s"]
     b = results["partitioned"]["buffer"]
-    print(f"partitioned / random: {ratio:.1f}x; partitioned read {b.get('read_bytes', 0) / 1e9:.1f} GB in {b.get('read_seconds', 0):.0f} s and "
-          f"wrote {b.get('written_bytes', 0) / 1e9:.1f} GB in {b.get('write_seconds', 0):.0f} s on the buffer's thread, "
-          f"waited {b.get('wait_seconds', 0):.1f} s; peak RssAnon {peak.peak / 2**20:,.0f} MiB")  # fmt: skip
-    print(json.dumps({"recipe": partitioned.name, "results": results, "ratio": ratio, "peak_rss_anon_mib": peak.peak / 2**20}))
+    print(
+        f"partitioned / random: {ratio:.1f}x; partitioned read {b.get('read_bytes', 0) / 1e9:.1f} GB in {b.get('read_seconds', 0):.0f} s and "
+        f"wrote {b.get('written_bytes', 0) / 1e9:.1f} GB in {b.get('write_seconds', 0):.0f} s on the buffer's thread, "
+        f"waited {b.get('wait_seconds', 0):.1f} s; peak RssAnon {peak.peak / 2**20:,.0f} MiB"
+    )
+    print(
+        json.dumps(
+            {"recipe": partitioned.name, "results": results, "ratio": ratio, "peak_rss_anon_mib": peak.peak / 2**20}
+        )
+    )
     if not args.keep:
         shutil.rmtree(args.dir / "tables", ignore_errors=True)
         shutil.rmtree(args.dir / "state", ignore_errors=True)

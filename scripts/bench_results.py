@@ -116,10 +116,14 @@ def child_export(run: Path, out: Path) -> dict:
     after = sequential("sequential-after.bin")
     sequential_s = (before + after) / 2
     return {
-        "rows": rows, "dim": dim, "export_s": round(export_s, 1), "export_MBps": round(size / export_s / 1e6),
+        "rows": rows,
+        "dim": dim,
+        "export_s": round(export_s, 1),
+        "export_MBps": round(size / export_s / 1e6),
         "sequential_write_MBps_before_after": [round(size / before / 1e6), round(size / after / 1e6)],
-        "export_vs_sequential": round(export_s / sequential_s, 2), "peak_anon_growth_MiB": round((anon.peak - anon.base) / MiB),
-    }  # fmt: skip
+        "export_vs_sequential": round(export_s / sequential_s, 2),
+        "peak_anon_growth_MiB": round((anon.peak - anon.base) / MiB),
+    }
 
 
 def child_predict(run: Path, queries: int) -> dict:
@@ -140,8 +144,13 @@ def child_predict(run: Path, queries: int) -> dict:
     for _, block in trained.chunks("entities"):
         query @ block.T
     floor_s = time.perf_counter() - t0
-    return {"rows": rows, "queries": queries, "predict_s": round(predict_s, 2), "pass_and_matmul_s": round(floor_s, 2),
-            "predict_vs_floor": round(predict_s / floor_s, 2)}  # fmt: skip
+    return {
+        "rows": rows,
+        "queries": queries,
+        "predict_s": round(predict_s, 2),
+        "pass_and_matmul_s": round(floor_s, 2),
+        "predict_vs_floor": round(predict_s / floor_s, 2),
+    }
 
 
 def child_single(run: Path) -> dict:
@@ -155,7 +164,11 @@ def child_single(run: Path) -> dict:
         t0 = time.perf_counter()
         trained.predict(head=head, relation=0, k=10)
         times.append(time.perf_counter() - t0)
-    return {"rows": trained.tables["entities"][0], "open_s": round(open_s, 2), "single_query_s": [round(t, 3) for t in times]}
+    return {
+        "rows": trained.tables["entities"][0],
+        "open_s": round(open_s, 2),
+        "single_query_s": [round(t, 3) for t in times],
+    }
 
 
 def child_ann(run: Path, queries: int, kinds: str, folder: Path, efforts: str) -> dict:
@@ -174,7 +187,13 @@ def child_ann(run: Path, queries: int, kinds: str, folder: Path, efforts: str) -
     t0 = time.perf_counter()
     exact = exact_top_k(trained, "entities", trained.gather("entities", asked), asked, 10, metric)
     exact_batch_s = time.perf_counter() - t0
-    result = {"rows": rows, "metric": metric, "queries": queries, "exact_single_query_s": round(exact_one_s, 3), "exact_batch_s": round(exact_batch_s, 2)}
+    result = {
+        "rows": rows,
+        "metric": metric,
+        "queries": queries,
+        "exact_single_query_s": round(exact_one_s, 3),
+        "exact_batch_s": round(exact_batch_s, 2),
+    }
     for kind in kinds.split(","):
         t0 = time.perf_counter()
         index = trained.ann_index("entities", metric, kind=kind, folder=folder / kind)
@@ -191,23 +210,37 @@ def child_ann(run: Path, queries: int, kinds: str, folder: Path, efforts: str) -
         batch_s = time.perf_counter() - t0
         hits = recall_hits(found, exact, asked)
         result[kind] = {
-            "build_s": round(build_s, 1), "build_recall_at_10": round(index.recall, 3), "load_s": round(load_s, 2),
-            "single_query_s": round(single_s, 5), "batch_s": round(batch_s, 3), "recall_at_10": round(hits / (10 * queries), 3),
-            "index_MB": round(index.path.stat().st_size / 1e6), "settings": {key: index.manifest[key] for key in ("lists", "probes", "links", "ef_search") if key in index.manifest},
-            "exact_single_vs_single": round(exact_one_s / single_s, 1), "exact_batch_vs_batch": round(exact_batch_s / batch_s, 1),
-        }  # fmt: skip
+            "build_s": round(build_s, 1),
+            "build_recall_at_10": round(index.recall, 3),
+            "load_s": round(load_s, 2),
+            "single_query_s": round(single_s, 5),
+            "batch_s": round(batch_s, 3),
+            "recall_at_10": round(hits / (10 * queries), 3),
+            "index_MB": round(index.path.stat().st_size / 1e6),
+            "settings": {
+                key: index.manifest[key] for key in ("lists", "probes", "links", "ef_search") if key in index.manifest
+            },
+            "exact_single_vs_single": round(exact_one_s / single_s, 1),
+            "exact_batch_vs_batch": round(exact_batch_s / batch_s, 1),
+        }
         for effort in [int(e) for e in efforts.split(",") if e and kind != "flat"]:
             tuned = trained.ann_index("entities", metric, kind=kind, folder=folder / kind, effort=effort)
             t0 = time.perf_counter()
             _, found = tuned.search(trained.gather("entities", asked), 11)
             batch_s = time.perf_counter() - t0
-            result[kind][f"effort_{effort}"] = {"batch_ms_per_query": round(1000 * batch_s / queries, 3), "recall_at_10": round(recall_hits(found, exact, asked) / (10 * queries), 3)}
+            result[kind][f"effort_{effort}"] = {
+                "batch_ms_per_query": round(1000 * batch_s / queries, 3),
+                "recall_at_10": round(recall_hits(found, exact, asked) / (10 * queries), 3),
+            }
     return result
 
 
 def recall_hits(found, exact, asked) -> int:
     """How many of each query's exact top 10 the index found, the query's own row left out."""
-    return sum(len(set([i for i in f if i != own][:10]) & set(e)) for f, e, own in zip(found.tolist(), exact.tolist(), asked.tolist()))
+    return sum(
+        len(set([i for i in f if i != own][:10]) & set(e))
+        for f, e, own in zip(found.tolist(), exact.tolist(), asked.tolist())
+    )
 
 
 def child(*args: str) -> dict:
@@ -224,23 +257,38 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--folder", type=Path, default=Path(tempfile.gettempdir()) / "dsa-bench-results")
-    parser.add_argument("--approximate", action="store_true", help="measure faiss indexes at --single-entities rows (only)")
+    parser.add_argument(
+        "--approximate", action="store_true", help="measure faiss indexes at --single-entities rows (only)"
+    )
     parser.add_argument("--kinds", default="ivf,hnsw", help="with --approximate: the index types, comma-separated")
-    parser.add_argument("--parts", default="export,predict,single", help="which of export, predict, single to measure (comma-separated)")
-    parser.add_argument("--efforts", default="16,64,256", help="with --approximate: search efforts (hnsw efSearch, ivf nprobe) to measure besides the default")
+    parser.add_argument(
+        "--parts", default="export,predict,single", help="which of export, predict, single to measure (comma-separated)"
+    )
+    parser.add_argument(
+        "--efforts",
+        default="16,64,256",
+        help="with --approximate: search efforts (hnsw efSearch, ivf nprobe) to measure besides the default",
+    )
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, run, *rest = args.child
-        result = {"export": lambda: child_export(Path(run), Path(rest[0])), "predict": lambda: child_predict(Path(run), int(rest[0])),
-                  "single": lambda: child_single(Path(run)), "ann": lambda: child_ann(Path(run), int(rest[0]), rest[1], Path(rest[2]), rest[3])}[kind]()  # fmt: skip
+        result = {
+            "export": lambda: child_export(Path(run), Path(rest[0])),
+            "predict": lambda: child_predict(Path(run), int(rest[0])),
+            "single": lambda: child_single(Path(run)),
+            "ann": lambda: child_ann(Path(run), int(rest[0]), rest[1], Path(rest[2]), rest[3]),
+        }[kind]()
         print(json.dumps(result))
         return
     args.folder.mkdir(parents=True, exist_ok=True)
     if args.approximate:
         small = make_run(args.folder, args.single_entities, args.dim)
         with tempfile.TemporaryDirectory(dir=args.folder) as scratch:
-            print(json.dumps({"ann": child("ann", str(small), str(args.queries), args.kinds, scratch, args.efforts)}), flush=True)
+            print(
+                json.dumps({"ann": child("ann", str(small), str(args.queries), args.kinds, scratch, args.efforts)}),
+                flush=True,
+            )
         return
     parts = args.parts.split(",")
     big = make_run(args.folder, args.entities, args.dim)
@@ -250,7 +298,10 @@ def main() -> None:
     if "predict" in parts:
         print(json.dumps({"predict": child("predict", str(big), str(args.queries))}), flush=True)
     if "single" in parts:
-        print(json.dumps({"single": child("single", str(make_run(args.folder, args.single_entities, args.dim)))}), flush=True)
+        print(
+            json.dumps({"single": child("single", str(make_run(args.folder, args.single_entities, args.dim)))}),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,14 @@ SCRIPT = Path(__file__).resolve()
 
 # -- the child: one optimizer, one fresh process ---------------------------------------------
 def train_child(
-    kind: str, recipe_path: Path, overrides: list[str], *, steps: int, warmup: int, warm_epochs: int = 0, folder: Path | None = None
+    kind: str,
+    recipe_path: Path,
+    overrides: list[str],
+    *,
+    steps: int,
+    warmup: int,
+    warm_epochs: int = 0,
+    folder: Path | None = None,
 ) -> dict:
     """Train ``recipe_path`` with optimizer ``kind`` in a fresh temporary run folder (under
     ``folder``) and time ``steps`` steps after ``warm_epochs`` epochs and ``warmup`` steps.
@@ -127,18 +134,40 @@ def train_child(
 
 
 def spawn_child(
-    kind: str, recipe_path: Path, overrides: list[str], *, steps: int, warmup: int, warm_epochs: int = 0,
-    folder: Path | None = None, timeout: float | None = None,
-) -> dict:  # fmt: skip
+    kind: str,
+    recipe_path: Path,
+    overrides: list[str],
+    *,
+    steps: int,
+    warmup: int,
+    warm_epochs: int = 0,
+    folder: Path | None = None,
+    timeout: float | None = None,
+) -> dict:
     """Run :func:`train_child` in a fresh Python process, its run folder in a temporary folder
     under ``folder`` that this process removes whatever happens (a child stopped by an error or
     a signal here is killed and leaves its files); returns the JSON object the child prints."""
     own = Path(tempfile.mkdtemp(prefix=f"dsa-bench-{kind}-", dir=folder))
-    command = [sys.executable, str(SCRIPT), "--child", kind, str(Path(recipe_path).resolve()),
-               "--steps", str(steps), "--warmup", str(warmup), "--warm-epochs", str(warm_epochs), "--dir", str(own)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--child",
+        kind,
+        str(Path(recipe_path).resolve()),
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+        "--warm-epochs",
+        str(warm_epochs),
+        "--dir",
+        str(own),
+    ]
     command += [f"--set={o}" for o in overrides]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)  # kills and reaps it on any error
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout
+        )  # kills and reaps it on any error
     finally:
         shutil.rmtree(own, ignore_errors=True)
     if done.returncode != 0:
@@ -199,7 +228,9 @@ def main() -> None:
     parser.add_argument("--warm-epochs", type=int, default=0, help="untimed whole epochs before the warmup steps")
     parser.add_argument("--repeats", type=int, default=3, help="rounds, each optimizer once a round (default 3)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="recipe override key=value")
-    parser.add_argument("--dir", type=Path, default=None, help="where the children's temporary run folders go (default: the system's)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the children's temporary run folders go (default: the system's)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -216,8 +247,15 @@ def main() -> None:
         except Exception:
             pass
         try:
-            result = train_child(args.child, args.recipe, args.overrides, steps=args.steps, warmup=args.warmup,
-                                 warm_epochs=args.warm_epochs, folder=args.dir)  # fmt: skip
+            result = train_child(
+                args.child,
+                args.recipe,
+                args.overrides,
+                steps=args.steps,
+                warmup=args.warmup,
+                warm_epochs=args.warm_epochs,
+                folder=args.dir,
+            )
         finally:
             if args.dir is not None and os.getppid() != parent:  # orphaned: the parent cannot remove its folder
                 try:
@@ -233,8 +271,15 @@ def main() -> None:
         order = KINDS if r % 2 == 0 else KINDS[::-1]
         results = {}
         for kind in order:
-            results[kind] = spawn_child(kind, args.recipe, args.overrides, steps=args.steps, warmup=args.warmup,
-                                        warm_epochs=args.warm_epochs, folder=args.dir)  # fmt: skip
+            results[kind] = spawn_child(
+                kind,
+                args.recipe,
+                args.overrides,
+                steps=args.steps,
+                warmup=args.warmup,
+                warm_epochs=args.warm_epochs,
+                folder=args.dir,
+            )
         rounds.append({"order": list(order), **results})
         out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON document only
         if r == 0:
@@ -243,23 +288,62 @@ def main() -> None:
         print(f"round {r + 1} ({order[0]} first):", file=out, flush=True)
         for kind in KINDS:
             print(f"  {describe(results[kind])}", file=out, flush=True)
-        print(f"  dsa / sparse_adam: throughput {ratio['throughput']['median']:.2f}x, CPU time {ratio['cpu']['median']:.2f}x", file=out, flush=True)
+        print(
+            f"  dsa / sparse_adam: throughput {ratio['throughput']['median']:.2f}x, CPU time {ratio['cpu']['median']:.2f}x",
+            file=out,
+            flush=True,
+        )
     summary = {"median": medians(rounds), "ratio": ratios(rounds)}
     same = all(r["dsa"]["loss_sum"] == r["sparse_adam"]["loss_sum"] for r in rounds)
     if args.json:
         first = rounds[0]["dsa"]
-        setting = {k: first[k] for k in ("recipe", "unit", "epoch_items", "batch", "dim", "steps", "warmup", "warm_epochs", "torch", "threads", "cpus")}
-        print(json.dumps({"setting": {**setting, "repeats": args.repeats, "overrides": args.overrides, "state": "cold (fresh run folder per process)"},
-                          "rounds": rounds, **summary, "losses_identical": same}, indent=2))  # fmt: skip
+        setting = {
+            k: first[k]
+            for k in (
+                "recipe",
+                "unit",
+                "epoch_items",
+                "batch",
+                "dim",
+                "steps",
+                "warmup",
+                "warm_epochs",
+                "torch",
+                "threads",
+                "cpus",
+            )
+        }
+        print(
+            json.dumps(
+                {
+                    "setting": {
+                        **setting,
+                        "repeats": args.repeats,
+                        "overrides": args.overrides,
+                        "state": "cold (fresh run folder per process)",
+                    },
+                    "rounds": rounds,
+                    **summary,
+                    "losses_identical": same,
+                },
+                indent=2,
+            )
+        )
         return
     unit = rounds[0]["dsa"]["unit"]
     print(f"median over {args.repeats} round{'s' * (args.repeats != 1)}:")
     for kind in KINDS:
         m = summary["median"][kind]
-        print(f"  {kind:12s} {m['items_per_s']:10,.0f} {unit}/s  median step {m['median_step_ms']:7.1f} ms  "
-              f"wall {m['wall_s']:7.2f} s  CPU {m['cpu_s']:7.2f} s ({m['cpu_per_wall']:.2f} cores)")  # fmt: skip
-    print(f"  dsa / sparse_adam: {show_ratio('throughput', summary['ratio']['throughput'])}, {show_ratio('CPU time', summary['ratio']['cpu'])}")
-    print(f"  losses of the timed steps: {'identical for both optimizers' if same else 'DIFFER between the optimizers'}")
+        print(
+            f"  {kind:12s} {m['items_per_s']:10,.0f} {unit}/s  median step {m['median_step_ms']:7.1f} ms  "
+            f"wall {m['wall_s']:7.2f} s  CPU {m['cpu_s']:7.2f} s ({m['cpu_per_wall']:.2f} cores)"
+        )
+    print(
+        f"  dsa / sparse_adam: {show_ratio('throughput', summary['ratio']['throughput'])}, {show_ratio('CPU time', summary['ratio']['cpu'])}"
+    )
+    print(
+        f"  losses of the timed steps: {'identical for both optimizers' if same else 'DIFFER between the optimizers'}"
+    )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,14 @@ def generated(count: int, entities: int, relations: int, seed: int):
         for start in range(0, count, CHUNK):
             k = min(CHUNK, count - start)
             dtype = np.int32 if entities <= 1 << 31 else np.int64
-            yield np.stack([g.integers(0, entities, k, dtype=dtype), g.integers(0, relations, k, dtype=dtype), g.integers(0, entities, k, dtype=dtype)], 1)
+            yield np.stack(
+                [
+                    g.integers(0, entities, k, dtype=dtype),
+                    g.integers(0, relations, k, dtype=dtype),
+                    g.integers(0, entities, k, dtype=dtype),
+                ],
+                1,
+            )
 
     return chunks
 
@@ -140,15 +147,21 @@ def main() -> None:
         added = vm_hwm() - hwm_before
         disk = sum(p.stat().st_size for p in (work / "main").iterdir())
         index = TripleIndex.open(work / "main")
-        print(f"build: {args.triples:,} triples, E = {E:,}, R = {R:,}: {build:.1f} s ({args.triples / build / 1e6:.2f} M triples/s), "
-              f"{index.rows:,} distinct")
-        print(f"  peak RSS added by the build: {added / 2**20:.0f} MiB (budget {args.memory_mib} MiB; RSS before {rss_before / 2**20:.0f} MiB"
-              f"{'' if exact_peak else ', VmHWM not resettable here: an upper bound'}, "
-              f"ru_maxrss {__import__('resource').getrusage(__import__('resource').RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB); "
-              f"the triples as int32: {triple_bytes / 2**20:.0f} MiB; ratio {added / triple_bytes:.2f}")
+        print(
+            f"build: {args.triples:,} triples, E = {E:,}, R = {R:,}: {build:.1f} s ({args.triples / build / 1e6:.2f} M triples/s), "
+            f"{index.rows:,} distinct"
+        )
+        print(
+            f"  peak RSS added by the build: {added / 2**20:.0f} MiB (budget {args.memory_mib} MiB; RSS before {rss_before / 2**20:.0f} MiB"
+            f"{'' if exact_peak else ', VmHWM not resettable here: an upper bound'}, "
+            f"ru_maxrss {__import__('resource').getrusage(__import__('resource').RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB); "
+            f"the triples as int32: {triple_bytes / 2**20:.0f} MiB; ratio {added / triple_bytes:.2f}"
+        )
         print(f"  index on disk: {disk / 2**20:.0f} MiB ({disk / index.rows:.1f} bytes per distinct triple)")
         times = [timed(index, batch)[0] for batch in query_batches(chunks, args.batches, seed=1)]
-        print(f"  lookup, memory-mapped, page cache warm: {statistics.median(times) * 1e3:.3f} ms per batch of {BATCH} (median of {len(times)})")
+        print(
+            f"  lookup, memory-mapped, page cache warm: {statistics.median(times) * 1e3:.3f} ms per batch of {BATCH} (median of {len(times)})"
+        )
 
         # the old in-RAM index, where its key still fits: relations below (2^63 - 1) // E^2
         r_old = min(R, ((1 << 63) - 1) // (E * E))
@@ -172,8 +185,10 @@ def main() -> None:
                     old_found = found
             assert same_answers(new_found, old_found), "the two indexes disagree"
         n_new, n_old = statistics.median(new_times), statistics.median(old_times)
-        print(f"compare: {args.compare_triples:,} triples, E = {E:,}, R = {r_old:,} (the old key's limit), same answers: "
-              f"new on disk {n_new * 1e3:.3f} ms, old in RAM {n_old * 1e3:.3f} ms per batch of {BATCH}; ratio new/old {n_new / n_old:.2f}")
+        print(
+            f"compare: {args.compare_triples:,} triples, E = {E:,}, R = {r_old:,} (the old key's limit), same answers: "
+            f"new on disk {n_new * 1e3:.3f} ms, old in RAM {n_old * 1e3:.3f} ms per batch of {BATCH}; ratio new/old {n_new / n_old:.2f}"
+        )
     finally:
         shutil.rmtree(work)
 

@@ -25,7 +25,11 @@ from dsa_train.recipe import load_recipe
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", type=Path, default=Path(__file__).resolve().parent.parent / "recipes" / "synthetic-10m-node2vec.yaml")
+    parser.add_argument(
+        "--recipe",
+        type=Path,
+        default=Path(__file__).resolve().parent.parent / "recipes" / "synthetic-10m-node2vec.yaml",
+    )
     parser.add_argument("--walks", type=int, default=100_000, help="walks per timed batch")
     parser.add_argument("--length", type=int, default=20, help="steps per walk")
     parser.add_argument("--repeats", type=int, default=3)
@@ -36,7 +40,9 @@ def main() -> None:
         dataset = dataclasses.replace(dataset, graph=dataclasses.replace(dataset.graph, nodes=args.nodes))
     started = time.perf_counter()
     graph = load_graph(dataset)
-    print(f"{graph} (imported or opened in {time.perf_counter() - started:.1f} s); torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"{graph} (imported or opened in {time.perf_counter() - started:.1f} s); torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     generator = torch.Generator().manual_seed(0)
     for p, q in ((1.0, 1.0), (0.5, 2.0), (4.0, 0.25)):
         sampler = WalkSampler(graph.rowptr, graph.col, p=p, q=q, use_pyg_lib=False, max_degree=graph.max_degree)
@@ -48,7 +54,9 @@ def main() -> None:
             sampler.walks(start, args.length)
             times.append(time.perf_counter() - began)
         best = min(times)
-        print(f"  p={p:<4} q={q:<4} {args.walks * args.length / best:14,.0f} walk steps/s   ({args.walks:,} walks of {args.length} in {best:.2f} s)")
+        print(
+            f"  p={p:<4} q={q:<4} {args.walks * args.length / best:14,.0f} walk steps/s   ({args.walks:,} walks of {args.length} in {best:.2f} s)"
+        )
 
 
 if __name__ == "__main__":

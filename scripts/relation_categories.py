@@ -55,11 +55,24 @@ def main() -> None:
     print(f"{'category':<9} {'relations':>9} {'queries':>8} {'head MRR':>9} {'tail MRR':>9} {'MRR':>7}")
     for index, name in enumerate(CATEGORIES):
         mine = kind[relation] == index
-        mrr = {s: float(np.mean(1 / rank[mine & (side == s)])) if (mine & (side == s)).any() else float("nan") for s in ("head", "tail")}
+        mrr = {
+            s: float(np.mean(1 / rank[mine & (side == s)])) if (mine & (side == s)).any() else float("nan")
+            for s in ("head", "tail")
+        }
         both = float(np.mean(1 / rank[mine])) if mine.any() else float("nan")
-        table[name] = {"relations": int((kind == index).sum()), "queries": int(mine.sum()), "head_mrr": mrr["head"], "tail_mrr": mrr["tail"], "mrr": both}
-        print(f"{name:<9} {table[name]['relations']:>9} {table[name]['queries']:>8} {mrr['head']:>9.4f} {mrr['tail']:>9.4f} {both:>7.4f}")
-    print(f"{'all':<9} {kg.num_relations:>9} {len(rank):>8} {np.mean(1 / rank[side == 'head']):>9.4f} {np.mean(1 / rank[side == 'tail']):>9.4f} {np.mean(1 / rank):>7.4f}")
+        table[name] = {
+            "relations": int((kind == index).sum()),
+            "queries": int(mine.sum()),
+            "head_mrr": mrr["head"],
+            "tail_mrr": mrr["tail"],
+            "mrr": both,
+        }
+        print(
+            f"{name:<9} {table[name]['relations']:>9} {table[name]['queries']:>8} {mrr['head']:>9.4f} {mrr['tail']:>9.4f} {both:>7.4f}"
+        )
+    print(
+        f"{'all':<9} {kg.num_relations:>9} {len(rank):>8} {np.mean(1 / rank[side == 'head']):>9.4f} {np.mean(1 / rank[side == 'tail']):>9.4f} {np.mean(1 / rank):>7.4f}"
+    )
     print(json.dumps({"run": str(args.run), "categories": table}))
 
 

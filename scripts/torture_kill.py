@@ -59,7 +59,14 @@ optimizer: {kind: dsa, lr: 0.01}
 eval: {every_epochs: 1, final_splits: [valid, test]}
 """
 MOMENTS = {"memory": ("step", "checkpoint", "evaluation"), "disk": ("step", "checkpoint", "compaction", "evaluation")}
-TIMINGS = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib", "optimizer_memory_budget_mib")
+TIMINGS = (
+    "seconds",
+    "items_per_s",
+    "peak_rss_mib",
+    "peak_rss_anon_mib",
+    "optimizer_ram_mib",
+    "optimizer_memory_budget_mib",
+)
 
 
 def dsa_train() -> list[str]:
@@ -83,7 +90,11 @@ def records(run: Path) -> list[dict]:
 
 def moment_reached(moment: str, run: Path, seen: int) -> bool:
     if moment == "checkpoint":
-        return any(p.name.startswith(".partial-") for p in (run / "checkpoints").glob(".*")) if (run / "checkpoints").is_dir() else False
+        return (
+            any(p.name.startswith(".partial-") for p in (run / "checkpoints").glob(".*"))
+            if (run / "checkpoints").is_dir()
+            else False
+        )
     if moment == "compaction":  # a checkpoint is written after one that ends a chain of MAX_LINKS deltas
         return moment_reached("checkpoint", run, seen) and chain_is_full(run)
     logged = records(run)
@@ -151,7 +162,11 @@ def same_tensors(a: dict, b: dict) -> bool:
     """The same keys, at least one tensor among them, and equal tensors under each (a
     comparison over ``a``'s keys alone would pass keys missing from ``b``, or no tensors)."""
     tensors = [k for k in a if isinstance(a[k], torch.Tensor)]
-    return a.keys() == b.keys() and bool(tensors) and all(isinstance(b[k], torch.Tensor) and torch.equal(a[k], b[k]) for k in tensors)
+    return (
+        a.keys() == b.keys()
+        and bool(tensors)
+        and all(isinstance(b[k], torch.Tensor) and torch.equal(a[k], b[k]) for k in tensors)
+    )
 
 
 def same_run(a: Path, b: Path, storage: str) -> dict[str, bool]:
@@ -169,14 +184,18 @@ def same_run(a: Path, b: Path, storage: str) -> dict[str, bool]:
     }
 
 
-def torture(kills: int, workdir: Path, seed: int = 0, timeout: float = 120.0, log=print, storage: str = "memory") -> dict:
+def torture(
+    kills: int, workdir: Path, seed: int = 0, timeout: float = 120.0, log=print, storage: str = "memory"
+) -> dict:
     rng = random.Random(seed)
     recipe = workdir / "torture.yaml"
     moments = MOMENTS[storage]
     text = RECIPE if storage == "memory" else DISK_RECIPE
     recipe.write_text(text % {"epochs": kills // len(moments) + 2})  # a cycle of moments takes about an epoch
     reference, victim = workdir / "reference", workdir / "victim"
-    done = subprocess.run([*dsa_train(), "run", str(recipe), "--output", str(reference)], capture_output=True, text=True)
+    done = subprocess.run(
+        [*dsa_train(), "run", str(recipe), "--output", str(reference)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise SystemExit(f"the reference run failed:\n{done.stderr}")
     counts = dict.fromkeys(moments, 0)
@@ -185,7 +204,9 @@ def torture(kills: int, workdir: Path, seed: int = 0, timeout: float = 120.0, lo
         outcome = kill_at(moment, recipe, victim, resume=victim.exists(), rng=rng, timeout=timeout)
         counts[moment] += outcome.startswith("killed during")
         log(f"kill {i + 1:3d}: {outcome}")
-    final = subprocess.run([*dsa_train(), "run", str(recipe), "--output", str(victim), "--resume"], capture_output=True, text=True)
+    final = subprocess.run(
+        [*dsa_train(), "run", str(recipe), "--output", str(victim), "--resume"], capture_output=True, text=True
+    )
     if final.returncode != 0:
         raise SystemExit(f"the final resume failed:\n{final.stderr}")
     return {"kills": counts, **same_run(reference, victim, storage)}
@@ -196,7 +217,12 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=21, help="how many times to SIGKILL the run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill timing")
     parser.add_argument("--workdir", type=Path, default=None, help="where the runs go (default: a temporary folder)")
-    parser.add_argument("--storage", choices=sorted(MOMENTS), default="memory", help="the entity table in memory, or on disk (delta checkpoints)")
+    parser.add_argument(
+        "--storage",
+        choices=sorted(MOMENTS),
+        default="memory",
+        help="the entity table in memory, or on disk (delta checkpoints)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = args.workdir or Path(tmp)

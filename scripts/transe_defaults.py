@@ -29,19 +29,40 @@ GRAPHS = {
     "umls": ["dataset.kind=tsv", "dataset.path=umls"],
     "nations": ["dataset.kind=tsv", "dataset.path=nations"],
     # generated: a dense one the size of UMLS, and a sparser one with more entities
-    "gen-dense": ["dataset.kind=synthetic", "dataset.synthetic.entities=300", "dataset.synthetic.relations=12",
-                  "dataset.synthetic.triples=8000", "dataset.synthetic.valid=500", "dataset.synthetic.test=500",
-                  "dataset.synthetic.clusters=12", "dataset.synthetic.seed=1"],
-    "gen-sparse": ["dataset.kind=synthetic", "dataset.synthetic.entities=3000", "dataset.synthetic.relations=30",
-                   "dataset.synthetic.triples=15000", "dataset.synthetic.valid=600", "dataset.synthetic.test=600",
-                   "dataset.synthetic.clusters=40", "dataset.synthetic.seed=2"],
-}  # fmt: skip
+    "gen-dense": [
+        "dataset.kind=synthetic",
+        "dataset.synthetic.entities=300",
+        "dataset.synthetic.relations=12",
+        "dataset.synthetic.triples=8000",
+        "dataset.synthetic.valid=500",
+        "dataset.synthetic.test=500",
+        "dataset.synthetic.clusters=12",
+        "dataset.synthetic.seed=1",
+    ],
+    "gen-sparse": [
+        "dataset.kind=synthetic",
+        "dataset.synthetic.entities=3000",
+        "dataset.synthetic.relations=30",
+        "dataset.synthetic.triples=15000",
+        "dataset.synthetic.valid=600",
+        "dataset.synthetic.test=600",
+        "dataset.synthetic.clusters=40",
+        "dataset.synthetic.seed=2",
+    ],
+}
 
 #: what every variant starts from: umls-transe as the study found it (L2 distance,
 #: cross-entropy, dropout 0.1, dim 128, init 0.1, lr 0.003, entities unconstrained), pinned so
 #: that the variants keep their meaning now that the recipe ships the winner, "unit entities+lr 0.01"
-STUDY_BASE = ["model.p_norm=2", "train.loss=cross_entropy", "model.dropout=0.1", "model.dim=128", "model.init_std=0.1",
-              "optimizer.lr=0.003", "model.normalize_entities=false"]  # fmt: skip
+STUDY_BASE = [
+    "model.p_norm=2",
+    "train.loss=cross_entropy",
+    "model.dropout=0.1",
+    "model.dim=128",
+    "model.init_std=0.1",
+    "optimizer.lr=0.003",
+    "model.normalize_entities=false",
+]
 
 #: variant -> its --set overrides on top of STUDY_BASE
 VARIANTS = {
@@ -57,7 +78,12 @@ VARIANTS = {
     "L1+no dropout": ["model.p_norm=1", "model.dropout=0"],
     "unit entities": ["model.normalize_entities=true"],
     "unit entities+L1": ["model.normalize_entities=true", "model.p_norm=1"],
-    "unit entities+margin+L1 (TransE paper)": ["model.normalize_entities=true", "train.loss=margin", "train.margin=1", "model.p_norm=1"],
+    "unit entities+margin+L1 (TransE paper)": [
+        "model.normalize_entities=true",
+        "train.loss=margin",
+        "train.margin=1",
+        "model.p_norm=1",
+    ],
     "unit entities+dim 50": ["model.normalize_entities=true", "model.dim=50"],
     "unit entities+lr 0.01": ["model.normalize_entities=true", "optimizer.lr=0.01"],
     "unit entities+lr 0.01+no dropout": ["model.normalize_entities=true", "optimizer.lr=0.01", "model.dropout=0"],
@@ -87,10 +113,21 @@ def test_mrr(graph: str, variant: str, root: Path, extra: list[str]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", type=Path, required=True, help="data root holding umls/ and nations/ (a writable copy: it imports there)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        required=True,
+        help="data root holding umls/ and nations/ (a writable copy: it imports there)",
+    )
     parser.add_argument("--graphs", default=",".join(GRAPHS), help="comma-separated, of: " + ", ".join(GRAPHS))
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
-    parser.add_argument("--set", dest="extra", action="append", default=[], help="a further override for every run (e.g. train.epochs=2)")
+    parser.add_argument(
+        "--set",
+        dest="extra",
+        action="append",
+        default=[],
+        help="a further override for every run (e.g. train.epochs=2)",
+    )
     args = parser.parse_args()
     graphs, variants = args.graphs.split(","), args.variants.split(",")
     unknown = [g for g in graphs if g not in GRAPHS] + [v for v in variants if v not in VARIANTS]

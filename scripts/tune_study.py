@@ -25,9 +25,29 @@ import yaml
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 GENERATED = {
     # many relations over few entities: every entity in many relations
-    "relations": {"entities": 1000, "relations": 60, "triples": 30000, "valid": 1000, "test": 1000, "clusters": 20, "noise": 0.05, "zipf": 1.0, "seed": 1},
+    "relations": {
+        "entities": 1000,
+        "relations": 60,
+        "triples": 30000,
+        "valid": 1000,
+        "test": 1000,
+        "clusters": 20,
+        "noise": 0.05,
+        "zipf": 1.0,
+        "seed": 1,
+    },
     # a sparse long-tailed graph: many entities, few relations, strong popularity skew
-    "sparse": {"entities": 8000, "relations": 3, "triples": 30000, "valid": 1000, "test": 1000, "clusters": 100, "noise": 0.1, "zipf": 1.5, "seed": 2},
+    "sparse": {
+        "entities": 8000,
+        "relations": 3,
+        "triples": 30000,
+        "valid": 1000,
+        "test": 1000,
+        "clusters": 100,
+        "noise": 0.1,
+        "zipf": 1.5,
+        "seed": 2,
+    },
 }
 
 
@@ -53,7 +73,9 @@ def dsa_train(*args: str) -> float:
 
 def test_mrr(run: Path) -> dict:
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    finals = {r["split"]: r["both"]["mrr"] for r in records if r.get("kind") == "eval" and r["epoch"] == records[-1]["epochs"]}
+    finals = {
+        r["split"]: r["both"]["mrr"] for r in records if r.get("kind") == "eval" and r["epoch"] == records[-1]["epochs"]
+    }
     return finals
 
 
@@ -66,7 +88,10 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ["DSA_DATA_ROOT"] = str(args.data.resolve())
-    print("graph\tshipped valid MRR\tshipped test MRR\tshipped s\ttuned valid MRR\ttuned test MRR\ttrials (complete/pruned/failed)\ttune wall s", flush=True)
+    print(
+        "graph\tshipped valid MRR\tshipped test MRR\tshipped s\ttuned valid MRR\ttuned test MRR\ttrials (complete/pruned/failed)\ttune wall s",
+        flush=True,
+    )
     for graph in args.graphs.split(","):
         recipe = recipe_for(graph, args.out)
         shipped = args.out / f"{graph}-shipped"
@@ -79,7 +104,10 @@ def main() -> None:
         best = json.loads((tune / "best-test.json").read_text())
         best_valid = max(float(line.split("\t")[2]) for line in table if line.split("\t")[1] == "COMPLETE")
         counts = "/".join(str(states.count(s)) for s in ("COMPLETE", "PRUNED", "FAIL"))
-        print(f"{graph}\t{base['valid']:.4f}\t{base['test']:.4f}\t{seconds:.0f}\t{best_valid:.4f}\t{best['test']['both']['mrr']:.4f}\t{counts}\t{wall:.0f}", flush=True)
+        print(
+            f"{graph}\t{base['valid']:.4f}\t{base['test']:.4f}\t{seconds:.0f}\t{best_valid:.4f}\t{best['test']['both']['mrr']:.4f}\t{counts}\t{wall:.0f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,12 @@ from .helpers import fused_kernel
 
 
 def pytest_addoption(parser):
-    parser.addoption("--run-slow", action="store_true", default=False, help="also run the tests marked slow (the whole suite, as CI does)")
+    parser.addoption(
+        "--run-slow",
+        action="store_true",
+        default=False,
+        help="also run the tests marked slow (the whole suite, as CI does)",
+    )
 
 
 def pytest_configure(config):
@@ -86,7 +91,9 @@ def test_data():
 
     root = os.environ.get("DSA_TEST_DATA")
     if not root or not Path(root).is_dir():
-        pytest.skip("needs the real datasets: set DSA_TEST_DATA to a folder holding their raw files (FB15k-237/, WN18RR/, Cora/, ...)")
+        pytest.skip(
+            "needs the real datasets: set DSA_TEST_DATA to a folder holding their raw files (FB15k-237/, WN18RR/, Cora/, ...)"
+        )
     return Path(root)
 
 

@@ -62,7 +62,9 @@ def fused_kernel() -> native.RowKernel:
     if os.environ.get("DSA_NATIVE", "1") == "0":
         pytest.skip("DSA_NATIVE=0 turns the fused kernel off")
     if shutil.which(compiler) is None:
-        pytest.skip(f"no C compiler ({compiler}) on this machine: install gcc or clang to build and test the fused kernel")
+        pytest.skip(
+            f"no C compiler ({compiler}) on this machine: install gcc or clang to build and test the fused kernel"
+        )
     try:
         native.build()
     except Exception as e:
@@ -100,10 +102,26 @@ eval: {eval}
 
 
 def node_recipe(
-    name: str, dataset: str, *, train: str, eval: str, model: str = "node2vec", task: str = "link", optimizer: str = "dsa", storage: str = "memory",
+    name: str,
+    dataset: str,
+    *,
+    train: str,
+    eval: str,
+    model: str = "node2vec",
+    task: str = "link",
+    optimizer: str = "dsa",
+    storage: str = "memory",
     description: str = "",
-) -> str:  # fmt: skip
+) -> str:
     """A small node-embedding recipe's YAML (node2vec or GraphSAGE, 16 wide): ``dataset``,
     ``train`` and ``eval`` are its sections as YAML flow mappings."""
-    fields = dict(name=name, description=description, dataset=dataset, model=model, task=task, optimizer=optimizer, storage=storage)
+    fields = dict(
+        name=name,
+        description=description,
+        dataset=dataset,
+        model=model,
+        task=task,
+        optimizer=optimizer,
+        storage=storage,
+    )
     return NODE_RECIPE.format(**fields, train=train, eval=eval)

@@ -51,7 +51,11 @@ def test_a_flat_index_answers_exactly_in_the_models_metric(runs, tmp_path, notes
     assert trained.default_metric == "l2"  # TransE, p_norm 2
     notes.clear()
     index = trained.ann_index()
-    assert (index.manifest["metric"], index.manifest["kind"], index.built) == ("l2", "flat", True)  # 60 rows: flat by default
+    assert (index.manifest["metric"], index.manifest["kind"], index.built) == (
+        "l2",
+        "flat",
+        True,
+    )  # 60 rows: flat by default
     assert "recall@10 1.000" in notes[0] and index.recall == 1.0
     assert index.path == trained.run.path / "ann" / "entities.l2.ann" and index.index.metric_type == faiss.METRIC_L2
     for metric in ("l2", "cosine", "dot"):
@@ -69,10 +73,15 @@ def test_recall_is_the_share_of_the_exact_top_10_found(tmp_path):
     for metric in ("cosine", "l2"):
         table = TableRun(tmp_path / metric, weights)
         index = ann.open_index(table, "nodes", metric, kind="ivf")
-        sample = torch.randperm(5000, generator=torch.Generator().manual_seed(1))[: ann.RECALL_QUERIES]  # the rows it measured on
+        sample = torch.randperm(5000, generator=torch.Generator().manual_seed(1))[
+            : ann.RECALL_QUERIES
+        ]  # the rows it measured on
         exact = brute_top(weights, sample, 10, metric)
         _, found = index.search(weights[sample], 11)
-        hits = sum(len(set([i for i in f if i != own][:10]) & set(e)) for f, e, own in zip(found.tolist(), exact.tolist(), sample.tolist()))
+        hits = sum(
+            len(set([i for i in f if i != own][:10]) & set(e))
+            for f, e, own in zip(found.tolist(), exact.tolist(), sample.tolist())
+        )
         assert index.recall == pytest.approx(hits / (10 * len(sample)))
         assert 0.3 < index.recall < 1.0  # an IVF index over random vectors misses some: the figure is not a constant
         assert isinstance(index.index, faiss.IndexIVFFlat)
@@ -88,7 +97,10 @@ def test_search_effort_trades_time_for_recall_measured_again(tmp_path, notes):
 
     def recall_of(index) -> float:
         _, found = index.search(weights[sample], 11)
-        return sum(len(set([i for i in f if i != own][:10]) & set(e)) for f, e, own in zip(found.tolist(), exact.tolist(), sample.tolist())) / (10 * len(sample))
+        return sum(
+            len(set([i for i in f if i != own][:10]) & set(e))
+            for f, e, own in zip(found.tolist(), exact.tolist(), sample.tolist())
+        ) / (10 * len(sample))
 
     for kind, setting, low, high in (("ivf", "probes", 1, 10_000), ("hnsw", "ef_search", 1, 400)):
         notes.clear()
@@ -115,7 +127,9 @@ def test_a_stale_index_is_rebuilt_never_used(tmp_path, notes):
     first = ann.open_index(TableRun(tmp_path, weights, step=7), "nodes", "dot")
     moved = weights.flip(0)  # a later checkpoint: other rows under the same ids
     later = ann.open_index(TableRun(tmp_path, moved, step=9), "nodes", "dot")
-    assert later.built and later.manifest["checkpoint"] == 9 and "made for run" in notes[1] and "checkpoint 7" in notes[1]
+    assert (
+        later.built and later.manifest["checkpoint"] == 9 and "made for run" in notes[1] and "checkpoint 7" in notes[1]
+    )
     _, ids = later.search(moved[:1], 1)
     assert ids.item() == int((moved @ moved[0]).argmax())  # answers from the new rows, not the old index's
     assert first.path == later.path and not ann.open_index(TableRun(tmp_path, moved, step=9), "nodes", "dot").built
@@ -172,7 +186,9 @@ def test_approximate_neighbors_from_the_command_line(runs, tmp_path):  # noqa: F
     pytest.importorskip("faiss", reason=NEEDS_FAISS)
     run = runs()
     name = entity_name(9)
-    result = CliRunner().invoke(app, ["neighbors", str(run), name, "-k", "4", "--approximate", "--index-dir", str(tmp_path / "i"), "--json"])
+    result = CliRunner().invoke(
+        app, ["neighbors", str(run), name, "-k", "4", "--approximate", "--index-dir", str(tmp_path / "i"), "--json"]
+    )
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     assert [a["id"] for a in document["neighbors"]] == [a.id for a in open_run(run).neighbors(name, k=4)]

@@ -67,7 +67,10 @@ class Parts:
         """The live row files' bytes (after a flush)."""
         self.opt.flush()
         self.table.flush()
-        return {"t.table": (self.tables / "t.table").read_bytes(), "plain.weight.rows": (self.state / "plain.weight.rows").read_bytes()}
+        return {
+            "t.table": (self.tables / "t.table").read_bytes(),
+            "plain.weight.rows": (self.state / "plain.weight.rows").read_bytes(),
+        }
 
     def save(self, checkpoints: Path, step: int, keep: int = 50) -> Path:
         return CheckpointStore(checkpoints).save(step, self.model, self.opt, {"run_id": "r", "step": step}, keep=keep)
@@ -86,12 +89,19 @@ def parts(tmp_path):
 def restored(checkpoint: Path, where: Path, owned: str) -> dict[str, bytes]:
     CheckpointStore.restore_tables(checkpoint, where / "tables")
     restore_state_dir(checkpoint, where / "state", owned={owned})
-    return {"t.table": (where / "tables" / "t.table").read_bytes(), "plain.weight.rows": (where / "state" / "plain.weight.rows").read_bytes()}
+    return {
+        "t.table": (where / "tables" / "t.table").read_bytes(),
+        "plain.weight.rows": (where / "state" / "plain.weight.rows").read_bytes(),
+    }
 
 
 def kinds(checkpoint: Path) -> dict[str, str]:
     files = json.loads((checkpoint / "trainer.json").read_text())["files"]
-    return {name.removesuffix(DELTA_SUFFIX): "delta" if name.endswith(DELTA_SUFFIX) else "base" for name in files if ".table" in name or ".rows" in name}
+    return {
+        name.removesuffix(DELTA_SUFFIX): "delta" if name.endswith(DELTA_SUFFIX) else "base"
+        for name in files
+        if ".table" in name or ".rows" in name
+    }
 
 
 def test_dirty_rows_bitmap_holds_exactly_the_marked_rows():
@@ -120,7 +130,10 @@ def test_the_optimizer_announces_the_rows_it_writes_and_the_tracker_counts_them(
     touched = sorted(set((torch.rand(12, generator=g) ** 3 * ROWS).long().tolist()))
     assert heard == [("t.table", touched), ("plain.weight.rows", touched)]
     assert tracker.rows(parts.tables / "t.table").tolist() == touched
-    assert tracker.rows(parts.state / "plain.weight.rows").tolist() == touched and tracker.rows(parts.tables / "other") is None
+    assert (
+        tracker.rows(parts.state / "plain.weight.rows").tolist() == touched
+        and tracker.rows(parts.tables / "other") is None
+    )
     handle.remove()
     tracker.reset("0000000001:abc")
     parts.train(1, 1)
@@ -139,7 +152,9 @@ def test_a_delta_checkpoint_restores_bit_for_bit(parts, tmp_path):
     assert kinds(first) == {"tables/t.table": "base", "optimizer_state/plain.weight.rows": "base"}
     assert kinds(second) == {"tables/t.table": "delta", "optimizer_state/plain.weight.rows": "delta"}
     delta = read_delta_header(second / "tables" / "t.table.delta")
-    assert delta["parent"]["snapshot"] == first.name and 0 < delta["rows"] <= 36  # the rows 3 steps wrote, not the table
+    assert (
+        delta["parent"]["snapshot"] == first.name and 0 < delta["rows"] <= 36
+    )  # the rows 3 steps wrote, not the table
     assert (second / "tables" / "t.table.delta").stat().st_size < (parts.tables / "t.table").stat().st_size / 10
 
     back = restored(second, tmp_path / "back", parts.opt.state_id)
@@ -210,7 +225,11 @@ def test_a_damaged_earlier_link_damages_every_checkpoint_built_on_it(parts, tmp_
     flip(checkpoints / "0000000002" / "optimizer_state" / "plain.weight.rows.delta", -5)
     path, _, warnings = CheckpointStore(checkpoints).find()
     assert path.name == "0000000001" and len(warnings) == 2
-    assert "applies to checkpoint" in warnings[0] and "which is damaged" in warnings[0] and str(checkpoints / "0000000002") in warnings[0]
+    assert (
+        "applies to checkpoint" in warnings[0]
+        and "which is damaged" in warnings[0]
+        and str(checkpoints / "0000000002") in warnings[0]
+    )
     with pytest.raises(StateError, match="which is damaged"):
         CheckpointStore(checkpoints).find(3)
 
@@ -250,7 +269,9 @@ def test_pruning_keeps_what_a_kept_checkpoint_needs(parts, tmp_path):
 def test_clean_never_removes_a_needed_base(parts, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "run.json").write_text(json.dumps({"format": "dsa-train/run", "version": 1, "run_id": "r", "state_id": None}))
+    (run / "run.json").write_text(
+        json.dumps({"format": "dsa-train/run", "version": 1, "run_id": "r", "state_id": None})
+    )
     (run / "config.yaml").write_text("name: x\n")
     for n in range(1, 5):
         parts.train(10 * n, 2)
@@ -364,7 +385,11 @@ def test_a_fresh_runs_first_checkpoint_is_a_delta_on_the_files_as_made(parts, tm
     assert kinds(first) == {"tables/t.table": "delta", "optimizer_state/plain.weight.rows": "delta"}
     table_delta = read_delta_header(first / "tables" / "t.table.delta")
     rows_delta = read_delta_header(first / "optimizer_state" / "plain.weight.rows.delta")
-    assert table_delta["parent"] == {"virtual": "initial"} and table_delta["base"] == "initial" and table_delta["links"] == 1
+    assert (
+        table_delta["parent"] == {"virtual": "initial"}
+        and table_delta["base"] == "initial"
+        and table_delta["links"] == 1
+    )
     assert rows_delta["parent"] == {"virtual": "zeros"} and 0 < table_delta["rows"] <= 36
     state = json.loads((first / "trainer.json").read_text())
     assert state["version"] == VERSION and state["needs"] == []  # no checkpoint holds a base
@@ -398,7 +423,9 @@ def test_chains_on_the_initial_table_are_compacted_onto_it_and_restore(parts, tm
     links = [h["links"] for h in headers]
     assert links[: MAX_LINKS + 1] == [*range(1, MAX_LINKS + 1), 1]  # compacted after MAX_LINKS links...
     merged = headers[MAX_LINKS]
-    assert merged["parent"] == {"virtual": "initial"} and merged["rows"] > 24  # ...the chain's union, on the initial table
+    assert (
+        merged["parent"] == {"virtual": "initial"} and merged["rows"] > 24
+    )  # ...the chain's union, on the initial table
     kept = CheckpointStore(checkpoints).complete()
     newest = json.loads((kept[-1] / "trainer.json").read_text())["needs"]
     assert [p.name for p in kept] == sorted({*newest, kept[-2].name, kept[-1].name})  # pruning kept the chain only
@@ -446,7 +473,9 @@ def test_a_torch_that_draws_other_initial_weights_is_refused(parts, tmp_path, mo
     assert CheckpointStore(tmp_path / "checkpoints").find()[2] == []  # intact: the guard is not damage
     where = tmp_path / "back" / "tables"
     where.mkdir(parents=True)
-    with pytest.raises(StateError, match=r"cannot be re-created from its seed: it was made under torch .*, and torch .* draws other") as caught:
+    with pytest.raises(
+        StateError, match=r"cannot be re-created from its seed: it was made under torch .*, and torch .* draws other"
+    ) as caught:
         CheckpointStore.restore_tables(first, where)
     assert f"torch=={torch.__version__}" in caught.value.hint
     assert list(where.iterdir()) == []  # nothing half-restored left
@@ -471,7 +500,11 @@ def test_reading_a_chain_on_the_initial_table_draws_only_its_chunks(tmp_path):
     live = np.fromfile(tmp_path / "t.table", dtype=np.uint8, offset=ckpt.HEADER_BYTES).reshape(rows, -1)
     drawn = []
     real = table.initial_weights
-    monkey = lambda creation, shape, dtype, index, out=None: drawn.append(index) or real(creation, shape, dtype, index, out)  # noqa: E731
+
+    def monkey(creation, shape, dtype, index, out=None):
+        drawn.append(index)
+        return real(creation, shape, dtype, index, out)
+
     table.initial_weights = monkey
     try:
         with ChainReader(chain_of(path / "tables" / "t.table.delta"), live.shape[1]) as reader:
@@ -479,7 +512,9 @@ def test_reading_a_chain_on_the_initial_table_draws_only_its_chunks(tmp_path):
             assert np.array_equal(reader.read(border - 3, border + 3), live[border - 3 : border + 3])
             asked = np.array([rows - 1, 3, 3, table.INIT_CHUNK_ROWS, 17])
             assert np.array_equal(reader.gather(asked), live[asked])
-            assert sorted(set(drawn)) == [0, 1, 2] and drawn.count(2) == 1  # each chunk drawn once (cached), the guard's 0 again
+            assert (
+                sorted(set(drawn)) == [0, 1, 2] and drawn.count(2) == 1
+            )  # each chunk drawn once (cached), the guard's 0 again
     finally:
         table.initial_weights = real
 
@@ -496,7 +531,9 @@ def test_inspect_state_reads_a_checkpoint_kept_as_a_delta_on_the_initial_table(p
     touched = np.flatnonzero(moments[:, 1].abs().sum(1).numpy())
     asked = [int(touched[0]), int(touched[-1]), ROWS - 1 if ROWS - 1 not in touched else 1]
     m, v = inspector.read_rows("table.weight", asked)
-    assert np.array_equal(m, moments[asked, 0].double().numpy()) and np.array_equal(v, moments[asked, 1].double().numpy())
+    assert np.array_equal(m, moments[asked, 0].double().numpy()) and np.array_equal(
+        v, moments[asked, 1].double().numpy()
+    )
     assert not v[2].any() and v[0].any()
     summary = inspector.summary("table.weight")
     assert summary.chain[0]["file"].startswith("initial") and summary.allocated_bytes == 0
@@ -529,7 +566,14 @@ def cli(*args):
 def history(run: Path) -> list[dict]:
     from dsa_train.train.run_folder import MetricsLog
 
-    timings = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib", "optimizer_memory_budget_mib")
+    timings = (
+        "seconds",
+        "items_per_s",
+        "peak_rss_mib",
+        "peak_rss_anon_mib",
+        "optimizer_ram_mib",
+        "optimizer_memory_budget_mib",
+    )
     return [{k: v for k, v in r.items() if k not in timings} for r in MetricsLog.read(run / "metrics.jsonl")]
 
 
@@ -551,7 +595,9 @@ def uninterrupted(tmp_path_factory):
     return root / "fresh.yaml", root / "whole"
 
 
-def test_a_run_resumed_from_its_first_checkpoint_a_delta_on_the_initial_table_ends_as_uninterrupted(uninterrupted, tmp_path):
+def test_a_run_resumed_from_its_first_checkpoint_a_delta_on_the_initial_table_ends_as_uninterrupted(
+    uninterrupted, tmp_path
+):
 
     recipe, whole = uninterrupted
 
@@ -566,7 +612,9 @@ def test_a_run_resumed_from_its_first_checkpoint_a_delta_on_the_initial_table_en
     assert resumed.exit_code == 0 and "resuming from" in resumed.stderr and "step 3" in resumed.stderr, resumed.stderr
     assert history(broken) == history(whole)
     ours, theirs = final_versions(broken), final_versions(whole)
-    assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)  # (never empty: final_versions names two files)
+    assert ours.keys() == theirs.keys() and all(
+        np.array_equal(ours[k], theirs[k]) for k in ours
+    )  # (never empty: final_versions names two files)
     live = lambda run: np.fromfile(run / "tables" / "entities.table", dtype=np.uint8, offset=4096)  # noqa: E731
     assert np.array_equal(live(broken), live(whole))
 
@@ -597,16 +645,22 @@ def test_a_kill_in_the_first_delta_then_resume_ends_as_uninterrupted(uninterrupt
     script = KILLED_IN_THE_FIRST_DELTA.format(recipe=str(recipe), out=str(victim))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == -signal.SIGKILL, done.stderr
-    assert list((victim / "checkpoints").glob(".partial-0000000003/*/*.delta")), "the kill did not land in the first delta"
+    assert list((victim / "checkpoints").glob(".partial-0000000003/*/*.delta")), (
+        "the kill did not land in the first delta"
+    )
     assert CheckpointStore(victim / "checkpoints").complete() == []
     resumed = cli("run", recipe, "--output", victim, "--resume")
     assert resumed.exit_code == 0 and "has no checkpoint yet" in resumed.stderr, resumed.stderr
     assert history(victim) == history(whole)
     ours, theirs = final_versions(victim), final_versions(whole)
-    assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)  # (never empty: final_versions names two files)
+    assert ours.keys() == theirs.keys() and all(
+        np.array_equal(ours[k], theirs[k]) for k in ours
+    )  # (never empty: final_versions names two files)
 
 
-def test_eval_of_a_delta_checkpoint_reads_it_through_its_chain_and_scores_as_the_table_itself(uninterrupted, monkeypatch):
+def test_eval_of_a_delta_checkpoint_reads_it_through_its_chain_and_scores_as_the_table_itself(
+    uninterrupted, monkeypatch
+):
     """The reference: the same checkpoint scored with the run's live table (its version at the
     final step), mapped as a DiskEmbedding. eval writes nothing: no table is materialised, and
     nothing is made in the run folder (which may be read-only)."""
@@ -619,6 +673,7 @@ def test_eval_of_a_delta_checkpoint_reads_it_through_its_chain_and_scores_as_the
     recipe, whole = uninterrupted
     final = CheckpointStore(whole / "checkpoints").complete()[-1]
     assert (final / "tables" / "entities.table.delta").exists() and not (final / "tables" / "entities.table").exists()
+
     def never(*args, **kwargs):
         raise AssertionError("a table was materialised")
 
@@ -759,7 +814,14 @@ def test_a_delta_digest_is_file_digest_with_a_slow_hasher_and_a_reused_ring(tmp_
     monkeypatch.setattr(deltas, "WRITE_BYTES", 5000)  # a few rows a chunk, not block-aligned
     for n, rows in enumerate([np.arange(3000), np.arange(0, 3000, 7), np.array([5]), np.array([], dtype=np.int64)]):
         target = tmp_path / f"{n}.delta"
-        meta = {"file": "tables/t.table", "row_bytes": row_bytes, "parent": {"virtual": "initial"}, "base": "initial", "links": 1, "chain_bytes": len(rows) * row_bytes}
+        meta = {
+            "file": "tables/t.table",
+            "row_bytes": row_bytes,
+            "parent": {"virtual": "initial"},
+            "base": "initial",
+            "links": 1,
+            "chain_bytes": len(rows) * row_bytes,
+        }
         written = deltas.write_delta(records, rows, target, meta)
         assert written.size == target.stat().st_size == deltas.INDEX_OFFSET + len(rows) * (8 + row_bytes)
         assert written.digest == fsutil.file_digest(target)
@@ -803,7 +865,9 @@ def test_a_checkpoint_fsyncs_each_file_once_and_never_reads_a_delta_back(parts, 
     second = parts.save(checkpoints, 6)
     monkeypatch.undo()
     files = [p for p in second.rglob("*") if p.is_file()]
-    in_checkpoint = [Path(p).relative_to((checkpoints / ".partial-0000000006").resolve()) for p in synced if ".partial-" in p]
+    in_checkpoint = [
+        Path(p).relative_to((checkpoints / ".partial-0000000006").resolve()) for p in synced if ".partial-" in p
+    ]
     assert sorted(map(str, in_checkpoint)) == sorted(set(map(str, in_checkpoint)))  # each once...
     assert {str(p.relative_to(second)) for p in files} <= {str(p) for p in in_checkpoint}  # ...every file
     assert not [name for name in digested if name.endswith(DELTA_SUFFIX)]  # digested as written
@@ -818,7 +882,9 @@ def _on_disk(paths: list[Path]) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in paths}
 
 
-@pytest.mark.skipif(not pagemap_readable(), reason="no /proc/self/pagemap: the state is mapped shared, and a base flushes first")
+@pytest.mark.skipif(
+    not pagemap_readable(), reason="no /proc/self/pagemap: the state is mapped shared, and a base flushes first"
+)
 def test_a_checkpoint_writes_the_changed_rows_once_into_itself_and_leaves_the_live_files(parts, tmp_path):
     """Bases (the first checkpoint) and deltas (the second) are taken from the rows as the
     optimizer holds them: the live files on disk are not written, the changed rows stay in
@@ -832,15 +898,21 @@ def test_a_checkpoint_writes_the_changed_rows_once_into_itself_and_leaves_the_li
         assert set(kinds(checkpoint).values()) == {expected}
         assert _on_disk(live) == before  # nothing reached the live files...
         after = parts.opt.residency()
-        assert after["written_bytes"] == stats["written_bytes"] and after["resident_bytes"] == stats["resident_bytes"] > 0  # ...the rows stay held
+        assert (
+            after["written_bytes"] == stats["written_bytes"] and after["resident_bytes"] == stats["resident_bytes"] > 0
+        )  # ...the rows stay held
         manifest = load_manifest(checkpoint / "optimizer_state" / "manifest.json")
         assert manifest["clean"] and manifest["params"]["plain.weight"]["step"] == 3 * (round_ + 1)
-        assert not load_manifest(parts.state / "manifest.json")["clean"]  # the live state is not flushed: a crash restores a checkpoint
+        assert not load_manifest(parts.state / "manifest.json")[
+            "clean"
+        ]  # the live state is not flushed: a crash restores a checkpoint
         back = restored(checkpoint, tmp_path / f"back{round_}", parts.opt.state_id)
         assert back == parts.files()  # what a flush writes now is what the checkpoint holds
 
 
-@pytest.mark.skipif(not pagemap_readable(), reason="no /proc/self/pagemap: the state is mapped shared, and a base flushes first")
+@pytest.mark.skipif(
+    not pagemap_readable(), reason="no /proc/self/pagemap: the state is mapped shared, and a base flushes first"
+)
 def test_a_base_copied_from_memory_is_the_flushed_file_with_its_holes(tmp_path):
     """RowFile.copy_to: changed pages over the file's data and over its holes come from memory,
     the rest from the file; the copy is what a flush then writes, as sparse as the file."""

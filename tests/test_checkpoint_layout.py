@@ -41,7 +41,9 @@ def test_the_store_names_every_part_of_the_layout_as_its_docstring_draws_it(tmp_
     assert store.get_partial_dir(400) == tmp_path / "checkpoints" / ".partial-0000000400"
     assert store.get_doomed_dir(step) == tmp_path / "checkpoints" / ".deleting-0000000200"
     assert (store.get_trainer_file(step), store.get_model_file(step), store.get_tables_dir(step)) == (
-        step / "trainer.json", step / "model.pt", step / "tables"
+        step / "trainer.json",
+        step / "model.pt",
+        step / "tables",
     )
     assert store.is_scratch_name(".partial-0000000400") and store.is_scratch_name(".deleting-0000000200")
     assert not store.is_scratch_name("0000000200")

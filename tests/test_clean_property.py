@@ -46,10 +46,16 @@ def write_json(path: Path, value) -> None:
 
 def make_state(folder: Path, sid: str | None, *, foreign_file: bool = False, rows_link: Path | None = None) -> None:
     """A DiskSparseAdam state directory: its manifest and the row file it lists."""
-    write_json(folder / "manifest.json", {
-        "format": STATE_FORMAT, "version": 1, "state_id": sid, "clean": True,
-        "params": {"w": {"file": "w.rows", "layout": "m|v", "shape": [4, 2], "dtype": "float32"}},
-    })  # fmt: skip
+    write_json(
+        folder / "manifest.json",
+        {
+            "format": STATE_FORMAT,
+            "version": 1,
+            "state_id": sid,
+            "clean": True,
+            "params": {"w": {"file": "w.rows", "layout": "m|v", "shape": [4, 2], "dtype": "float32"}},
+        },
+    )
     if rows_link is not None:
         (folder / "w.rows").symlink_to(rows_link)
     else:
@@ -77,43 +83,61 @@ def make_run_files(folder: Path, rid: str, sid: str | None, *, finished: bool) -
 
 
 # -- what a tree is ------------------------------------------------------------------------------
-checkpoint_specs = st.fixed_dictionaries({
-    "foreign_id": st.sampled_from([False, False, True]),  # its trainer.json names another run
-    "state": st.sampled_from(["real", "real", "link", "none"]),  # optimizer_state/: real, a link to outside/, none
-    "file_link": st.booleans(),  # a link inside it to a file outside/
-})  # fmt: skip
+checkpoint_specs = st.fixed_dictionaries(
+    {
+        "foreign_id": st.sampled_from([False, False, True]),  # its trainer.json names another run
+        "state": st.sampled_from(["real", "real", "link", "none"]),  # optimizer_state/: real, a link to outside/, none
+        "file_link": st.booleans(),  # a link inside it to a file outside/
+    }
+)
 
-run_specs = st.fixed_dictionaries({
-    "depth": st.sampled_from([1, 1, 1, 2, 3, 4]),  # 4: below clean's search depth, never found
-    "checkpoints": st.integers(0, 3).flatmap(lambda n: st.lists(checkpoint_specs, min_size=n, max_size=n)),
-    "scratch": st.lists(st.sampled_from([".partial-0000000009", ".deleting-0000000004", ".partial-x"]), unique=True, max_size=2),
-    "finished": st.booleans(),
-    "state": st.sampled_from(["match", "match", "mismatch", "none", "link", "null-id"]),
-    "live": st.sampled_from(["no", "no", "no", "run", "state"]),
-    "checkpoints_link": st.integers(0, 5).map(lambda x: x == 5),  # checkpoints/ is a link to outside/
-    "linked_children": st.booleans(),  # links in checkpoints/ named like checkpoints, to outside/
-    "lock_link": st.integers(0, 5).map(lambda x: x == 5),  # .lock is a link to a file outside/
-    "metrics_link": st.integers(0, 5).map(lambda x: x == 5),  # metrics.jsonl is a link to a finished log
-})  # fmt: skip
+run_specs = st.fixed_dictionaries(
+    {
+        "depth": st.sampled_from([1, 1, 1, 2, 3, 4]),  # 4: below clean's search depth, never found
+        "checkpoints": st.integers(0, 3).flatmap(lambda n: st.lists(checkpoint_specs, min_size=n, max_size=n)),
+        "scratch": st.lists(
+            st.sampled_from([".partial-0000000009", ".deleting-0000000004", ".partial-x"]), unique=True, max_size=2
+        ),
+        "finished": st.booleans(),
+        "state": st.sampled_from(["match", "match", "mismatch", "none", "link", "null-id"]),
+        "live": st.sampled_from(["no", "no", "no", "run", "state"]),
+        "checkpoints_link": st.integers(0, 5).map(lambda x: x == 5),  # checkpoints/ is a link to outside/
+        "linked_children": st.booleans(),  # links in checkpoints/ named like checkpoints, to outside/
+        "lock_link": st.integers(0, 5).map(lambda x: x == 5),  # .lock is a link to a file outside/
+        "metrics_link": st.integers(0, 5).map(lambda x: x == 5),  # metrics.jsonl is a link to a finished log
+    }
+)
 
-state_specs = st.fixed_dictionaries({
-    "depth": st.sampled_from([1, 2, 3, 4]),
-    "live": st.booleans(),
-    "foreign_file": st.booleans(),
-    "rows_link": st.integers(0, 3).map(lambda x: x == 3),
-})  # fmt: skip
+state_specs = st.fixed_dictionaries(
+    {
+        "depth": st.sampled_from([1, 2, 3, 4]),
+        "live": st.booleans(),
+        "foreign_file": st.booleans(),
+        "rows_link": st.integers(0, 3).map(lambda x: x == 3),
+    }
+)
 
 FOREIGN = ["checkpoints_folder", "partial_folder", "other_manifest", "other_run_json", "old_run"]
-LINKS = ["to_outside", "to_outside_run", "to_outside_file", "to_run_inside", "to_file_inside", "optimizer_state", "dangling"]
+LINKS = [
+    "to_outside",
+    "to_outside_run",
+    "to_outside_file",
+    "to_run_inside",
+    "to_file_inside",
+    "optimizer_state",
+    "dangling",
+]
 
-trees = st.fixed_dictionaries({
-    "runs": st.lists(run_specs, min_size=1, max_size=3),
-    "states": st.lists(state_specs, max_size=2),
-    "foreign": st.lists(st.sampled_from(FOREIGN), unique=True),
-    "copies": st.lists(st.sampled_from([1, 2, 3]), max_size=2),  # depth of each checkpoint copy
-    "links": st.lists(st.sampled_from(LINKS), unique=True),
-    "keep_last": st.integers(0, 2),
-})  # fmt: skip
+trees = st.fixed_dictionaries(
+    {
+        "runs": st.lists(run_specs, min_size=1, max_size=3),
+        "states": st.lists(state_specs, max_size=2),
+        "foreign": st.lists(st.sampled_from(FOREIGN), unique=True),
+        "copies": st.lists(st.sampled_from([1, 2, 3]), max_size=2),  # depth of each checkpoint copy
+        "links": st.lists(st.sampled_from(LINKS), unique=True),
+        "keep_last": st.integers(0, 2),
+    }
+)
 
 
 def nest(area: Path, depth: int, name: str) -> Path:
@@ -141,7 +165,13 @@ def build(root: Path, tree: dict, *, live_checkpoint_states: bool = False) -> tu
     for i, spec in enumerate(tree["runs"]):
         rid = run_id(i)
         run = nest(area, spec["depth"], f"run{i}")
-        sid = {"match": state_id(10 + i), "mismatch": state_id(10 + i), "none": state_id(10 + i), "link": state_id(10 + i), "null-id": None}[spec["state"]]
+        sid = {
+            "match": state_id(10 + i),
+            "mismatch": state_id(10 + i),
+            "none": state_id(10 + i),
+            "link": state_id(10 + i),
+            "null-id": None,
+        }[spec["state"]]
         make_run_files(run, rid, sid, finished=spec["finished"])
         if spec["metrics_link"]:
             (run / "metrics.jsonl").unlink()
@@ -167,7 +197,9 @@ def build(root: Path, tree: dict, *, live_checkpoint_states: bool = False) -> tu
             for n, c in enumerate(spec["checkpoints"]):
                 step = 10 * (n + 1)
                 folder = checkpoints / f"{step:010d}"
-                make_checkpoint(folder, OTHER_RUN if c["foreign_id"] else rid, step, state=c["state"], link_to=outside / "state")
+                make_checkpoint(
+                    folder, OTHER_RUN if c["foreign_id"] else rid, step, state=c["state"], link_to=outside / "state"
+                )
                 if c["file_link"]:
                     (folder / "notes.txt").symlink_to(outside / "precious.txt")
                 if not c["foreign_id"]:
@@ -197,7 +229,12 @@ def build(root: Path, tree: dict, *, live_checkpoint_states: bool = False) -> tu
     for i, spec in enumerate(tree["states"]):
         folder = nest(area, spec["depth"], f"state{i}")
         folder.mkdir(parents=True)
-        make_state(folder, state_id(40 + i), foreign_file=spec["foreign_file"], rows_link=outside / "precious.txt" if spec["rows_link"] else None)
+        make_state(
+            folder,
+            state_id(40 + i),
+            foreign_file=spec["foreign_file"],
+            rows_link=outside / "precious.txt" if spec["rows_link"] else None,
+        )
         if spec["live"]:
             live.append(folder)
 
@@ -206,15 +243,22 @@ def build(root: Path, tree: dict, *, live_checkpoint_states: bool = False) -> tu
         make_checkpoint(area / "checkpoints" / "0000000001", run_id(0), 1)
         (area / "checkpoints" / ".partial-0000000002").mkdir(parents=True)
         (area / "checkpoints" / ".partial-0000000002" / "notes.txt").write_text("precious")
-        make_state(area / "checkpoints" / ".partial-0000000002" / "optimizer_state", state_id(7))  # a standalone state dir by its markers
+        make_state(
+            area / "checkpoints" / ".partial-0000000002" / "optimizer_state", state_id(7)
+        )  # a standalone state dir by its markers
     if "partial_folder" in foreign:
         (area / ".partial-1").mkdir()
         (area / ".partial-1" / "thesis.tex").write_text("precious")
     if "other_manifest" in foreign:  # a manifest.json that is not ours, next to a .rows file
-        write_json(area / "webapp" / "manifest.json", {"name": "my app", "state_id": "abc", "params": {"w": {"file": "w.rows"}}})
+        write_json(
+            area / "webapp" / "manifest.json",
+            {"name": "my app", "state_id": "abc", "params": {"w": {"file": "w.rows"}}},
+        )
         (area / "webapp" / "w.rows").write_text("precious")
     if "other_run_json" in foreign:  # a run.json of another format, with what looks like a run's checkpoints
-        write_json(area / "other-tool" / "run.json", {"format": "other-tool/run", "run_id": run_id(0), "state_id": None})
+        write_json(
+            area / "other-tool" / "run.json", {"format": "other-tool/run", "run_id": run_id(0), "state_id": None}
+        )
         (area / "other-tool" / "metrics.jsonl").write_text(json.dumps({"kind": "summary"}) + "\n")
         make_checkpoint(area / "other-tool" / "checkpoints" / "0000000001", run_id(0), 1)
         make_state(area / "other-tool" / "optimizer_state", state_id(8))  # a standalone state dir by its markers
@@ -235,7 +279,9 @@ def build(root: Path, tree: dict, *, live_checkpoint_states: bool = False) -> tu
     if "to_run_inside" in links:
         (area / "alias").symlink_to(runs[0]["path"] if runs else area / "missing")
     if "to_file_inside" in links:
-        (area / "alias.rows").symlink_to(nest(area, tree["states"][0]["depth"], "state0") / "w.rows" if tree["states"] else area / "missing.rows")
+        (area / "alias.rows").symlink_to(
+            nest(area, tree["states"][0]["depth"], "state0") / "w.rows" if tree["states"] else area / "missing.rows"
+        )
     if "optimizer_state" in links:
         (area / "optimizer_state").symlink_to(outside / "state")
     if "dangling" in links:
@@ -335,7 +381,9 @@ def clean_and_check(tree: dict, *, live_checkpoint_states: bool = False) -> None
 
         # 2. outside/ byte for byte, and every link still there with its target (one below a
         # removed candidate goes with the folder it is in: the link, never what it points to)
-        assert {p: v for p, v in before.items() if below(p, outside)} == {p: v for p, v in after.items() if below(p, outside)}
+        assert {p: v for p, v in before.items() if below(p, outside)} == {
+            p: v for p, v in after.items() if below(p, outside)
+        }
         for path, value in before.items():
             if value[0] == "link" and not (path in gone and under_candidate(path)):
                 assert after.get(path) == value, f"link {path} became {after.get(path)}"
@@ -373,7 +421,9 @@ def clean_and_check(tree: dict, *, live_checkpoint_states: bool = False) -> None
         shutil.rmtree(root, ignore_errors=True)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(tree=trees)
 def test_clean_removes_only_what_it_planned(tree):
     clean_and_check(tree, live_checkpoint_states=True)
@@ -405,7 +455,9 @@ def test_a_runs_checkpoints_linked_to_outside_is_never_entered(tmp_path):
     for candidate in plan.candidates:  # the finished run's own optimizer_state only
         remove(candidate)
     after = snapshot(tmp_path)
-    assert {p: v for p, v in after.items() if below(p, outside)} == {p: v for p, v in before.items() if below(p, outside)}
+    assert {p: v for p, v in after.items() if below(p, outside)} == {
+        p: v for p, v in before.items() if below(p, outside)
+    }
     assert after[run / "checkpoints"] == ("link", str(outside))
     with pytest.raises(DsaError, match="symbolic link"):
         plan_clean([run / "checkpoints"], keep_last=0)
@@ -451,7 +503,9 @@ def test_a_live_runs_folder_is_refused(tmp_path, held):
             with pytest.raises(DsaError, match="left alone"):
                 remove(candidate)
         record = run / DirectoryLock.FILE_NAME  # remove() records itself there while it holds the run folder
-        assert {p: v for p, v in snapshot(tmp_path).items() if p != record} == {p: v for p, v in before.items() if p != record}
+        assert {p: v for p, v in snapshot(tmp_path).items() if p != record} == {
+            p: v for p, v in before.items() if p != record
+        }
     finally:
         lock.release()
 

@@ -37,7 +37,9 @@ def load(tmp_path, name: str, content: bytes, layout=None, **columns):
 
 
 def arrays(log) -> dict:
-    return {f"{s}_{a}": np.asarray(log.dataset.array(f"{s}_{a}")) for s in ("train", "valid", "test") for a in SPLIT_ARRAYS}
+    return {
+        f"{s}_{a}": np.asarray(log.dataset.array(f"{s}_{a}")) for s in ("train", "valid", "test") for a in SPLIT_ARRAYS
+    }
 
 
 def same(a, b) -> bool:
@@ -63,14 +65,45 @@ def test_criteo_headerless_headered_txt_and_gz_read_alike(tmp_path, notes):
     sample = load(tmp_path, "criteo_sample.txt", text(rows, ",", CRITEO))  # DeepCTR's sample: a CSV named .txt
     assert same(arrays(sample), arrays(reference))
     assert "comma-separated (read from the first line" in notes[0]
-    both = load(tmp_path, "headered.txt", text(rows, header=CRITEO), layout="criteo")  # the preset, and a header after all
+    both = load(
+        tmp_path, "headered.txt", text(rows, header=CRITEO), layout="criteo"
+    )  # the preset, and a header after all
     assert same(arrays(both), arrays(reference))
 
 
 def test_avazu_uses_every_categorical_column(tmp_path, notes):
-    header = "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,app_category,device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,C17,C18,C19,C20,C21".split(",")
-    rows = [[f"{10**18 + i}", str(i % 2), "14102100", "1005", "0", "1fbe01fe", "f3845767", "28905ebd", "ecad2386", "7801e8d9", "07d7df22",
-             "a99f214a", f"ddd2926{i}", "44956a24", "1", "2", "15706", "320", "50", "1722", "0", "35", "-1", "79"] for i in range(20)]  # fmt: skip
+    header = "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,app_category,device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,C17,C18,C19,C20,C21".split(
+        ","
+    )
+    rows = [
+        [
+            f"{10**18 + i}",
+            str(i % 2),
+            "14102100",
+            "1005",
+            "0",
+            "1fbe01fe",
+            "f3845767",
+            "28905ebd",
+            "ecad2386",
+            "7801e8d9",
+            "07d7df22",
+            "a99f214a",
+            f"ddd2926{i}",
+            "44956a24",
+            "1",
+            "2",
+            "15706",
+            "320",
+            "50",
+            "1722",
+            "0",
+            "35",
+            "-1",
+            "79",
+        ]
+        for i in range(20)
+    ]
     notes.clear()
     log = load(tmp_path, "avazu.csv", text(rows, ",", header), label="click")
     assert log.features == header[2:] and len(log.features) == 22 and log.dense_features == []
@@ -83,11 +116,21 @@ def test_avazu_uses_every_categorical_column(tmp_path, notes):
 @pytest.mark.parametrize(
     "name,content,settings,message",
     [
-        ("nohead.txt", b"0\t1\tx\n", {"header": False}, "has no header (dataset.columns.header: false) and dataset.columns.names is not set"),
+        (
+            "nohead.txt",
+            b"0\t1\tx\n",
+            {"header": False},
+            "has no header (dataset.columns.header: false) and dataset.columns.names is not set",
+        ),
         ("one.txt", b"label\n1\n", {}, "its first line holds neither a tab nor a comma"),
         ("broken.gz", b"not gzip data at all\n", {}, "cannot be read"),
         ("short.txt", b"0\t1\tx\n1\t2\n", {"names": ["label", "I1", "C1"]}, "line 2: 2 cells where the header names 3"),
-        ("wrong.txt", b"0\t1\tx\n", {"names": ["label", "I1", "C9"], "sparse": ["C1"]}, "has no column 'C1' (its header: label, I1, C9)"),
+        (
+            "wrong.txt",
+            b"0\t1\tx\n",
+            {"names": ["label", "I1", "C9"], "sparse": ["C1"]},
+            "has no column 'C1' (its header: label, I1, C9)",
+        ),
     ],
 )
 def test_bad_click_log_formats(tmp_path, name, content, settings, message):

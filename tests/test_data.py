@@ -22,7 +22,9 @@ def write_folder(folder, train=GOOD, valid="a\tlikes\tc\n", test="c\thates\ta\n"
 
 
 def named(kg, split):
-    return [(*kg.entity_names([h]), *kg.relation_names([r]), *kg.entity_names([t])) for h, r, t in kg.split(split).tolist()]
+    return [
+        (*kg.entity_names([h]), *kg.relation_names([r]), *kg.entity_names([t])) for h, r, t in kg.split(split).tolist()
+    ]
 
 
 def test_tsv_folder_ids_are_shared_across_splits(tmp_path):
@@ -92,7 +94,10 @@ def test_pyg_raw_files_are_checked_before_pyg_reads_them(tmp_path):
 
 @pytest.mark.parametrize(
     "kind,folder,sizes",
-    [("fb15k237", "FB15k-237", (14541, 237, 272115, 17535, 20466)), ("wn18rr", "WN18RR", (40943, 11, 86835, 3034, 3134))],
+    [
+        ("fb15k237", "FB15k-237", (14541, 237, 272115, 17535, 20466)),
+        ("wn18rr", "WN18RR", (40943, 11, 86835, 3034, 3134)),
+    ],
 )
 def test_pyg_datasets(test_data, tmp_path, kind, folder, sizes):
     root = copy_dataset(test_data, folder, tmp_path)
@@ -117,5 +122,7 @@ def test_synthetic_is_seeded_power_law_and_deduplicated(tmp_path):
     assert (len(a.valid), len(a.test)) == (500, 500)
     degree = torch.bincount(everything[:, 0], minlength=5000).sort(descending=True).values.double()
     assert degree[:50].sum() > 5 * degree[-2500:].sum()  # the top 1% dwarf the bottom half
-    other = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=SyntheticConfig(**{**config.__dict__, "seed": 4}), root=str(tmp_path)))
+    other = load_knowledge_graph(
+        DatasetConfig(kind="synthetic", synthetic=SyntheticConfig(**{**config.__dict__, "seed": 4}), root=str(tmp_path))
+    )
     assert not torch.equal(a.train[:100], other.train[:100])

@@ -22,9 +22,13 @@ def test_relative_path_from_the_current_folder_first_then_the_data_root(tmp_path
     assert load_graph(DatasetConfig(kind="edge_list", path="g.txt")).num_nodes == 2  # under the data root
     (here / "g.txt").write_text("a b\nb c\n")
     assert load_graph(DatasetConfig(kind="edge_list", path="g.txt")).num_nodes == 3  # the current folder's wins
-    recipe = with_data_root(parse_recipe("dataset: {kind: edge_list, path: g.txt}\nmodel: {kind: node2vec}\n", source="r"))
+    recipe = with_data_root(
+        parse_recipe("dataset: {kind: edge_list, path: g.txt}\nmodel: {kind: node2vec}\n", source="r")
+    )
     assert recipe.dataset.path == str(here / "g.txt")  # what a run stores
-    elsewhere = with_data_root(parse_recipe("dataset: {kind: edge_list, path: other.txt}\nmodel: {kind: node2vec}\n", source="r"))
+    elsewhere = with_data_root(
+        parse_recipe("dataset: {kind: edge_list, path: other.txt}\nmodel: {kind: node2vec}\n", source="r")
+    )
     assert elsewhere.dataset.path == "other.txt"  # not here: left to the data root
 
 
@@ -44,4 +48,7 @@ def test_a_missing_path_names_both_places(tmp_path, monkeypatch, config):
     with pytest.raises(DatasetError) as caught:
         load(config)
     message = str(caught.value)
-    assert f"'{tmp_path / config.path}' (from the current folder)" in message and f"'{root / config.path}' (under the data root)" in message
+    assert (
+        f"'{tmp_path / config.path}' (from the current folder)" in message
+        and f"'{root / config.path}' (under the data root)" in message
+    )

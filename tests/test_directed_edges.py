@@ -48,7 +48,9 @@ def test_walks_never_step_against_an_edge_and_stay_at_a_sink(tmp_path, p, q):
     torch.manual_seed(0)
     sampler = WalkSampler(graph.rowptr, graph.col, p=p, q=q, use_pyg_lib=False, max_degree=graph.max_degree)
     walks = sampler.walks(torch.arange(graph.num_nodes).repeat(200), 6)
-    steps = {(names[x], names[y]) for x, y in zip(walks[:, :-1].reshape(-1).tolist(), walks[:, 1:].reshape(-1).tolist())}
+    steps = {
+        (names[x], names[y]) for x, y in zip(walks[:, :-1].reshape(-1).tolist(), walks[:, 1:].reshape(-1).tolist())
+    }
     edges = {e for e in EDGES if e[0] != e[1]}
     assert steps == edges | {("e", "e")}  # every step is an edge, forward; only the sink stays; every edge is walked
     e = names.index("e")
@@ -66,7 +68,11 @@ def test_held_out_edges_keep_their_direction(tmp_path):
     from dsa_train.data import load_graph
     from dsa_train.recipe import DatasetConfig, EdgeListConfig
 
-    graph = load_graph(DatasetConfig(kind="edge_list", path=str(path), link_split=(0.1, 0.2), edges=EdgeListConfig(ids="integers", directed=True)))
+    graph = load_graph(
+        DatasetConfig(
+            kind="edge_list", path=str(path), link_split=(0.1, 0.2), edges=EdgeListConfig(ids="integers", directed=True)
+        )
+    )
     held = [tuple(e) for e in torch.cat([graph.valid_edges, graph.test_edges]).tolist()]
     adjacency = pairs_of(graph.rowptr, graph.col)
     assert sorted(held + list(adjacency)) == sorted(forward + backward)
@@ -81,7 +87,9 @@ def test_sage_refuses_a_directed_graph():
 dataset: {kind: edge_list, path: e.txt, edges: {directed: true}, link_split: [0.1, 0.1]}
 model: {kind: sage}
 """
-    with pytest.raises(ConfigError, match=r"dataset.edges.directed \(line 2\): graphsage aggregates over undirected neighbourhoods"):
+    with pytest.raises(
+        ConfigError, match=r"dataset.edges.directed \(line 2\): graphsage aggregates over undirected neighbourhoods"
+    ):
         parse_recipe(text)
     parse_recipe(text.replace("sage", "node2vec"))  # node2vec reads it
 
@@ -95,4 +103,6 @@ def test_undirected_import_is_unchanged(tmp_path):
     path.write_text("".join(f"{a} {b}\n" for a, b in zip(u, v)))
     graph = graph_of(path, ids="integers")
     pairs = set(pairs_of(graph.rowptr, graph.col))
-    assert pairs == {(a, b) for a, b in zip(u.tolist(), v.tolist()) if a != b} | {(b, a) for a, b in zip(u.tolist(), v.tolist()) if a != b}
+    assert pairs == {(a, b) for a, b in zip(u.tolist(), v.tolist()) if a != b} | {
+        (b, a) for a, b in zip(u.tolist(), v.tolist()) if a != b
+    }

@@ -275,7 +275,12 @@ def test_a_table_records_how_it_was_made_and_an_older_header_still_opens(tmp_pat
     disk = DiskEmbedding(ROWS, DIM, path=tmp_path / "t.table", init="uniform", bound=0.3, seed=11)
     meta = read_row_header(tmp_path / "t.table")
     creation = meta["creation"]
-    assert {k: creation[k] for k in ("init", "bound", "seed", "chunk_rows")} == {"init": "uniform", "bound": 0.3, "seed": 11, "chunk_rows": INIT_CHUNK_ROWS}
+    assert {k: creation[k] for k in ("init", "bound", "seed", "chunk_rows")} == {
+        "init": "uniform",
+        "bound": 0.3,
+        "seed": 11,
+        "chunk_rows": INIT_CHUNK_ROWS,
+    }
     assert creation["torch"] == torch.__version__ and len(creation["first_chunk_digest"]) == 32
     drawn = InitialTable(meta, "test").records(torch.arange(ROWS).numpy())
     assert drawn.tobytes() == (tmp_path / "t.table").read_bytes()[HEADER_BYTES:]
@@ -309,5 +314,7 @@ def test_the_table_link_is_explicit_and_a_deepcopy_says_why_it_cannot(tmp_path):
     assert table_of(torch.nn.Parameter(emb.weight.detach().clone())) is None
     assert not hasattr(emb.weight, "_dsa_table")
     model = torch.nn.Sequential(emb)
-    with pytest.raises(TypeError, match=r"cannot be deep-copied: its weight is the memory-mapped table file '.*t\.table'"):
+    with pytest.raises(
+        TypeError, match=r"cannot be deep-copied: its weight is the memory-mapped table file '.*t\.table'"
+    ):
         copy.deepcopy(model)

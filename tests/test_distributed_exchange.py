@@ -51,7 +51,13 @@ def _free_port() -> int:
 def _batches():
     g = torch.Generator().manual_seed(SEED)
     table = torch.randn(ROWS, DIM, generator=g, dtype=torch.float64)
-    steps = [(torch.randint(0, ROWS // 3, (LOOKUPS,), generator=g), torch.randn(LOOKUPS, DIM, generator=g, dtype=torch.float64)) for _ in range(STEPS)]
+    steps = [
+        (
+            torch.randint(0, ROWS // 3, (LOOKUPS,), generator=g),
+            torch.randn(LOOKUPS, DIM, generator=g, dtype=torch.float64),
+        )
+        for _ in range(STEPS)
+    ]
     return table, steps  # few distinct rows: many duplicates, split over several ranks
 
 
@@ -75,12 +81,17 @@ def _rank_main(rank: int, world: int, port: int, folder: str) -> None:
                 opt.step()
             opt.flush()
             state = opt._store.files["shard"]
-            torch.save({"ids": mine, "weights": shard.detach().clone(), "m": state.m.clone(), "v": state.v.clone()}, os.path.join(folder, f"out{rank}.pt"))
+            torch.save(
+                {"ids": mine, "weights": shard.detach().clone(), "m": state.m.clone(), "v": state.v.clone()},
+                os.path.join(folder, f"out{rank}.pt"),
+            )
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])  # 2: the fast run's one check that processes exchange rows here
+@pytest.mark.parametrize(
+    "world", [2, pytest.param(3, marks=pytest.mark.slow)]
+)  # 2: the fast run's one check that processes exchange rows here
 def test_sharded_steps_equal_one_process_bit_for_bit(tmp_path, world):
     mp.spawn(_rank_main, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
     table, steps = _batches()
@@ -95,8 +106,12 @@ def test_sharded_steps_equal_one_process_bit_for_bit(tmp_path, world):
     for rank in range(world):
         out = torch.load(tmp_path / f"out{rank}.pt", weights_only=True)
         w = whole.detach()[out["ids"]]
-        assert torch.equal(out["weights"], w), f"rank {rank}: weights differ by {(out['weights'] - w).abs().max()}, m by {(out['m'] - m[out['ids']]).abs().max()}, v by {(out['v'] - v[out['ids']]).abs().max()}; rows {out['ids'][(out['weights'] != w).any(1)].tolist()}"
-        assert torch.equal(out["m"], m[out["ids"]]) and torch.equal(out["v"], v[out["ids"]]), f"rank {rank}: moments differ"
+        assert torch.equal(out["weights"], w), (
+            f"rank {rank}: weights differ by {(out['weights'] - w).abs().max()}, m by {(out['m'] - m[out['ids']]).abs().max()}, v by {(out['v'] - v[out['ids']]).abs().max()}; rows {out['ids'][(out['weights'] != w).any(1)].tolist()}"
+        )
+        assert torch.equal(out["m"], m[out["ids"]]) and torch.equal(out["v"], v[out["ids"]]), (
+            f"rank {rank}: moments differ"
+        )
         covered += len(out["ids"])
     assert covered == ROWS
 

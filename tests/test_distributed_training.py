@@ -34,8 +34,12 @@ distributed: {slices: 4, timeout: 60}
 """
 
 
-def recipe_text(model="transe", dropout=0.0, steps=7, loss="cross_entropy", reg=0.0, storage="memory", reldrop=0.0) -> str:
-    return RECIPE % dict(model=model, dropout=dropout, steps=steps, loss=loss, reg=reg, storage=storage, reldrop=reldrop)
+def recipe_text(
+    model="transe", dropout=0.0, steps=7, loss="cross_entropy", reg=0.0, storage="memory", reldrop=0.0
+) -> str:
+    return RECIPE % dict(
+        model=model, dropout=dropout, steps=steps, loss=loss, reg=reg, storage=storage, reldrop=reldrop
+    )
 
 
 def _free_port() -> int:
@@ -44,8 +48,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume: bool, overrides: tuple[str, ...] = ()) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank_main(
+    rank: int, world: int, port: int, text: str, folder: str, resume: bool, overrides: tuple[str, ...] = ()
+) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     from dsa_train.distributed.group import from_environment
     from dsa_train.optim.inspect import StateInspector
@@ -72,7 +80,9 @@ def _rank_main(rank: int, world: int, port: int, text: str, folder: str, resume:
 
 def train_job(world: int, folder: Path, text: str, *, resume: bool = False, overrides: tuple[str, ...] = ()) -> dict:
     """Run a job of ``world`` ranks; returns the whole table, its moments, relations, losses."""
-    mp.start_processes(_rank_main, args=(world, _free_port(), text, str(folder), resume, overrides), nprocs=world, start_method="spawn")
+    mp.start_processes(
+        _rank_main, args=(world, _free_port(), text, str(folder), resume, overrides), nprocs=world, start_method="spawn"
+    )
     parts = [torch.load(folder / f"out{r}.pt") for r in range(world)]
     rows = sum(len(p["ids"]) for p in parts)
     whole = {key: torch.empty(rows, parts[0][key].shape[1], dtype=parts[0][key].dtype) for key in ("weights", "m", "v")}
@@ -131,18 +141,31 @@ def test_a_sharded_disk_table_is_exact_and_holds_its_share_of_the_table(tmp_path
     assert_same(one, train_job(1, tmp_path / "memory", recipe_text()))
     sharding = RowSharding(300, 2, 0)  # the recipe's 300 entities, train.seed 0
     for rank in range(2):
-        shard = DiskEmbedding(sharding.rows_of(rank), 8, path=tmp_path / f"s{rank}.table", std=0.1, first_row=rank * sharding.block, total_rows=300)
-        assert torch.equal(shard.weight.detach(), sharding.initial_rows(rank, 8, std=0.1, seed=0))  # drawn as the whole table is
+        shard = DiskEmbedding(
+            sharding.rows_of(rank),
+            8,
+            path=tmp_path / f"s{rank}.table",
+            std=0.1,
+            first_row=rank * sharding.block,
+            total_rows=300,
+        )
+        assert torch.equal(
+            shard.weight.detach(), sharding.initial_rows(rank, 8, std=0.1, seed=0)
+        )  # drawn as the whole table is
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["distmult", "complex", "rotate"])
 def test_dropout_softplus_n3_stay_exact(tmp_path, model):
-    text = recipe_text(model=model, dropout=0.2, steps=4, loss="softplus", reg=0.01, reldrop=0.0 if model == "rotate" else 0.3)
+    text = recipe_text(
+        model=model, dropout=0.2, steps=4, loss="softplus", reg=0.01, reldrop=0.0 if model == "rotate" else 0.3
+    )
     one = train_job(1, tmp_path / "one", text)
     assert_same(one, train_job(3, tmp_path / "three", text))
     if model == "distmult":  # the relation mask is applied: without it the same run ends elsewhere
-        plain = train_job(1, tmp_path / "plain", recipe_text(model=model, dropout=0.2, steps=4, loss="softplus", reg=0.01))
+        plain = train_job(
+            1, tmp_path / "plain", recipe_text(model=model, dropout=0.2, steps=4, loss="softplus", reg=0.01)
+        )
         assert not torch.equal(one["relations"], plain["relations"])
 
 
@@ -156,7 +179,11 @@ def test_a_sharded_step_is_the_single_process_step(tmp_path, slices, normalize):
     from dsa_train.train.kge import KGETask
     from dsa_train.train.sharded_kge import ShardedKGETask
 
-    recipe = parse_recipe(recipe_text(loss="margin", reg=0.01), source="test", overrides=[f"distributed.slices={slices}", f"model.normalize_entities={str(normalize).lower()}"])
+    recipe = parse_recipe(
+        recipe_text(loss="margin", reg=0.01),
+        source="test",
+        overrides=[f"distributed.slices={slices}", f"model.normalize_entities={str(normalize).lower()}"],
+    )
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     try:
         torch.manual_seed(0)
@@ -178,7 +205,12 @@ def test_a_sharded_step_is_the_single_process_step(tmp_path, slices, normalize):
     assert loss == pytest.approx(reference.item(), rel=1e-5)
     entity_grad = plain.model.node_emb.weight.grad.coalesce().to_dense()[ids]
     torch.testing.assert_close(sharded.model.node_emb.weight.grad.to_dense(), entity_grad, rtol=1e-4, atol=1e-7)
-    torch.testing.assert_close(sharded.model.rel_emb.weight.grad.to_dense(), plain.model.rel_emb.weight.grad.coalesce().to_dense(), rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(
+        sharded.model.rel_emb.weight.grad.to_dense(),
+        plain.model.rel_emb.weight.grad.coalesce().to_dense(),
+        rtol=1e-4,
+        atol=1e-7,
+    )
 
 
 def _rank_until_error(rank: int, world: int, port: int, text: str, folder: str, resume: bool) -> None:
@@ -193,7 +225,13 @@ def _rank_until_error(rank: int, world: int, port: int, text: str, folder: str, 
 
 def _start(world: int, folder: Path, text: str):
     folder.mkdir(parents=True, exist_ok=True)
-    return mp.start_processes(_rank_until_error, args=(world, _free_port(), text, str(folder), False), nprocs=world, start_method="spawn", join=False)
+    return mp.start_processes(
+        _rank_until_error,
+        args=(world, _free_port(), text, str(folder), False),
+        nprocs=world,
+        start_method="spawn",
+        join=False,
+    )
 
 
 def _train_records(folder: Path, rank: int, world: int) -> int:
@@ -235,7 +273,9 @@ def test_a_lost_rank_stops_the_others_with_the_rank_and_step_and_resume_is_exact
     message = (folder / "error0.txt").read_text()
     assert message.startswith("rank 0 of 2 stopped at step ") and "another rank stopped answering" in message
     assert int(message.split("at step ")[1].split()[0]) >= 8
-    assert waited < 30  # the recipe's 4 s timeout and a margin a busy 2-core machine needs (a rank that waits forever fails here)
+    assert (
+        waited < 30
+    )  # the recipe's 4 s timeout and a margin a busy 2-core machine needs (a rank that waits forever fails here)
     resumed = train_job(2, folder, text, resume=True)
     assert_same(resumed, reference)
 
@@ -246,7 +286,9 @@ def test_sharded_filtered_ranking_equals_the_single_process_ranking(tmp_path):
     those of one rank scoring all entities (which is the plain ranking: one chunk, id order),
     and the plain ranking of the same table in one process; in chunks and with sampled negatives too."""
 
-    text = recipe_text(steps=5).replace("final_splits: []", "final_splits: [test], entity_chunk: %d, sampled_negatives: %s")
+    text = recipe_text(steps=5).replace(
+        "final_splits: []", "final_splits: [test], entity_chunk: %d, sampled_negatives: %s"
+    )
     for chunk, sampled in ((1000, "null"), (64, "null"), (1000, 40)):
         recipe_yaml = text % (chunk, sampled)
         one = train_job(1, tmp_path / f"one-{chunk}-{sampled}", recipe_yaml)
@@ -270,9 +312,15 @@ def plain_test_metrics(recipe_yaml: str, job: dict, **ranking) -> dict:
         plain.model.rel_emb.weight.copy_(job["relations"])
     plain.model.eval()
     metrics = evaluate_link_prediction(
-        plain.model.score_entities, plain.kg.rows("test", slice(None)), plain.kg.filter_index(),
-        num_entities=plain.kg.num_entities, batch_size=recipe.eval.batch_size, entity_chunk=1000, seed=recipe.train.seed, **ranking,
-    )  # fmt: skip
+        plain.model.score_entities,
+        plain.kg.rows("test", slice(None)),
+        plain.kg.filter_index(),
+        num_entities=plain.kg.num_entities,
+        batch_size=recipe.eval.batch_size,
+        entity_chunk=1000,
+        seed=recipe.train.seed,
+        **ranking,
+    )
     return {side: m.as_dict() for side, m in metrics.items()}
 
 
@@ -299,7 +347,9 @@ def test_resuming_at_another_number_of_ranks_is_exact(tmp_path, before, after, s
     (disk shards too, whose checkpoints hold deltas on the table as drawn)."""
     folder = tmp_path / "job"
     train_job(before, folder, recipe_text(steps=6, storage=storage))
-    resumed = train_job(after, folder, recipe_text(steps=6, storage=storage), resume=True, overrides=("train.max_steps=11",))
+    resumed = train_job(
+        after, folder, recipe_text(steps=6, storage=storage), resume=True, overrides=("train.max_steps=11",)
+    )
     assert_same(resumed, eleven_steps_on_two_ranks)
     assert json.loads((folder / "checkpoints.json").read_text())["world_size"] == after
 
@@ -319,8 +369,11 @@ def test_the_cli_trains_over_processes_resumes_at_another_count_and_reports_erro
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(temporary)}
     run = lambda *extra: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "dsa_train", "run", str(recipe), "-o", str(tmp_path / "run"), *extra],
-        capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     first = run("--nproc", "2")
     assert first.returncode == 0, first.stderr
     assert "4 steps, 0 epochs" in first.stdout and "on 2 ranks" in first.stdout
@@ -356,20 +409,29 @@ distributed: {slices: 3, timeout: 60}
 
 
 def _node2vec_rank(rank: int, world: int, port: int, text: str, folder: str, resume: bool) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     torch.set_num_threads(1)
     from dsa_train.distributed.group import from_environment
     from dsa_train.train.sharded_run import train_rank
 
-    training, _, _ = train_rank(parse_recipe(text, source="test"), from_environment(), output=Path(folder), resume=resume)
+    training, _, _ = train_rank(
+        parse_recipe(text, source="test"), from_environment(), output=Path(folder), resume=resume
+    )
     shards = training.task.shards
     local = torch.arange(shards.rows_here)
     ids = shards.sharding.ids_of(rank, local)
-    torch.save({"ids": ids, "weights": training.task.model.embedding.weight.detach().clone(), "final": training.final_metrics}, os.path.join(folder, f"n2v{rank}.pt"))
+    torch.save(
+        {"ids": ids, "weights": training.task.model.embedding.weight.detach().clone(), "final": training.final_metrics},
+        os.path.join(folder, f"n2v{rank}.pt"),
+    )
 
 
 def node2vec_job(world: int, folder: Path, text: str) -> dict:
-    mp.start_processes(_node2vec_rank, args=(world, _free_port(), text, str(folder), False), nprocs=world, start_method="spawn")
+    mp.start_processes(
+        _node2vec_rank, args=(world, _free_port(), text, str(folder), False), nprocs=world, start_method="spawn"
+    )
     parts = [torch.load(folder / f"n2v{r}.pt") for r in range(world)]
     weights = torch.empty(sum(len(p["ids"]) for p in parts), parts[0]["weights"].shape[1])
     for p in parts:
@@ -405,11 +467,26 @@ def test_eval_of_a_job_starts_its_ranks_and_gives_the_training_metrics(tmp_path)
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(recipe_text(steps=4).replace("final_splits: []", "final_splits: [test]"))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    trained = subprocess.run([sys.executable, "-m", "dsa_train", "run", str(recipe), "-o", str(tmp_path / "run"), "--nproc", "3"], capture_output=True, text=True, env=env, timeout=300)
+    trained = subprocess.run(
+        [sys.executable, "-m", "dsa_train", "run", str(recipe), "-o", str(tmp_path / "run"), "--nproc", "3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert trained.returncode == 0, trained.stderr
-    final = [json.loads(line) for line in (tmp_path / "run" / "ranks" / "00000-of-00003" / "metrics.jsonl").read_text().splitlines()]
+    final = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "ranks" / "00000-of-00003" / "metrics.jsonl").read_text().splitlines()
+    ]
     expected = next(r for r in final if r["kind"] == "summary")["final"]["test"]
-    scored = subprocess.run([sys.executable, "-m", "dsa_train", "eval", str(tmp_path / "run"), "--json"], capture_output=True, text=True, env=env, timeout=300)
+    scored = subprocess.run(
+        [sys.executable, "-m", "dsa_train", "eval", str(tmp_path / "run"), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert scored.returncode == 0, scored.stderr
     document = json.loads(scored.stdout)
     assert document["checkpoint"] == 4 and document["metrics"] == expected

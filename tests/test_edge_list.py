@@ -22,7 +22,9 @@ from .test_graph_import import brute_force_csr, pairs_of
 
 
 def graph_of(path: Path, labels: Path | None = None, **edges):
-    config = DatasetConfig(kind="edge_list", path=str(path), labels=str(labels) if labels else None, edges=EdgeListConfig(**edges))
+    config = DatasetConfig(
+        kind="edge_list", path=str(path), labels=str(labels) if labels else None, edges=EdgeListConfig(**edges)
+    )
     return load_graph(config)
 
 
@@ -39,7 +41,9 @@ def nothing_imported() -> bool:
 
 def test_snap_style_comments_spaces_and_tabs(tmp_path):
     path = tmp_path / "web.txt"
-    path.write_text("# Directed graph: web.txt\n# Nodes: 4 Edges: 4\n# FromNodeId\tToNodeId\n10\t20\n20 30\n  30\t\t10  \n\n40 10\n")
+    path.write_text(
+        "# Directed graph: web.txt\n# Nodes: 4 Edges: 4\n# FromNodeId\tToNodeId\n10\t20\n20 30\n  30\t\t10  \n\n40 10\n"
+    )
     graph = graph_of(path)
     assert named_edges(graph) == {frozenset(p) for p in [("10", "20"), ("20", "30"), ("30", "10"), ("40", "10")]}
     assert graph.num_nodes == 4 and graph.dataset.meta["input_edges"] == 4
@@ -53,8 +57,12 @@ def test_held_out_edges_leave_the_adjacency(tmp_path):
     graph = load_graph(config)
     held = torch.cat([graph.valid_edges, graph.test_edges]).long()
     names = np.array(graph.node_names(range(graph.num_nodes))).astype(int)
-    everything = {frozenset(p) for p in names[held.numpy()].tolist()} | {frozenset(p) for p in names[np.array(sorted(pairs_of(graph.rowptr, graph.col)))].tolist()}
-    assert everything == {frozenset((i, (i + 1) % 300)) for i in range(300)}  # every edge: in the adjacency or held out, never both
+    everything = {frozenset(p) for p in names[held.numpy()].tolist()} | {
+        frozenset(p) for p in names[np.array(sorted(pairs_of(graph.rowptr, graph.col)))].tolist()
+    }
+    assert everything == {
+        frozenset((i, (i + 1) % 300)) for i in range(300)
+    }  # every edge: in the adjacency or held out, never both
     assert graph.num_edges + len(held) == 300 and 30 < len(held) < 150
 
 
@@ -123,7 +131,11 @@ def test_labels_with_and_without_split_column(tmp_path):
     ids = dict(zip(["a", "b", "c", "d", "e"], graph.node_ids(["a", "b", "c", "d", "e"])))
     assert graph.num_nodes == 5 and graph.num_classes == 2 and graph.dataset.meta["class_names"] == ["cat", "dog"]
     assert [int(graph.labels[ids[n]]) for n in "abcde"] == [0, 1, -1, -1, 0]
-    assert graph.nodes("train").tolist() == [ids["a"]] and graph.nodes("valid").tolist() == [ids["b"]] and graph.nodes("test").tolist() == [ids["e"]]
+    assert (
+        graph.nodes("train").tolist() == [ids["a"]]
+        and graph.nodes("valid").tolist() == [ids["b"]]
+        and graph.nodes("test").tolist() == [ids["e"]]
+    )
     numbered = tmp_path / "numbered.tsv"
     numbered.write_text("".join(f"{i}\t{i % 3}\n" for i in range(200)))
     ring = tmp_path / "ring.txt"
@@ -200,7 +212,9 @@ def test_a_million_edges_against_a_set(tmp_path):
         f.write("# a generated graph\n")
         f.write("\n".join(f"n{a}\tn{b}" for a, b in zip(u.tolist(), v.tolist())))
     graph = graph_of(path)
-    original = np.array([int(name[1:]) for name in graph.node_names(range(graph.num_nodes))])  # row -> the number in its name
+    original = np.array(
+        [int(name[1:]) for name in graph.node_names(range(graph.num_nodes))]
+    )  # row -> the number in its name
     rows = torch.repeat_interleave(torch.arange(graph.num_nodes), graph.rowptr[1:] - graph.rowptr[:-1]).numpy()
     a, b = original[rows], original[graph.col.numpy()]
     got = np.unique(np.minimum(a, b) * 50_000 + np.maximum(a, b))
@@ -256,27 +270,37 @@ def test_cora_as_an_edge_list_trains_as_cora_through_planetoid(tmp_path, test_da
     split = {int(n): s for s in ("train", "valid", "test") for n in cora.nodes(s)}
     labels.write_text("".join(f"{n}\t{int(cora.labels[n])}\t{split[n]}\n" for n in range(cora.num_nodes) if n in split))
     planetoid, planetoid_weight = _train(tmp_path, "planetoid", f"{{kind: planetoid, name: Cora, root: {root}}}")
-    numbered, numbered_weight = _train(tmp_path, "numbered", f"{{kind: edge_list, path: {edges}, labels: {labels}, root: {root}, edges: {{ids: integers}}}}")
+    numbered, numbered_weight = _train(
+        tmp_path,
+        "numbered",
+        f"{{kind: edge_list, path: {edges}, labels: {labels}, root: {root}, edges: {{ids: integers}}}}",
+    )
     assert numbered == planetoid and torch.equal(numbered_weight, planetoid_weight)
 
     named_graph = load_graph(DatasetConfig(kind="edge_list", path=str(edges), labels=str(labels), root=str(root)))
     renamed = np.array([int(n) for n in named_graph.node_names(range(named_graph.num_nodes))])  # row -> Cora's node
-    assert sorted(map(tuple, np.sort(renamed[np.array(sorted(pairs_of(named_graph.rowptr, named_graph.col)))], 1).tolist())) == sorted(
-        map(tuple, np.sort(np.array(sorted(pairs_of(cora.rowptr, cora.col))), 1).tolist())
-    )
+    assert sorted(
+        map(tuple, np.sort(renamed[np.array(sorted(pairs_of(named_graph.rowptr, named_graph.col)))], 1).tolist())
+    ) == sorted(map(tuple, np.sort(np.array(sorted(pairs_of(cora.rowptr, cora.col))), 1).tolist()))
     labelled = named_graph.labels >= 0  # the nodes in a split (the file lists only those)
-    assert int(labelled.sum()) == len(split) and torch.equal(named_graph.labels[labelled].long(), cora.labels.long()[renamed][labelled])
+    assert int(labelled.sum()) == len(split) and torch.equal(
+        named_graph.labels[labelled].long(), cora.labels.long()[renamed][labelled]
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "model,order,partitions,storage,directed",
     [
-        ("node2vec", "random", 1, "memory", False), ("node2vec", "partitioned", 2, "disk", False), ("sage", "random", 1, "memory", False),
+        ("node2vec", "random", 1, "memory", False),
+        ("node2vec", "partitioned", 2, "disk", False),
+        ("sage", "random", 1, "memory", False),
         ("node2vec", "random", 1, "memory", True),
     ],
 )
-def test_models_train_on_a_named_edge_list_and_results_speak_its_names(tmp_path, model, order, partitions, storage, directed):
+def test_models_train_on_a_named_edge_list_and_results_speak_its_names(
+    tmp_path, model, order, partitions, storage, directed
+):
     """node2vec (random and partition order, undirected and directed) and GraphSAGE train on
     an edge list of names; the finished run names its rows by the file's names, and looks
     rows up by them."""
@@ -297,11 +321,16 @@ def test_models_train_on_a_named_edge_list_and_results_speak_its_names(tmp_path,
     edges.write_text("from,to\n" + "".join(f"{a},{b}\n" for a, b in sorted(pairs)))
     labels.write_text("".join(f"{n}\t{'red' if g else 'blue'}\n" for n, g in group.items()))
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(node_recipe(
-        model, f"{{kind: edge_list, path: '{edges}', labels: '{labels}', link_split: [0.1, 0.2], edges: {{directed: {str(directed).lower()}}}}}", model=model, storage=storage,
-        train=f"{{epochs: 4, batch_size: 32, log_every: 50, checkpoint_every: 1000, order: {order}, partitions: {partitions}}}",
-        eval="{every_epochs: 4, final_splits: [test]}",
-    ))  # fmt: skip
+    recipe.write_text(
+        node_recipe(
+            model,
+            f"{{kind: edge_list, path: '{edges}', labels: '{labels}', link_split: [0.1, 0.2], edges: {{directed: {str(directed).lower()}}}}}",
+            model=model,
+            storage=storage,
+            train=f"{{epochs: 4, batch_size: 32, log_every: 50, checkpoint_every: 1000, order: {order}, partitions: {partitions}}}",
+            eval="{every_epochs: 4, final_splits: [test]}",
+        )
+    )
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["run", str(recipe), "--output", str(out)])
     assert result.exit_code == 0, result.stderr
@@ -326,7 +355,9 @@ def test_many_scratch_partitions_number_as_one(tmp_path, monkeypatch):
     for count in (1, 8):
         monkeypatch.setattr(edge_import, "partitions_for", lambda *_, count=count: count)
         graph = graph_of(path, labels)
-        folders.append({p.name: p.read_bytes() for p in sorted(graph.dataset.folder.iterdir()) if p.name != "manifest.json"})
+        folders.append(
+            {p.name: p.read_bytes() for p in sorted(graph.dataset.folder.iterdir()) if p.name != "manifest.json"}
+        )
         assert named_edges(graph) == {frozenset((f"n{a}", f"n{b}")) for a, b in zip(u, v) if a != b}
         ids = graph.node_ids([f"n{i}" for i in range(0, 3000, 7)])
         assert graph.labels[ids].tolist() == [i % 4 for i in range(0, 3000, 7)]

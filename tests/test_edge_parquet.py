@@ -31,9 +31,14 @@ def arrays(graph) -> dict[str, bytes]:
 
 
 def test_string_ids_and_weights(tmp_path):
-    path = write_parquet(tmp_path / "e.parquet", src=["a", "b", "c", "a"], dst=["b", "c", "a", "a"], w=[0.5, 2.0, 1.0, 3.0])
+    path = write_parquet(
+        tmp_path / "e.parquet", src=["a", "b", "c", "a"], dst=["b", "c", "a", "a"], w=[0.5, 2.0, 1.0, 3.0]
+    )
     graph = graph_of(path, source="src", target="dst", weight="w", min_weight=1.0)
-    assert named_edges(graph) == {frozenset(("b", "c")), frozenset(("c", "a"))}  # (a, b) below min_weight, (a, a) a self-loop
+    assert named_edges(graph) == {
+        frozenset(("b", "c")),
+        frozenset(("c", "a")),
+    }  # (a, b) below min_weight, (a, a) a self-loop
     meta = graph.dataset.meta
     assert (meta["input_edges"], meta["below_min_weight"], meta["self_loops"], meta["num_edges"]) == (3, 1, 1, 2)
 
@@ -41,7 +46,11 @@ def test_string_ids_and_weights(tmp_path):
 def test_integer_ids_as_rows_and_as_names(tmp_path):
     path = write_parquet(tmp_path / "e.parquet", a=np.array([0, 1, 7], np.int32), b=np.array([1, 2, 0], np.int32))
     rows = graph_of(path, ids="integers")
-    assert rows.num_nodes == 8 and rows.rowptr.tolist() == [0, 2, 4, 5, 5, 5, 5, 5, 6] and rows.col.tolist() == [1, 7, 0, 2, 1, 0]
+    assert (
+        rows.num_nodes == 8
+        and rows.rowptr.tolist() == [0, 2, 4, 5, 5, 5, 5, 5, 6]
+        and rows.col.tolist() == [1, 7, 0, 2, 1, 0]
+    )
     as_rows = arrays(rows)  # read now: another import of the same path replaces it
     named = graph_of(path)  # ids: names (the default): a number's name is its decimal text
     assert named.num_nodes == 4 and named_edges(named) == {frozenset(p) for p in [("0", "1"), ("1", "2"), ("7", "0")]}
@@ -64,13 +73,23 @@ def test_the_same_graph_as_text_and_as_parquet_imports_alike(tmp_path, monkeypat
     labels.write_text("".join(f"{i}\t{i % 5}\n" for i in range(0, 400, 3)))
     folder = tmp_path / "graph.parquet"
     folder.mkdir()
-    write_parquet(folder / "part-0.parquet", 500, source=u[:1800], target=v[:1800].astype(str))  # a column of ints, one of strings
+    write_parquet(
+        folder / "part-0.parquet", 500, source=u[:1800], target=v[:1800].astype(str)
+    )  # a column of ints, one of strings
     write_parquet(folder / "part-1.parquet", 500, source=u[1800:], target=v[1800:].astype(str))
     (folder / "_SUCCESS").write_bytes(b"")
     from dsa_train.recipe import DatasetConfig, EdgeListConfig
 
     def load(path):
-        return load_graph(DatasetConfig(kind="edge_list", path=str(path), labels=str(labels), link_split=(0.1, 0.1), edges=EdgeListConfig(ids=ids)))
+        return load_graph(
+            DatasetConfig(
+                kind="edge_list",
+                path=str(path),
+                labels=str(labels),
+                link_split=(0.1, 0.1),
+                edges=EdgeListConfig(ids=ids),
+            )
+        )
 
     from_text, from_parquet = load(text), load(folder)
     assert from_text.num_nodes == from_parquet.num_nodes and from_text.num_edges == from_parquet.num_edges > 1000
@@ -81,7 +100,9 @@ def test_the_same_graph_as_text_and_as_parquet_imports_alike(tmp_path, monkeypat
 
 def test_missing_column_is_named(tmp_path):
     path = write_parquet(tmp_path / "e.parquet", src=["a"], dst=["b"])
-    with pytest.raises(ConfigError, match=r"dataset.edges.target: '.*e.parquet' has no column 'to' \(its columns: src, dst\)"):
+    with pytest.raises(
+        ConfigError, match=r"dataset.edges.target: '.*e.parquet' has no column 'to' \(its columns: src, dst\)"
+    ):
         graph_of(path, source="src", target="to")
     with pytest.raises(ConfigError, match=r"column 2 is past the 2 columns of '.*e.parquet' \(src, dst\)"):
         graph_of(path, weight=2)
@@ -93,12 +114,28 @@ def test_missing_column_is_named(tmp_path):
 @pytest.mark.parametrize(
     "columns,settings,message",
     [
-        ({"s": ["a", "b", None, "d"], "t": ["b", "c", "d", None]}, {}, r"column 's' is null in row 1002 \(counting from 0\)"),
+        (
+            {"s": ["a", "b", None, "d"], "t": ["b", "c", "d", None]},
+            {},
+            r"column 's' is null in row 1002 \(counting from 0\)",
+        ),
         ({"s": [1, 2, 3, -4], "t": [2, 3, 4, 5]}, {"ids": "integers"}, r"column 's' holds a negative id in row 1003"),
-        ({"s": ["1", "2", "x", "4"], "t": ["2", "3", "4", "5"]}, {"ids": "integers"}, r"column 's' holds a value that is not a whole number .* in row 1002"),
+        (
+            {"s": ["1", "2", "x", "4"], "t": ["2", "3", "4", "5"]},
+            {"ids": "integers"},
+            r"column 's' holds a value that is not a whole number .* in row 1002",
+        ),
         ({"s": ["a", "b", "", "d"], "t": ["b", "c", "d", "e"]}, {}, r"column 's' holds an empty name in row 1002"),
-        ({"s": ["a", "b", "c", "d"], "t": ["b", "c", "d", "e"], "w": [1.0, None, 2.0, 3.0]}, {"weight": "w"}, r"column 'w' is null in row 1001"),
-        ({"s": [1.5, 2.0, 3.0, 4.0], "t": [2, 3, 4, 5]}, {}, r"column 's' \(source\) holds double, not integers or strings"),
+        (
+            {"s": ["a", "b", "c", "d"], "t": ["b", "c", "d", "e"], "w": [1.0, None, 2.0, 3.0]},
+            {"weight": "w"},
+            r"column 'w' is null in row 1001",
+        ),
+        (
+            {"s": [1.5, 2.0, 3.0, 4.0], "t": [2, 3, 4, 5]},
+            {},
+            r"column 's' \(source\) holds double, not integers or strings",
+        ),
     ],
 )
 def test_bad_values_name_file_column_and_row(tmp_path, monkeypatch, columns, settings, message):

@@ -29,9 +29,15 @@ def test_dlrm_tables_by_hand(storage, optimizer, ram, disk):
 
 
 def test_criteo_layout_and_graphs_and_unknown_rows():
-    criteo = parse_recipe("dataset: {kind: click_log, path: day_0, layout: criteo}\nmodel: {kind: dlrm, recsys: {rows: 100}}\n", source="r")
+    criteo = parse_recipe(
+        "dataset: {kind: click_log, path: day_0, layout: criteo}\nmodel: {kind: dlrm, recsys: {rows: 100}}\n",
+        source="r",
+    )
     assert estimate(criteo).rows == 2600
-    kg = parse_recipe("dataset: {kind: synthetic, synthetic: {entities: 500, relations: 7}}\nmodel: {kind: transe, dim: 8}\n", source="r")
+    kg = parse_recipe(
+        "dataset: {kind: synthetic, synthetic: {entities: 500, relations: 7}}\nmodel: {kind: transe, dim: 8}\n",
+        source="r",
+    )
     assert estimate(kg).rows == 500 + 2 * 7  # reciprocal: an inverse per relation
     cora = estimate(parse_recipe("dataset: {kind: planetoid, name: Cora}\nmodel: {kind: node2vec}\n", source="r"))
     assert cora.rows is None and "known once it is imported" in cora.lines()[0]
@@ -42,7 +48,9 @@ def test_a_warning_when_the_machine_has_less(monkeypatch, tmp_path):
     monkeypatch.setattr(estimate_module, "host_total_bytes", lambda: 100_000)
     monkeypatch.setattr(estimate_module, "free_disk_bytes", lambda folder: 1000)
     lines = found.lines(output=tmp_path)
-    assert any(line.startswith("warning: the tables need 500.0 KiB of RAM and this machine has 97.7 KiB") for line in lines)
+    assert any(
+        line.startswith("warning: the tables need 500.0 KiB of RAM and this machine has 97.7 KiB") for line in lines
+    )
     assert any(line.startswith("warning: the run may write up to") for line in lines)
 
 
@@ -51,6 +59,9 @@ def test_validate_and_dry_run_print_it(tmp_path):
     recipe.write_text(DLRM % ("memory", "dsa"))
     for args in (["validate", str(recipe)], ["run", str(recipe), "--dry-run"]):
         result = CliRunner().invoke(app, args)
-        assert result.exit_code == 0 and "estimate: tables in RAM 500.0 KiB, disk up to 2.4 MiB (8,000 table rows)" in result.stdout
+        assert (
+            result.exit_code == 0
+            and "estimate: tables in RAM 500.0 KiB, disk up to 2.4 MiB (8,000 table rows)" in result.stdout
+        )
     shown = CliRunner().invoke(app, ["validate", str(recipe), "--show"])
     assert "estimate:" in shown.stderr and "estimate:" not in shown.stdout  # the YAML alone on stdout

@@ -77,7 +77,13 @@ def every_score(task, side: str, anchor: int, relation: int) -> torch.Tensor:
 def test_k_vs_all_loss_is_its_definition_per_query(loss, model):
     """Each distinct query: cross-entropy of the softmax over every entity against the target
     spread over its answers, or the balanced binary cross-entropy."""
-    task = task_for("train.labels=all", f"train.loss={loss}", f"model.kind={model}", "train.entity_chunk=37", "model.reciprocal=false")
+    task = task_for(
+        "train.labels=all",
+        f"train.loss={loss}",
+        f"model.kind={model}",
+        "train.entity_chunk=37",
+        "model.reciprocal=false",
+    )
     answers = answers_by_scan(task.kg.train.long())
     picked = torch.tensor([0, 5, 11, len(task.distinct_queries()) - 1, len(task.distinct_queries()) // 2 + 3])
     batch = task.distinct_queries().batch(picked)
@@ -96,14 +102,23 @@ def test_k_vs_all_loss_is_its_definition_per_query(loss, model):
     assert actual.item() == pytest.approx(torch.stack(expected).mean().item(), rel=1e-9)
 
 
-@pytest.mark.parametrize("labels,loss", [("one", "cross_entropy"), ("one", "softplus"), ("one", "margin"), ("all", "cross_entropy"), ("all", "softplus")])
+@pytest.mark.parametrize(
+    "labels,loss",
+    [("one", "cross_entropy"), ("one", "softplus"), ("one", "margin"), ("all", "cross_entropy"), ("all", "softplus")],
+)
 def test_chunks_change_nothing_but_how_many_scores_are_held(labels, loss, monkeypatch):
     """Any train.entity_chunk gives the unchunked loss and gradients, and no score matrix,
     forward or recomputed in the backward pass, is wider than a chunk."""
     widest = []
     results = {}
     for chunk in (300, 64, 7):
-        task = task_for(f"train.labels={labels}", f"train.loss={loss}", f"train.entity_chunk={chunk}", "model.kind=complex", "train.regularization=0.01")
+        task = task_for(
+            f"train.labels={labels}",
+            f"train.loss={loss}",
+            f"train.entity_chunk={chunk}",
+            "model.kind=complex",
+            "train.regularization=0.01",
+        )
         score_sets = task.model.score_sets
 
         def recording(anchor, rel, candidates, side, score_sets=score_sets):
@@ -116,7 +131,9 @@ def test_chunks_change_nothing_but_how_many_scores_are_held(labels, loss, monkey
         loss_value.backward()
         assert max(widest) == min(chunk, 300)
         calls = 2 * -(-300 // chunk)  # a tail and a head group per chunk
-        assert len(widest) == (calls if chunk >= 300 else 2 * calls)  # several chunks: each scored again in the backward pass
+        assert len(widest) == (
+            calls if chunk >= 300 else 2 * calls
+        )  # several chunks: each scored again in the backward pass
         grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in task.model.parameters()]
         results[chunk] = (loss_value.item(), grads)
     reference_loss, reference_grads = results[300]
@@ -133,13 +150,18 @@ def test_k_vs_all_epoch_is_the_distinct_queries_and_the_memory_check_counts_chun
 
     step = kge_working(parse_recipe(TINY, overrides=["train.entity_chunk=100"]), 3000, 100, 300)[0]
     assert "256 queries x 100 entities at a time" in step.what and "train.entity_chunk" in step.keys
-    wide = kge_working(parse_recipe(TINY, overrides=["train.entity_chunk=100000", "train.labels=all"]), 3000, 100, 300)[0]
+    wide = kge_working(parse_recipe(TINY, overrides=["train.entity_chunk=100000", "train.labels=all"]), 3000, 100, 300)[
+        0
+    ]
     assert "128 queries x 300 entities at a time" in wide.what
 
 
 @pytest.mark.parametrize(
     "overrides,key",
-    [(["train.labels=all", "train.candidates=sampled"], "train.labels"), (["train.labels=all", "train.loss=margin"], "train.loss")],
+    [
+        (["train.labels=all", "train.candidates=sampled"], "train.labels"),
+        (["train.labels=all", "train.loss=margin"], "train.loss"),
+    ],
 )
 def test_k_vs_all_refuses_what_it_cannot_mean(overrides, key):
     with pytest.raises(ConfigError, match=key):
@@ -153,12 +175,29 @@ def test_k_vs_all_trains_equally_with_both_optimizers(tmp_path):
     path.write_text(TINY)
     for optimizer in ("dsa", "sparse_adam"):
         out = tmp_path / optimizer
-        result = CliRunner().invoke(app, ["run", str(path), "--output", str(out), "--set", "train.labels=all", "--set", "optimizer.lr=0.1", "--set", f"optimizer.kind={optimizer}"])
+        result = CliRunner().invoke(
+            app,
+            [
+                "run",
+                str(path),
+                "--output",
+                str(out),
+                "--set",
+                "train.labels=all",
+                "--set",
+                "optimizer.lr=0.1",
+                "--set",
+                f"optimizer.kind={optimizer}",
+            ],
+        )
         assert result.exit_code == 0, result.stderr
         records = MetricsLog.read(out / "metrics.jsonl")
         summary = [r for r in records if r["kind"] == "summary"][0]
         assert {r["unit"] for r in records if r["kind"] == "epoch"} == {"queries"}  # an epoch item is a query
-        finals[optimizer] = ([r["loss"] for r in records if r["kind"] == "train"], summary["final"]["test"]["both"]["mrr"])
+        finals[optimizer] = (
+            [r["loss"] for r in records if r["kind"] == "train"],
+            summary["final"]["test"]["both"]["mrr"],
+        )
     assert len(finals["dsa"][0]) >= 3 and finals["dsa"][1] > 0.15  # 300 entities: a random ranking's MRR is about 0.02
     assert finals["dsa"][0] == pytest.approx(finals["sparse_adam"][0], rel=1e-5)
     assert finals["dsa"][1] == pytest.approx(finals["sparse_adam"][1], rel=1e-5)

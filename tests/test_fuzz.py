@@ -30,15 +30,25 @@ def dotted_keys(cls=Recipe, prefix=""):
 KEYS = dotted_keys()
 NAMES = sorted({k.split(".")[-1] for k in KEYS})
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(10**12), 10**12), st.floats(allow_nan=True), st.text(max_size=12),
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
     st.sampled_from(["tsv", "synthetic", "fb15k237", "transe", "distmult", "dsa", "sparse_adam", "1e-3", "../..", "/"]),
-)  # fmt: skip
+)
 keys = st.one_of(st.sampled_from(NAMES), st.text(max_size=8))
-documents = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=5)), max_leaves=25)
+documents = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=5)),
+    max_leaves=25,
+)
 overrides = st.lists(
     st.one_of(
         st.builds(lambda k, v: f"{k}={v}", st.sampled_from(KEYS), st.text(max_size=10)),
-        st.builds(lambda k, v: f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}", st.sampled_from(KEYS), scalars),
+        st.builds(
+            lambda k, v: f"{k}={yaml.safe_dump(v, default_flow_style=True).strip()}", st.sampled_from(KEYS), scalars
+        ),
         st.text(max_size=15),
     ),
     max_size=4,
@@ -56,9 +66,18 @@ KEYED = re.compile(
     r"(?: \((?:line (?P<line>\d+)|from (?P<origin>--set|the file name)|in the section at line (?P<section>\d+))\))?: (?P<what>\S.*)",
     re.S,
 )
-WHOLE = re.compile(r"--set \S.*: \S.*|not valid YAML(?: \(line (?P<line>\d+)\))?: \S.*|the top level must be a mapping of sections, got .+", re.S)
+WHOLE = re.compile(
+    r"--set \S.*: \S.*|not valid YAML(?: \(line (?P<line>\d+)\))?: \S.*|the top level must be a mapping of sections, got .+",
+    re.S,
+)
 # The composer's refusals (a bomb, a cycle, too deep) and duplicate keys can be at any path.
-ANYWHERE = ("duplicate key", "the recipe has more than", "an alias refers to itself", "nested deeper than", "nested too deeply")
+ANYWHERE = (
+    "duplicate key",
+    "the recipe has more than",
+    "an alias refers to itself",
+    "nested deeper than",
+    "nested too deeply",
+)
 
 
 def where_problem(problem: str, text: str, sets: list[str]) -> str | None:
@@ -111,9 +130,13 @@ def check(text, sets):
 
 def test_the_check_refuses_problems_that_do_not_say_where():
     text = "model:\n  dim: -1\n"
-    for good in ("model.dim (line 2): must be > 0, got -1", "model.'a.b' (line 2): unknown key; valid keys: kind, dim",
-                 "eval.final_splits.0 (from --set): must be one of 'valid', 'test', got 3", "dataset: missing (required)",
-                 "not valid YAML (line 3): found character '\\t' that cannot start any token"):  # fmt: skip
+    for good in (
+        "model.dim (line 2): must be > 0, got -1",
+        "model.'a.b' (line 2): unknown key; valid keys: kind, dim",
+        "eval.final_splits.0 (from --set): must be one of 'valid', 'test', got 3",
+        "dataset: missing (required)",
+        "not valid YAML (line 3): found character '\\t' that cannot start any token",
+    ):
         assert where_problem(good, text, ["eval.final_splits=[3]"]) is None, good
     for bad, sets in (
         ("invalid literal for int() with base 10: 'x'", []),  # a bare exception's text
@@ -134,7 +157,9 @@ def test_parse_never_crashes(text, sets):
     check(text, sets)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(texts, overrides, st.sampled_from([["validate"], ["run", "--dry-run"]]))
 def test_cli_never_shows_a_traceback(tmp_path, text, sets, command):
     path = tmp_path / "fuzz.yaml"

@@ -56,7 +56,9 @@ def skewed_edges(count: int, num_nodes: int, seed: int) -> tuple[np.ndarray, np.
     return np.concatenate([u, v[:50]]), np.concatenate([v, u[:50]])  # some pairs in both directions
 
 
-@pytest.mark.parametrize("memory_bytes", [256 << 20, 64 * 40, 64 * 3], ids=["one-partition", "many-partitions", "tiny-budget"])
+@pytest.mark.parametrize(
+    "memory_bytes", [256 << 20, 64 * 40, 64 * 3], ids=["one-partition", "many-partitions", "tiny-budget"]
+)
 def test_csr_equals_brute_force(tmp_path, memory_bytes):
     """Tiny budgets force many partitions, the range splits of an oversized partition (node 7
     holds a third of the keys) and the bitmap of a narrow range: the arrays stay the same."""
@@ -66,7 +68,9 @@ def test_csr_equals_brute_force(tmp_path, memory_bytes):
     rowptr, col = brute_force_csr(u, v, 300)
     assert torch.equal(dataset.tensor("rowptr"), rowptr)
     assert dataset.array("col").dtype == np.int32 and torch.equal(dataset.tensor("col").long(), col)
-    assert dataset.meta["num_edges"] * 2 == len(col) and dataset.meta["max_degree"] == int((rowptr[1:] - rowptr[:-1]).max())
+    assert dataset.meta["num_edges"] * 2 == len(col) and dataset.meta["max_degree"] == int(
+        (rowptr[1:] - rowptr[:-1]).max()
+    )
     assert not (tmp_path / "g" / ".scratch").exists()
 
 
@@ -82,7 +86,9 @@ def test_partition_spans_keep_keys_within_int64():
 
 @pytest.mark.parametrize("memory_bytes", [256 << 20, 64 * 500], ids=["one-partition", "many-partitions"])
 def test_synthetic_graph_equals_in_ram_construction(tmp_path, memory_bytes):
-    dataset = written(tmp_path, lambda w: write_synthetic_graph(w, config=SMALL, link_split=(0.0, 0.0), memory_bytes=memory_bytes))
+    dataset = written(
+        tmp_path, lambda w: write_synthetic_graph(w, config=SMALL, link_split=(0.0, 0.0), memory_bytes=memory_bytes)
+    )
     u, v = map(np.concatenate, zip(*graph_synthetic._synthetic_edges(SMALL)))  # the generator's draws
     assert len(u) == SMALL.nodes * SMALL.average_degree // 2
     rowptr, col = brute_force_csr(u, v, SMALL.nodes)

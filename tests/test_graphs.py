@@ -17,7 +17,9 @@ from .test_graph_import import pairs_of, written
 
 
 def synthetic(root=None, link_split=(0.0, 0.0), **settings):
-    return load_graph(DatasetConfig(kind="synthetic_graph", graph=GraphSyntheticConfig(**settings), link_split=link_split, root=root))
+    return load_graph(
+        DatasetConfig(kind="synthetic_graph", graph=GraphSyntheticConfig(**settings), link_split=link_split, root=root)
+    )
 
 
 def test_csr_is_symmetric_sorted_and_without_loops(tmp_path):
@@ -68,9 +70,16 @@ def test_planetoid_offline_says_which_files_to_place_where(tmp_path, monkeypatch
         raise OSError("Network is unreachable")
 
     monkeypatch.setattr(Planetoid, "download", offline)  # offline even where there is a network
-    with pytest.raises(DatasetError, match=r"Planetoid Cora: ind.cora.x, .*, ind.cora.test.index are missing from '.*Cora/raw' and could not be downloaded") as err:
+    with pytest.raises(
+        DatasetError,
+        match=r"Planetoid Cora: ind.cora.x, .*, ind.cora.test.index are missing from '.*Cora/raw' and could not be downloaded",
+    ) as err:
         load_graph(DatasetConfig(kind="planetoid", name="Cora", root=str(tmp_path)))
-    assert "kimiyoung/planetoid" in err.value.hint and "DSA_DATA_ROOT" in err.value.hint and "'Cora/raw/'" in err.value.hint
+    assert (
+        "kimiyoung/planetoid" in err.value.hint
+        and "DSA_DATA_ROOT" in err.value.hint
+        and "'Cora/raw/'" in err.value.hint
+    )
 
 
 def test_cora(test_data, tmp_path):
@@ -102,7 +111,11 @@ def test_probe_matches_scikit_learn():
     y = (x @ torch.randn(12, 4) + torch.randn(400, 4)).argmax(1)
     train = torch.rand(400) < 0.3
     ours = probe_accuracy(x, y, train, {"test": ~train})["test"]
-    reference = sklearn.LogisticRegression(max_iter=1000).fit(x[train].numpy(), y[train].numpy()).score(x[~train].numpy(), y[~train].numpy())
+    reference = (
+        sklearn.LogisticRegression(max_iter=1000)
+        .fit(x[train].numpy(), y[train].numpy())
+        .score(x[~train].numpy(), y[~train].numpy())
+    )
     assert ours == pytest.approx(reference, abs=1 / 400)
 
 
@@ -146,7 +159,12 @@ def in_ram_subgraph(rowptr, col, seeds, fanout):
         if len(reachable) == 0:
             break
         picks = (torch.rand(len(reachable), k) * degree[reachable][:, None]).long()
-        pairs = torch.unique(torch.stack([reachable[:, None].expand(-1, k).reshape(-1), col[rowptr[reachable][:, None] + picks].reshape(-1)], 1), dim=0)
+        pairs = torch.unique(
+            torch.stack(
+                [reachable[:, None].expand(-1, k).reshape(-1), col[rowptr[reachable][:, None] + picks].reshape(-1)], 1
+            ),
+            dim=0,
+        )
         targets.append(pairs[:, 0])
         sources.append(pairs[:, 1])
         new = torch.unique(pairs[:, 1])

@@ -15,7 +15,9 @@ from dsa_train.optim import row_file
 
 
 def files_hash(directory):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.name != ".lock"}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.name != ".lock"
+    }
 
 
 def step(emb, opt, rows, scale=1.0):
@@ -35,7 +37,9 @@ def test_non_finite_gradient_is_refused_before_any_write(state_dir, poison):
         opt.zero_grad()
         users(torch.tensor([3])).sum().backward()  # a clean gradient for users...
         (items(torch.tensor([4])).sum() * poison).backward()  # ...and a poisoned one for items
-        with pytest.raises(TrainingError, match=r"parameter 'items' has a non-finite gradient \(NaN or Inf\) at its step 1"):
+        with pytest.raises(
+            TrainingError, match=r"parameter 'items' has a non-finite gradient \(NaN or Inf\) at its step 1"
+        ):
             opt.step()
         assert files_hash(state_dir) == before[0]  # not even marked dirty
         assert torch.equal(users.weight, before[1]) and opt.state[users.weight]["step"] == 1

@@ -51,7 +51,9 @@ def write_random_kg(folder, *, entities=300, relations=12, rows=(2000, 150, 150)
     for split, count in zip(SPLITS, rows):
         lines = [f"{rng.choice(ents)}\t{rng.choice(rels)}\t{rng.choice(ents)}" for _ in range(count)]
         lines += lines[:5]  # duplicate facts stay as they are
-        (folder / f"{split}.txt").write_text("\n".join(lines) + ("\n" if split != "test" else ""))  # test: no final newline
+        (folder / f"{split}.txt").write_text(
+            "\n".join(lines) + ("\n" if split != "test" else "")
+        )  # test: no final newline
     return folder
 
 
@@ -73,14 +75,18 @@ def check_against_reference(kg, folder):
     assert (order == np.arange(len(prints))).all()
 
 
-@pytest.mark.parametrize("memory_bytes,chunk_bytes", [(256 << 20, 8 << 20), (4096, 97)], ids=["one-partition", "many-partitions-tiny-chunks"])
+@pytest.mark.parametrize(
+    "memory_bytes,chunk_bytes", [(256 << 20, 8 << 20), (4096, 97)], ids=["one-partition", "many-partitions-tiny-chunks"]
+)
 def test_import_equals_a_dict_based_parse(tmp_path, monkeypatch, memory_bytes, chunk_bytes):
     folder = write_random_kg(tmp_path / "kg")
     monkeypatch.setattr(tsv_module, "CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(tsv_import, "WINDOW_ROWS", 37)
     monkeypatch.setattr(tsv_import, "TOKEN_BLOCK", 53 if chunk_bytes < 1000 else tsv_import.TOKEN_BLOCK)
     real = tsv_import.write_knowledge_graph
-    monkeypatch.setattr(tsv_import, "write_knowledge_graph", lambda writer, **kw: real(writer, **{**kw, "memory_bytes": memory_bytes}))
+    monkeypatch.setattr(
+        tsv_import, "write_knowledge_graph", lambda writer, **kw: real(writer, **{**kw, "memory_bytes": memory_bytes})
+    )
     kg = load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder)))
     check_against_reference(kg, folder)
     assert kg.train.dtype == torch.int32
@@ -99,7 +105,9 @@ def test_names_that_share_the_first_half_of_a_fingerprint_keep_their_own_ids(tmp
     check_against_reference(load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder))), folder)
 
 
-@pytest.mark.parametrize("distinct,clashes", [(50, True), (20_000, True), (20_000, False)])  # few names repeated, many names (clashing or not)
+@pytest.mark.parametrize(
+    "distinct,clashes", [(50, True), (20_000, True), (20_000, False)]
+)  # few names repeated, many names (clashing or not)
 def test_distinct_rows_are_one_per_fingerprint_in_fingerprint_order(distinct, clashes):
     """Against a set: one row per distinct fingerprint, none twice, in h1 order, with
     fingerprints that share h1's top bits, all of h1, or nothing, and repeats."""
@@ -192,7 +200,9 @@ with progress.reporting(Killer()):
 def test_an_import_killed_midway_leaves_no_dataset_and_the_next_one_cleans_up(tmp_path, when):
     folder = write_random_kg(tmp_path / "kg", rows=(3000, 100, 100))
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(KILLER.format(when=when)), str(folder)], env=env, capture_output=True)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(KILLER.format(when=when)), str(folder)], env=env, capture_output=True
+    )
     assert result.returncode == -signal.SIGKILL, result.stderr.decode()[-2000:]
     root = os.path.join(os.environ["DSA_DATA_ROOT"], "imported")  # the fixture's fresh data root
     left = set(os.listdir(root)) - {".lock"}  # the lock's holder record
@@ -218,7 +228,11 @@ def test_synthetic_import_does_not_depend_on_the_memory_budget(tmp_path, monkeyp
     config = SyntheticConfig(entities=3000, relations=7, triples=40_000, valid=300, test=200, seed=5)
     a = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=config, root=str(tmp_path / "a")))
     real = synthetic.write_synthetic_knowledge_graph
-    monkeypatch.setattr(synthetic, "write_synthetic_knowledge_graph", lambda writer, **kw: real(writer, **{**kw, "memory_bytes": 1 << 16}))
+    monkeypatch.setattr(
+        synthetic,
+        "write_synthetic_knowledge_graph",
+        lambda writer, **kw: real(writer, **{**kw, "memory_bytes": 1 << 16}),
+    )
     b = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=config, root=str(tmp_path / "b")))
     for split in SPLITS:  # the same facts in each split (train's order follows the partitions)
         rows = lambda kg, split=split: sorted(map(tuple, kg.split(split).tolist()))  # noqa: E731
@@ -276,7 +290,9 @@ def test_names_are_looked_up_on_disk(tmp_path):
     assert kg.entity_ids(["no such entity", names[0] + " "]) == [None, None]
     relations = kg.relation_names(range(kg.num_relations))
     assert kg.relation_ids(relations[::-1]) == list(range(kg.num_relations))[::-1]
-    synthetic = load_knowledge_graph(DatasetConfig(kind="synthetic", synthetic=SyntheticConfig(entities=100, triples=2000, valid=10, test=10)))
+    synthetic = load_knowledge_graph(
+        DatasetConfig(kind="synthetic", synthetic=SyntheticConfig(entities=100, triples=2000, valid=10, test=10))
+    )
     with pytest.raises(DatasetError, match="has no names"):
         synthetic.entity_ids(["0"])
 
@@ -344,7 +360,10 @@ def test_a_read_only_data_root_says_so_and_how_to_copy_it(tmp_path, monkeypatch,
     assert "DSA_DATA_ROOT" in error.value.hint and "free space" not in error.value.hint
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="running as root, which writes into a folder without write permission: the refusal cannot happen")
+@pytest.mark.skipif(
+    os.geteuid() == 0,
+    reason="running as root, which writes into a folder without write permission: the refusal cannot happen",
+)
 def test_a_data_root_without_write_permission_is_refused_on_creating_imported(tmp_path):
     folder = write_random_kg(tmp_path / "kg")
     tmp_path.chmod(0o555)  # the data root: kg/ is readable, imported/ cannot be made beside it

@@ -62,7 +62,9 @@ def poke(path, spec: RowSpec, row: int, slot: str, value: float, element: int = 
     """Write one float32 into a record, as a bit flip or a bad write would."""
     field = next(f for f in spec.fields if f.name == slot)
     with open(path, "r+b") as f:
-        os.pwrite(f.fileno(), struct.pack("<f", value), HEADER_BYTES + row * spec.row_bytes + field.offset + 4 * element)
+        os.pwrite(
+            f.fileno(), struct.pack("<f", value), HEADER_BYTES + row * spec.row_bytes + field.offset + 4 * element
+        )
 
 
 def weight_spec(layout="m|v") -> RowSpec:
@@ -97,7 +99,10 @@ def test_a_huge_rows_range_is_refused_at_once_in_bounded_memory(state):
     assert result.exit_code == 1
     assert "Error: parameter 'weight' has 1,000 rows (0 to 999); rows [0:2000000000] are out of range" in result.stderr
     assert "Hint: ask for rows in 0:1000" in result.stderr
-    assert seconds < 60 and peak.peak - before < 64 << 20, (seconds, peak.peak - before)  # (walking 2e9 rows would take hours: a bound a busy machine meets)
+    assert seconds < 60 and peak.peak - before < 64 << 20, (
+        seconds,
+        peak.peak - before,
+    )  # (walking 2e9 rows would take hours: a bound a busy machine meets)
     assert result.stdout == ""  # refused before anything was printed
 
 
@@ -171,8 +176,12 @@ def test_a_row_file_of_the_wrong_size_is_a_clean_error(state, change, args):
 def test_a_truncated_row_file_is_a_state_error_in_the_library_too(state):
     os.truncate(state / "weight.rows", HEADER_BYTES + 10 * 32 + 5)
     inspector = StateInspector(state)
-    for read in (lambda: inspector.summary("weight"), lambda: inspector.read_rows("weight", [0, 1]),
-                 lambda: inspector.statistics("weight"), lambda: inspector.check("weight")):  # fmt: skip
+    for read in (
+        lambda: inspector.summary("weight"),
+        lambda: inspector.read_rows("weight", [0, 1]),
+        lambda: inspector.statistics("weight"),
+        lambda: inspector.check("weight"),
+    ):
         with pytest.raises(StateError, match=r"is 4,421 bytes, but 1,000 rows .* need 36,096 \(truncated\)"):
             read()
 
@@ -183,7 +192,10 @@ def test_a_truncated_disk_table_is_a_clean_error_naming_the_table(table_state):
     os.truncate(table, spec.file_bytes - spec.row_bytes)
     result = invoke("inspect-state", state)
     assert result.exit_code == 1
-    assert f"Error: row file '{table.resolve()}' of parameter 'weight' is {spec.file_bytes - spec.row_bytes:,} bytes" in result.stderr
+    assert (
+        f"Error: row file '{table.resolve()}' of parameter 'weight' is {spec.file_bytes - spec.row_bytes:,} bytes"
+        in result.stderr
+    )
     assert f"need {spec.file_bytes:,} (truncated)" in result.stderr
     assert "Hint: restore the state directory (and its disk table) from a checkpoint" in result.stderr
 

@@ -11,7 +11,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "dsa_train"
 ABOVE = {  # each part, and what it may never import
     "optim": {"data", "models", "eval", "nn", "recipe", "train", "cli", "tune", "results", "distributed", "plot"},
-    **{part: {"train", "cli", "tune", "results", "plot"} for part in ("data", "models", "eval", "nn", "recipe", "distributed")},
+    **{
+        part: {"train", "cli", "tune", "results", "plot"}
+        for part in ("data", "models", "eval", "nn", "recipe", "distributed")
+    },
     "train": {"cli", "tune", "results", "plot"},
 }
 
@@ -30,9 +33,15 @@ def import_graph(package: Path) -> dict[str, set[str]]:
         for node in ast.parse(path.read_text(encoding="utf-8")).body:
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 continue
-            for item in ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else ():
+            for item in (
+                ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else ()
+            ):
                 if isinstance(item, ast.ImportFrom):
-                    base = ".".join(here[: len(here) - item.level + 1] + ([item.module] if item.module else [])) if item.level else item.module
+                    base = (
+                        ".".join(here[: len(here) - item.level + 1] + ([item.module] if item.module else []))
+                        if item.level
+                        else item.module
+                    )
                     for alias in item.names:
                         target = f"{base}.{alias.name}"
                         found.add(target if target in modules else base)
@@ -77,7 +86,9 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_imports_point_down_and_never_go_round():
     graph = import_graph(PACKAGE)
-    assert len(graph) > 100 and "dsa_train.train.checkpoint_store" in graph["dsa_train.train.loop"]  # it read the package
+    assert (
+        len(graph) > 100 and "dsa_train.train.checkpoint_store" in graph["dsa_train.train.loop"]
+    )  # it read the package
     assert upward(graph) == []
     assert circles(graph) == []
 

@@ -36,7 +36,10 @@ def test_loaded_rows_continue_as_the_optimizer_that_made_them(tmp_path, first, s
     with DiskSparseAdam(source.named_parameters(), state_dir=tmp_path / "a", **kwargs) as opt:
         _train(source, opt, 7, seed=0)
         opt.flush()
-        m, v = (torch.tensor(x, dtype=torch.float32) for x in StateInspector(tmp_path / "a").read_rows("weight", range(ROWS)))
+        m, v = (
+            torch.tensor(x, dtype=torch.float32)
+            for x in StateInspector(tmp_path / "a").read_rows("weight", range(ROWS))
+        )
         target = nn.Embedding(ROWS, DIM, sparse=True)
         target.weight.data.copy_(source.weight.detach())
         with DiskSparseAdam(target.named_parameters(), state_dir=tmp_path / "b", **kwargs) as loaded:

@@ -35,8 +35,19 @@ def invoke(*args):
 
 
 def records(run, kind):
-    timings = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib", "optimizer_memory_budget_mib")
-    return [{k: v for k, v in r.items() if k not in timings} for r in MetricsLog.read(run / "metrics.jsonl") if r["kind"] == kind]
+    timings = (
+        "seconds",
+        "items_per_s",
+        "peak_rss_mib",
+        "peak_rss_anon_mib",
+        "optimizer_ram_mib",
+        "optimizer_memory_budget_mib",
+    )
+    return [
+        {k: v for k, v in r.items() if k not in timings}
+        for r in MetricsLog.read(run / "metrics.jsonl")
+        if r["kind"] == kind
+    ]
 
 
 @pytest.mark.parametrize("final_ratio", [0.0, 0.1])
@@ -49,9 +60,13 @@ def test_factors_are_torchs_schedulers(schedule, final_ratio):
     if schedule == "cosine":
         scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total, eta_min=final_ratio * lr)
     else:
-        scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=final_ratio, total_iters=total)
+        scheduler = torch.optim.lr_scheduler.LinearLR(
+            optimizer, start_factor=1.0, end_factor=final_ratio, total_iters=total
+        )
     for step in range(total + 1):
-        assert lr * lr_factor(schedule, step, total, final_ratio) == pytest.approx(optimizer.param_groups[0]["lr"], rel=1e-9, abs=1e-15)
+        assert lr * lr_factor(schedule, step, total, final_ratio) == pytest.approx(
+            optimizer.param_groups[0]["lr"], rel=1e-9, abs=1e-15
+        )
         optimizer.step()
         scheduler.step()
 
@@ -64,7 +79,9 @@ def test_step_factors_are_torchs_multisteplr(milestone):
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[milestone], gamma=ratio)
     for step in range(total):
-        assert lr * lr_factor("step", step, total, ratio, milestone) == pytest.approx(optimizer.param_groups[0]["lr"], rel=1e-12)
+        assert lr * lr_factor("step", step, total, ratio, milestone) == pytest.approx(
+            optimizer.param_groups[0]["lr"], rel=1e-12
+        )
         optimizer.step()
         scheduler.step()
 
@@ -99,7 +116,9 @@ def test_a_scheduled_run_steps_at_the_scheduled_rates_and_resumes_exactly(tmp_pa
     assert len(rates) == total == 2 * math.ceil(len(rates) / 2)  # two whole epochs
     for step, (sparse, dense) in enumerate(rates):
         expected = 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / total))
-        assert sparse == pytest.approx(0.01 * expected, rel=1e-12) and dense == pytest.approx(0.003 * expected, rel=1e-12)
+        assert sparse == pytest.approx(0.01 * expected, rel=1e-12) and dense == pytest.approx(
+            0.003 * expected, rel=1e-12
+        )
     assert rates[-1][0] < 0.0011  # near the end, near lr * final_lr_ratio
 
     monkeypatch.setattr(loop.Training, "step", real_step)
@@ -127,7 +146,9 @@ def test_a_step_scheduled_run_lowers_both_rates_after_its_milestone(tmp_path, mo
     milestone past the run (a recipe run with fewer epochs) lowers nothing."""
     path = tmp_path / "step.yaml"
     step = f"schedule: step, final_lr_ratio: 0.1, decay_after_epochs: {milestone}"
-    path.write_text(RECIPE.replace("schedule: cosine, final_lr_ratio: 0.1", step).replace("epochs: 2,", f"epochs: {epochs},"))
+    path.write_text(
+        RECIPE.replace("schedule: cosine, final_lr_ratio: 0.1", step).replace("epochs: 2,", f"epochs: {epochs},")
+    )
     real_step = loop.Training.step
     rates = []
 
@@ -150,18 +171,28 @@ def test_a_step_scheduled_run_lowers_both_rates_after_its_milestone(tmp_path, mo
     [
         ("{schedule: step, final_lr_ratio: 0.1}", "optimizer.decay_after_epochs", "set it to 1 or more"),
         ("{schedule: step, decay_after_epochs: 2}", "optimizer.final_lr_ratio", "must be above 0 and below 1, got 0"),
-        ("{schedule: cosine, decay_after_epochs: 2}", "optimizer.decay_after_epochs", "has no effect with schedule 'cosine'"),
+        (
+            "{schedule: cosine, decay_after_epochs: 2}",
+            "optimizer.decay_after_epochs",
+            "has no effect with schedule 'cosine'",
+        ),
     ],
 )
 def test_a_step_schedule_that_cannot_mean_anything_is_refused(optimizer, key, says):
     with pytest.raises(ConfigError) as e:
-        parse_recipe(f"dataset: {{kind: karate}}\nmodel: {{kind: node2vec}}\ntrain: {{epochs: 5}}\noptimizer: {optimizer}\n")
+        parse_recipe(
+            f"dataset: {{kind: karate}}\nmodel: {{kind: node2vec}}\ntrain: {{epochs: 5}}\noptimizer: {optimizer}\n"
+        )
     assert key in str(e.value) and says in str(e.value)
 
 
 def test_dry_run_says_the_schedule(tmp_path):
     path = tmp_path / "step.yaml"
-    path.write_text(RECIPE.replace("schedule: cosine, final_lr_ratio: 0.1", "schedule: step, final_lr_ratio: 0.1, decay_after_epochs: 1"))
+    path.write_text(
+        RECIPE.replace(
+            "schedule: cosine, final_lr_ratio: 0.1", "schedule: step, final_lr_ratio: 0.1, decay_after_epochs: 1"
+        )
+    )
     assert "(lr 0.01, 0.001 after epoch 1)" in invoke("run", path, "--dry-run").output
     path.write_text(RECIPE)
     assert "(lr 0.01, cosine to 0.001)" in invoke("run", path, "--dry-run").output

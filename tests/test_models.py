@@ -90,11 +90,16 @@ class ScoringCase:
 
     def test_gradients_are_sparse(self):
         model = SCORING_FUNCTIONS.get(self.kind)(N, R, D)
-        model.score_candidates(model.embed(torch.tensor([1, 2])), torch.tensor([0, 1]), model.embed(torch.arange(N)), "tail").sum().backward()
+        model.score_candidates(
+            model.embed(torch.tensor([1, 2])), torch.tensor([0, 1]), model.embed(torch.arange(N)), "tail"
+        ).sum().backward()
         assert model.node_emb.weight.grad.is_sparse and model.rel_emb.weight.grad.is_sparse
 
     def test_relation_width_is_the_table_s(self):
-        assert SCORING_FUNCTIONS.get(self.kind)(N, R, D).rel_emb.weight.shape == (2 * R, SCORING_FUNCTIONS.get(self.kind).relation_width(D))
+        assert SCORING_FUNCTIONS.get(self.kind)(N, R, D).rel_emb.weight.shape == (
+            2 * R,
+            SCORING_FUNCTIONS.get(self.kind).relation_width(D),
+        )
 
 
 def rows(model, h: int, r: int, t: int) -> tuple[list[float], list[float], list[float]]:
@@ -114,7 +119,7 @@ class TestTransE(ScoringCase):
 
     def truth(self, model, h, r, t):
         eh, er, et = rows(model, h, r, t)
-        return -sum(abs(a + b - c) ** model.p_norm for a, b, c in zip(eh, er, et)) ** (1 / model.p_norm)
+        return -(sum(abs(a + b - c) ** model.p_norm for a, b, c in zip(eh, er, et)) ** (1 / model.p_norm))
 
 
 class TestDistMult(ScoringCase):
@@ -183,7 +188,10 @@ def test_the_recipe_reads_what_each_scoring_function_declares_without_importing_
 def test_an_unknown_scoring_function_is_an_error_naming_the_known_ones():
     from dsa_train.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"model.kind: 'transf' is not a known knowledge-graph scoring function \(known: 'transe', 'distmult', .*did you mean 'transe'"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.kind: 'transf' is not a known knowledge-graph scoring function \(known: 'transe', 'distmult', .*did you mean 'transe'",
+    ):
         SCORING_FUNCTIONS.get("transf")
 
 
@@ -238,7 +246,9 @@ def test_cross_entropy_is_softmax_over_answer_and_unmasked_negatives():
     negative = torch.tensor([[1.0, 3.0, -1.0], [0.0, 0.5, 9.0]])
     masked = torch.tensor([[False, True, False], [False, False, True]])
     loss = ranking_loss("cross_entropy", positive, negative, masked)
-    expected = (-F.log_softmax(torch.tensor([2.0, 1.0, -1.0]), 0)[0] - F.log_softmax(torch.tensor([0.5, 0.0, 0.5]), 0)[0]) / 2
+    expected = (
+        -F.log_softmax(torch.tensor([2.0, 1.0, -1.0]), 0)[0] - F.log_softmax(torch.tensor([0.5, 0.0, 0.5]), 0)[0]
+    ) / 2
     assert loss.item() == pytest.approx(expected.item())
 
 
@@ -246,6 +256,8 @@ def test_softplus_and_margin_by_hand():
     positive, negative = torch.tensor([1.0]), torch.tensor([[0.0, 2.0, 5.0]])
     masked = torch.tensor([[False, False, True]])
     softplus = ranking_loss("softplus", positive, negative, masked)
-    assert softplus.item() == pytest.approx((F.softplus(torch.tensor(-1.0)) + (F.softplus(torch.tensor(0.0)) + F.softplus(torch.tensor(2.0))) / 2).item())
+    assert softplus.item() == pytest.approx(
+        (F.softplus(torch.tensor(-1.0)) + (F.softplus(torch.tensor(0.0)) + F.softplus(torch.tensor(2.0))) / 2).item()
+    )
     margin = ranking_loss("margin", positive, negative, masked, margin=1.5)
     assert margin.item() == pytest.approx((max(0, 1.5 - 1 + 0) + max(0, 1.5 - 1 + 2)) / 2)

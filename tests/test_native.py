@@ -112,7 +112,10 @@ def test_touching_a_fresh_files_rows_reads_or_claims_their_pages(kernel, tmp_pat
     allocated = os.stat(path).st_blocks * 512
     if claim:
         assert allocated >= 3 * page
-    elif file_system_of(path) not in ("tmpfs", "ramfs"):  # (these allocate memory for pages only read: huge pages, even the whole file)
+    elif file_system_of(path) not in (
+        "tmpfs",
+        "ramfs",
+    ):  # (these allocate memory for pages only read: huge pages, even the whole file)
         assert allocated == 0  # clean zero pages are not written
 
 

@@ -28,7 +28,9 @@ JUNK = b"#!/bin/sh\necho this is not a shared library\n"
 def compiled(tmp_path_factory):
     """A kernel built once into a scratch cache: its file name and its bytes."""
     if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip(f"no C compiler ({os.environ.get('CC', 'cc')}) on this machine: the kernel's cache is tested with one")
+        pytest.skip(
+            f"no C compiler ({os.environ.get('CC', 'cc')}) on this machine: the kernel's cache is tested with one"
+        )
     old = os.environ.get("DSA_CACHE_DIR")
     os.environ["DSA_CACHE_DIR"] = str(tmp_path_factory.mktemp("scratch-cache"))
     try:
@@ -161,10 +163,18 @@ def test_a_damaged_cached_library_is_rebuilt_not_loaded(cache, damage):
     library = plant(cache.primary, cache.name, data=data)
     plant(cache.primary, cache.name + ".sha256", data=(hashlib.sha256(cache.good).hexdigest() + "\n").encode())
     child = subprocess.run(
-        [sys.executable, "-W", "error::RuntimeWarning", "-c",
-         "from dsa_train.optim import native; assert native.load() is not None; print('loaded')"],
-        env={**os.environ}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-W",
+            "error::RuntimeWarning",
+            "-c",
+            "from dsa_train.optim import native; assert native.load() is not None; print('loaded')",
+        ],
+        env={**os.environ},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert child.returncode == 0 and "loaded" in child.stdout, (child.returncode, child.stderr[-2000:])
     assert library.read_bytes()[:4] == b"\x7fELF" and len(library.read_bytes()) > len(data)
 

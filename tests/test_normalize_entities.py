@@ -37,7 +37,10 @@ def test_transe_scores_unit_entity_rows_by_hand():
     # h / |h| = (0.6, 0.8), t / |t| = (0, -1): -(|0.6 + 0.5 - 0| + |0.8 + 1 + 1|)
     assert model(h, r, t).item() == pytest.approx(-(1.1 + 2.8))
     scores = model.score_entities(h, r, torch.arange(3), "tail")
-    expected = [-(abs(0.6 + 0.5 - c[0]) + abs(0.8 + 1 - c[1])) for c in ((0.6, 0.8), (0.0, -1.0), (1 / math.sqrt(2), 1 / math.sqrt(2)))]
+    expected = [
+        -(abs(0.6 + 0.5 - c[0]) + abs(0.8 + 1 - c[1]))
+        for c in ((0.6, 0.8), (0.0, -1.0), (1 / math.sqrt(2), 1 / math.sqrt(2)))
+    ]
     torch.testing.assert_close(scores[0], torch.tensor(expected))
 
 
@@ -52,7 +55,9 @@ def test_scaling_a_stored_row_changes_no_score(cls):
         torch.testing.assert_close(model.score_entities(anchors, relations, candidates, side), before[side])
     plain = cls(20, 3, 8, reciprocal=True, init_std=0.5).double()
     plain.load_state_dict(model.state_dict())
-    assert not torch.allclose(plain.score_entities(anchors, relations, candidates, "tail"), before["tail"])  # it is the constraint
+    assert not torch.allclose(
+        plain.score_entities(anchors, relations, candidates, "tail"), before["tail"]
+    )  # it is the constraint
 
 
 @pytest.mark.parametrize("candidates", ["sampled", "all"])

@@ -75,7 +75,9 @@ def test_a_library_call_speaks_to_the_logging_handler_a_user_attaches(tmp_path, 
     caplog.clear()
     train(tmp_path / "run")
     said = [r.getMessage() for r in caplog.records if r.name == "dsa_train.train.loop"]
-    assert said[0].startswith("synthetic-300: 300 entities") and said[-1].startswith("checkpoints: ")  # what the loop's setup says
+    assert said[0].startswith("synthetic-300: 300 entities") and said[-1].startswith(
+        "checkpoints: "
+    )  # what the loop's setup says
 
 
 def test_without_logging_configured_the_library_prints_nothing(tmp_path):
@@ -94,9 +96,15 @@ def test_without_logging_configured_the_library_prints_nothing(tmp_path):
         logging.basicConfig(format="configured: %(message)s")  # the application configures logging: shown from here
         with_data_root(run, stored=True)
     """)
-    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
-    assert done.stderr.startswith("configured: data root: $DSA_DATA_ROOT") and done.stderr.count("data root") == 1 and not done.stdout
+    assert (
+        done.stderr.startswith("configured: data root: $DSA_DATA_ROOT")
+        and done.stderr.count("data root") == 1
+        and not done.stdout
+    )
 
 
 def test_the_command_line_prints_the_messages_on_stderr_as_note_did(tmp_path, notes):
@@ -117,12 +125,18 @@ def test_the_command_line_prints_the_messages_on_stderr_as_note_did(tmp_path, no
     lines = result.stderr.splitlines()
     # as printed before: the run folder (the CLI's), then the loop's notes, one plain line each
     assert lines[0] == f"run folder: {out}"
-    assert lines[1].startswith("synthetic-300: 300 entities, 6 relations, ") and lines[1].endswith(" train / valid / test triples")
+    assert lines[1].startswith("synthetic-300: 300 entities, 6 relations, ") and lines[1].endswith(
+        " train / valid / test triples"
+    )
     assert lines[2].startswith("checkpoints: deltas of changed rows")
     assert lines[1:3] == notes and not any(line.startswith(("INFO", "WARNING", "dsa_train")) for line in lines)
     assert lines[3].startswith("epoch 1: loss ") and lines[-1].startswith("test: MRR ")  # the progress lines, as before
     library = logging.getLogger("dsa_train")  # the command's handler is gone, the logger as it was
-    assert not any(isinstance(h, NotesHandler) for h in library.handlers) and library.propagate and library.level == logging.INFO
+    assert (
+        not any(isinstance(h, NotesHandler) for h in library.handlers)
+        and library.propagate
+        and library.level == logging.INFO
+    )
     assert isinstance(progress.current(), progress.SilentReporter)
 
 
@@ -153,7 +167,10 @@ def test_progress_goes_to_the_installed_reporter_and_nowhere_without_one(tmp_pat
         summary = train(tmp_path / "heard")
     assert progress.current() is default  # removed afterwards
     steps = summary["step"] // 2  # 2 epochs
-    assert [c for c in recording.calls if c[0] == "epoch_start"] == [("epoch_start", 1, 2, steps, 0), ("epoch_start", 2, 2, steps, 0)]
+    assert [c for c in recording.calls if c[0] == "epoch_start"] == [
+        ("epoch_start", 1, 2, steps, 0),
+        ("epoch_start", 2, 2, steps, 0),
+    ]
     assert recording.calls.count(("step_done", "triples")) == summary["step"]
     assert recording.calls[-1] == ("eval_done", "test")
 

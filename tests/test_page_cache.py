@@ -120,14 +120,19 @@ def test_a_table_larger_than_the_memory_is_written_whole_and_dropped(page_cache)
         return real(fd, data, offset)
 
     path = page_cache / "t.table"
-    with mock.patch.object(table_module, "host_available_bytes", return_value=2 * 1_000_000), mock.patch.object(table_module.os, "pwrite", recording):
+    with (
+        mock.patch.object(table_module, "host_available_bytes", return_value=2 * 1_000_000),
+        mock.patch.object(table_module.os, "pwrite", recording),
+    ):
         DiskEmbedding(20_000, 16, path=path, std=0.01)  # 3.84 MB: more than "2 MB free"
     assert max(writes) > PAGE
     assert cached_pages(path) == 0
     with mock.patch.object(table_module, "host_available_bytes", return_value=None):  # unknown: by page
         DiskEmbedding(20_000, 16, path=page_cache / "u.table", std=0.01)
     assert cached_pages(page_cache / "u.table") == -(-os.path.getsize(page_cache / "u.table") // PAGE)
-    assert (page_cache / "u.table").read_bytes()[HEADER_BYTES:] == path.read_bytes()[HEADER_BYTES:]  # the same records either way
+    assert (page_cache / "u.table").read_bytes()[HEADER_BYTES:] == path.read_bytes()[
+        HEADER_BYTES:
+    ]  # the same records either way
 
 
 def test_a_read_only_row_file_keeps_the_cache(page_cache):

@@ -94,7 +94,9 @@ def assert_same_moments(reference, model, ours, ours_model, step):
             continue
         moments = ours._store.files[ours._keys[q]]
         for ours_moment, theirs in ((moments.m, expected["exp_avg"]), (moments.v, expected["exp_avg_sq"])):
-            assert ours_moment.dtype == theirs.dtype, f"{name}: moments in {ours_moment.dtype}, SparseAdam's in {theirs.dtype}"
+            assert ours_moment.dtype == theirs.dtype, (
+                f"{name}: moments in {ours_moment.dtype}, SparseAdam's in {theirs.dtype}"
+            )
             assert torch.equal(ours_moment.reshape(theirs.shape), theirs), f"{name}: moments differ after step {step}"
         compared += 1
     assert compared, "no parameter had a step"
@@ -227,7 +229,9 @@ def test_reopen_in_the_middle(state_dir):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16], ids=str)
 def test_other_dtypes(state_dir, dtype, row_path):
     if row_path == "fused" and dtype not in native.RowKernel.dtypes:
-        pytest.skip(f"the fused kernel has no {dtype} entry points: DiskSparseAdam takes the torch path, the [torch] case")
+        pytest.skip(
+            f"the fused kernel has no {dtype} entry points: DiskSparseAdam takes the torch path, the [torch] case"
+        )
     twin_run(nn.Embedding(20, 4, sparse=True, dtype=dtype), embedding_loss_typed(dtype), state_dir, steps=60, lr=0.01)
 
 

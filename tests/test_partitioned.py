@@ -35,7 +35,15 @@ train: {epochs: 3, batch_size: 256, negatives: 64, log_every: 4, checkpoint_ever
 optimizer: {kind: dsa, lr: 0.01}
 eval: {every_epochs: 2, final_splits: [valid, test]}
 """
-TIMINGS = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib", "optimizer_memory_budget_mib", "buffer")
+TIMINGS = (
+    "seconds",
+    "items_per_s",
+    "peak_rss_mib",
+    "peak_rss_anon_mib",
+    "optimizer_ram_mib",
+    "optimizer_memory_budget_mib",
+    "buffer",
+)
 
 
 def invoke(*args):
@@ -51,13 +59,21 @@ def records(run, kind):
 
 
 def table_records(run):
-    return np.fromfile(run / "tables" / "entities.table", dtype=np.float32, offset=4096)  # past the header, which names the run
+    return np.fromfile(
+        run / "tables" / "entities.table", dtype=np.float32, offset=4096
+    )  # past the header, which names the run
 
 
 def random_kg(entities=200, relations=5, triples=3000, seed=0) -> KnowledgeGraph:
     g = torch.Generator().manual_seed(seed)
-    train = torch.stack([torch.randint(0, entities, (triples,), generator=g), torch.randint(0, relations, (triples,), generator=g),
-                         torch.randint(0, entities, (triples,), generator=g)], 1).int()  # fmt: skip
+    train = torch.stack(
+        [
+            torch.randint(0, entities, (triples,), generator=g),
+            torch.randint(0, relations, (triples,), generator=g),
+            torch.randint(0, entities, (triples,), generator=g),
+        ],
+        1,
+    ).int()
     empty = torch.empty((0, 3), dtype=torch.int32)
     return KnowledgeGraph("random", entities, relations, train, empty, empty)
 
@@ -75,14 +91,18 @@ def test_entity_partitions_are_a_permutation_cut_into_equal_ranges(entities, par
     if partitions == 1:
         assert torch.equal(slots, ids)  # one partition: no permutation, the random order's layout
     sizes = torch.bincount(layout.partition_of(ids), minlength=partitions)
-    assert (sizes[:-1] == layout.block).all() and sizes[-1] <= layout.block and int(sizes.sum()) == entities  # equal but the last
+    assert (
+        (sizes[:-1] == layout.block).all() and sizes[-1] <= layout.block and int(sizes.sum()) == entities
+    )  # equal but the last
     assert [layout.span(p)[1] - layout.span(p)[0] for p in range(partitions)] == sizes.tolist()
 
 
 def test_the_hot_low_ids_spread_over_every_partition():
     layout = EntityPartitions(100_000, 8, seed=0)
     hot = layout.partition_of(torch.arange(800))  # the 800 lowest ids, the hottest of a power law
-    assert torch.bincount(hot, minlength=8).min() >= 60  # 100 each on average; without the permutation all in partition 0
+    assert (
+        torch.bincount(hot, minlength=8).min() >= 60
+    )  # 100 each on average; without the permutation all in partition 0
 
 
 # --- the buckets -------------------------------------------------------------------------
@@ -103,13 +123,21 @@ def test_buckets_hold_the_training_split_sorted_by_bucket_stably():
 
 def test_buckets_on_disk_are_written_once_and_equal_the_ones_in_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("DSA_DATA_ROOT", str(tmp_path))
-    config = DatasetConfig(kind="synthetic", synthetic=SyntheticConfig(entities=500, relations=4, triples=6000, valid=50, test=50, seed=2))
+    config = DatasetConfig(
+        kind="synthetic", synthetic=SyntheticConfig(entities=500, relations=4, triples=6000, valid=50, test=50, seed=2)
+    )
     kg = load_knowledge_graph(config)
     layout = EntityPartitions(kg.num_entities, 5, seed=7)
-    monkeypatch.setattr("dsa_train.data.buckets.BLOCK_ROWS", 1000)  # several blocks: the counting sort's cursors carry over
+    monkeypatch.setattr(
+        "dsa_train.data.buckets.BLOCK_ROWS", 1000
+    )  # several blocks: the counting sort's cursors carry over
     on_disk = load_buckets(kg, layout)
-    in_memory = load_buckets(KnowledgeGraph(kg.name, kg.num_entities, kg.num_relations, kg.train.clone(), kg.valid, kg.test), layout)
-    assert torch.equal(on_disk.triples.long(), in_memory.triples.long()) and torch.equal(on_disk.offsets, in_memory.offsets)
+    in_memory = load_buckets(
+        KnowledgeGraph(kg.name, kg.num_entities, kg.num_relations, kg.train.clone(), kg.valid, kg.test), layout
+    )
+    assert torch.equal(on_disk.triples.long(), in_memory.triples.long()) and torch.equal(
+        on_disk.offsets, in_memory.offsets
+    )
     folders = sorted(p.name for p in (tmp_path / "imported").iterdir() if ".buckets-" in p.name)
     assert len(folders) == 1
     again = load_buckets(kg, layout)  # mapped, not written again
@@ -128,11 +156,15 @@ def test_a_bucket_folder_that_is_a_link_or_foreign_is_never_followed_nor_removed
     from dsa_train.errors import DatasetError
 
     monkeypatch.setenv("DSA_DATA_ROOT", str(tmp_path / "root"))
-    config = DatasetConfig(kind="synthetic", synthetic=SyntheticConfig(entities=400, relations=4, triples=5000, valid=50, test=50, seed=3))
+    config = DatasetConfig(
+        kind="synthetic", synthetic=SyntheticConfig(entities=400, relations=4, triples=5000, valid=50, test=50, seed=3)
+    )
     kg = load_knowledge_graph(config)
     layout = EntityPartitions(kg.num_entities, 4, seed=0)
     folder = load_buckets(kg, layout).folder
-    reference = load_buckets(KnowledgeGraph(kg.name, kg.num_entities, kg.num_relations, kg.train.clone(), kg.valid, kg.test), layout)
+    reference = load_buckets(
+        KnowledgeGraph(kg.name, kg.num_entities, kg.num_relations, kg.train.clone(), kg.valid, kg.test), layout
+    )
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "precious").write_text("keep me")
@@ -208,7 +240,9 @@ def test_partitions_moved_through_the_disk_lose_no_update(tmp_path):
     cache) and read back in, in every order, against the same updates on a plain tensor. Each
     write is announced with ``reserve`` first, as the optimizer's are."""
     rows, dim, parts = 4000, 24, 5
-    table = Table.create(tmp_path / "t.table", (rows, dim), torch.float32, name="t", init="normal", std=0.1, bound=0.0, seed=0)
+    table = Table.create(
+        tmp_path / "t.table", (rows, dim), torch.float32, name="t", init="normal", std=0.1, bound=0.0, seed=0
+    )
     expected = table.weight.clone()
     layout = EntityPartitions(rows, parts, seed=0)
     buffer = PartitionBuffer(table.rows, [layout.span(p) for p in range(parts)])
@@ -290,7 +324,10 @@ def test_negatives_come_from_the_buffer_and_the_quality_holds(tiny, tmp_path):
         assert set(task.partitions.partition_of(drawn).tolist()) <= set(task.held.current)
     task.close()
     runs = {}
-    for name, extra in (("random", []), ("partitioned", ["--set", "train.order=partitioned", "--set", "train.partitions=4"])):
+    for name, extra in (
+        ("random", []),
+        ("partitioned", ["--set", "train.order=partitioned", "--set", "train.partitions=4"]),
+    ):
         assert invoke("run", tiny, "-o", tmp_path / name, "--set", "train.epochs=6", *extra).exit_code == 0
         final = next(r for r in MetricsLog.read(tmp_path / name / "metrics.jsonl") if r["kind"] == "summary")["final"]
         runs[name] = final["test"]["both"]["mrr"]
@@ -301,7 +338,10 @@ def test_negatives_come_from_the_buffer_and_the_quality_holds(tiny, tmp_path):
     "overrides,expected",
     [
         (["model.embedding_storage=memory"], "set model.embedding_storage: disk"),
-        (["train.partitions=4", "train.buffer=1"], r"train.buffer.*at least 2 with train.partitions 4 \(a bucket joins two partitions\), got 1"),
+        (
+            ["train.partitions=4", "train.buffer=1"],
+            r"train.buffer.*at least 2 with train.partitions 4 \(a bucket joins two partitions\), got 1",
+        ),
     ],
 )
 def test_partitioned_recipes_that_cannot_run_are_refused(overrides, expected):
@@ -313,7 +353,21 @@ def test_eval_of_a_partitioned_run_reads_its_table_by_slot(tiny, tmp_path):
     """`eval RUN` builds the run's own task: ids looked up through the layout, so the metrics
     are those the run ended with (a table read by id would score other rows)."""
     run = tmp_path / "run"
-    assert invoke("run", tiny, "-o", run, "--set", "train.order=partitioned", "--set", "train.partitions=3", "--set", "train.epochs=1").exit_code == 0
+    assert (
+        invoke(
+            "run",
+            tiny,
+            "-o",
+            run,
+            "--set",
+            "train.order=partitioned",
+            "--set",
+            "train.partitions=3",
+            "--set",
+            "train.epochs=1",
+        ).exit_code
+        == 0
+    )
     final = next(r for r in MetricsLog.read(run / "metrics.jsonl") if r["kind"] == "summary")["final"]
     scored = invoke("eval", run, "--json")
     assert scored.exit_code == 0, scored.stderr
@@ -330,7 +384,9 @@ def test_import_of_a_partitioned_recipe_writes_its_buckets_for_the_run(tiny, tmp
     assert len(folders) == 1
     stamp = (tmp_path / "data" / "imported" / folders[0] / "triples.npy").stat().st_mtime_ns
     assert invoke("run", tiny, "-o", tmp_path / "run", *settings, "--set", "train.epochs=1").exit_code == 0
-    assert (tmp_path / "data" / "imported" / folders[0] / "triples.npy").stat().st_mtime_ns == stamp  # mapped, not written again
+    assert (
+        tmp_path / "data" / "imported" / folders[0] / "triples.npy"
+    ).stat().st_mtime_ns == stamp  # mapped, not written again
 
 
 def test_a_buffer_beyond_the_memory_available_is_refused_with_the_keys_to_change(tmp_path, monkeypatch):
@@ -345,7 +401,9 @@ def test_a_buffer_beyond_the_memory_available_is_refused_with_the_keys_to_change
     monkeypatch.setattr(memory, "host_available_bytes", lambda: needed - 1)
     with pytest.raises(DsaError) as refused:
         HeldPartitions(table, 2)
-    assert refused.value.message.startswith("train.buffer=2, train.partitions=4: the partition buffer (2 + 1 partitions of")
+    assert refused.value.message.startswith(
+        "train.buffer=2, train.partitions=4: the partition buffer (2 + 1 partitions of"
+    )
     assert "lower train.buffer" in refused.value.hint
     monkeypatch.setattr(memory, "host_available_bytes", lambda: needed)
     HeldPartitions(table, 2).close()

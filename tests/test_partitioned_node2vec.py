@@ -37,6 +37,7 @@ optimizer: {kind: dsa, lr: 0.05}
 eval: {final_splits: [test]}
 """
 
+
 @pytest.fixture
 def small(tmp_path):
     path = tmp_path / "small.yaml"
@@ -54,18 +55,35 @@ def test_an_epoch_trains_each_start_nodes_edges_once_inside_the_buffer(tmp_path,
     recipe = parse_recipe(
         SMALL,
         overrides=[
-            "model.node2vec.walk_length=1", "model.node2vec.context_size=2", "model.node2vec.negatives=3",
-            "train.pool_pairs=750", "train.batch_size=32", f"train.partitions={partitions}", "train.buffer=3",  # 2 pools, short states
-        ],  # fmt: skip
+            "model.node2vec.walk_length=1",
+            "model.node2vec.context_size=2",
+            "model.node2vec.negatives=3",
+            "train.pool_pairs=750",
+            "train.batch_size=32",
+            f"train.partitions={partitions}",
+            "train.buffer=3",  # 2 pools, short states
+        ],
     )
     task = PartitionedNode2VecTask(recipe, torch.device("cpu"), TableSite(tmp_path / "tables"))
     graph = task.graph
-    edges = set(zip(*[t.tolist() for t in (torch.repeat_interleave(torch.arange(graph.num_nodes), graph.degree(torch.arange(graph.num_nodes))), graph.col.long())]))
+    edges = set(
+        zip(
+            *[
+                t.tolist()
+                for t in (
+                    torch.repeat_interleave(torch.arange(graph.num_nodes), graph.degree(torch.arange(graph.num_nodes))),
+                    graph.col.long(),
+                )
+            ]
+        )
+    )
     isolated = set(torch.nonzero(graph.degree(torch.arange(graph.num_nodes)) == 0).flatten().tolist())
     order = task.epoch_order(7, task.epoch_items())
     starts, size, needs = [], recipe.train.batch_size, []
     upcoming = order.slice(0, size)
-    for batch in range(-(-graph.num_nodes // size)):  # as the loop does: the next batch prefetched, then this one trained
+    for batch in range(
+        -(-graph.num_nodes // size)
+    ):  # as the loop does: the next batch prefetched, then this one trained
         picked, upcoming = upcoming, order.slice((batch + 1) * size, (batch + 2) * size)
         if len(upcoming):
             task.prefetch(upcoming)
@@ -85,7 +103,9 @@ def test_an_epoch_trains_each_start_nodes_edges_once_inside_the_buffer(tmp_path,
     # partitions or one batch's (this graph's states are short: some batches span 3).
     capacity = task.held.capacity
     if partitions > 1:
-        assert max(len(a | b) for a, b in zip(needs, needs[1:])) > max(capacity + 1, max(map(len, needs)))  # the case arises
+        assert max(len(a | b) for a, b in zip(needs, needs[1:])) > max(
+            capacity + 1, max(map(len, needs))
+        )  # the case arises
     else:
         assert set().union(*needs) == {0} and task.partitions.partitions == 1
     assert task.held.buffer.stats["peak_partitions"] <= max(capacity + 1, max(map(len, needs)))
@@ -120,9 +140,13 @@ def test_partitioned_node2vec_learns_as_random_order_does_and_eval_reads_it_by_i
         run = tmp_path / order
         done = invoke("run", small, "-o", run, "--set", f"train.order={order}", "--set", "train.epochs=8")
         assert done.exit_code == 0, done.stderr
-        accuracy[order] = next(r for r in MetricsLog.read(run / "metrics.jsonl") if r["kind"] == "summary")["final"]["test"]["probe"]["accuracy"]
+        accuracy[order] = next(r for r in MetricsLog.read(run / "metrics.jsonl") if r["kind"] == "summary")["final"][
+            "test"
+        ]["probe"]["accuracy"]
     assert accuracy["random"] > 0.5 and abs(accuracy["partitioned"] - accuracy["random"]) < 0.05, accuracy
-    final = next(r for r in MetricsLog.read(tmp_path / "partitioned" / "metrics.jsonl") if r["kind"] == "summary")["final"]
+    final = next(r for r in MetricsLog.read(tmp_path / "partitioned" / "metrics.jsonl") if r["kind"] == "summary")[
+        "final"
+    ]
     scored = invoke("eval", tmp_path / "partitioned", "--json")
     assert scored.exit_code == 0, scored.stderr
     assert json.loads(scored.stdout)["metrics"] == final["test"]
@@ -145,5 +169,7 @@ def test_one_partition_runs_the_random_order_task(tmp_path):
 
 def test_partition_order_is_refused_for_sage():
     with pytest.raises(ConfigError, match="'partitioned' trains knowledge-graph models and node2vec, not 'sage'"):
-        sage = SMALL.replace("kind: node2vec", "kind: sage").replace("  node2vec: {walk_length: 8, context_size: 4, walks_per_node: 1, negatives: 1}\n", "")
+        sage = SMALL.replace("kind: node2vec", "kind: sage").replace(
+            "  node2vec: {walk_length: 8, context_size: 4, walks_per_node: 1, negatives: 1}\n", ""
+        )
         parse_recipe(sage.replace("  kind: synthetic_graph\n", "  kind: synthetic_graph\n  link_split: [0.05, 0.1]\n"))

@@ -39,6 +39,8 @@ def test_the_cli_prints_no_known_third_party_warning(tmp_path):
         "import torch_geometric  # noqa: F401  (what a training command imports, after main() started)\n"
         "warnings.warn('`torch.jit.script` is deprecated. Please switch to torch.compile', FutureWarning)"
     )
-    result = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert "valid" in result.stdout
     assert "jit.script" not in result.stderr, result.stderr

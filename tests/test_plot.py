@@ -54,8 +54,13 @@ def test_plot_draws_loss_rate_and_metrics_of_each_run(tmp_path):
     assert rates == [r["lr"] for r in train] and rates[0] > rates[-1]  # the cosine schedule, falling
     evals = [r for r in records if r.get("kind") == "eval"]
     mrr = _lines(axes["MRR"])
-    assert mrr["a (valid)"] == ([r["step"] for r in evals if r["split"] == "valid"], [r["both"]["mrr"] for r in evals if r["split"] == "valid"])
-    assert mrr["a (test)"][1] == [r["both"]["mrr"] for r in evals if r["split"] == "test"] and len(mrr["a (test)"][1]) == 1
+    assert mrr["a (valid)"] == (
+        [r["step"] for r in evals if r["split"] == "valid"],
+        [r["both"]["mrr"] for r in evals if r["split"] == "valid"],
+    )
+    assert (
+        mrr["a (test)"][1] == [r["both"]["mrr"] for r in evals if r["split"] == "test"] and len(mrr["a (test)"][1]) == 1
+    )
     assert set(mrr) == {"a (valid)", "a (test)", "b (valid)", "b (test)"}  # both runs overlaid
     save(fig, tmp_path / "out.png")
     import matplotlib.image
@@ -66,7 +71,9 @@ def test_plot_draws_loss_rate_and_metrics_of_each_run(tmp_path):
 def test_a_run_without_evaluations_plots_its_loss_alone(tmp_path):
     run = RunFolder.create(parse_recipe(RECIPE.format(tensorboard="false")), tmp_path / "run")
     run.release()
-    records = [{"kind": "train", "step": 10 * i, "epoch": 1, "loss": 1 / i} for i in range(1, 4)]  # an older run: no lr either
+    records = [
+        {"kind": "train", "step": 10 * i, "epoch": 1, "loss": 1 / i} for i in range(1, 4)
+    ]  # an older run: no lr either
     (run.metrics_path).write_text("".join(json.dumps(r) + "\n" for r in records))
     fig = figure([run.path])
     assert [ax.get_title() for ax in fig.axes] == ["training loss"]
@@ -81,7 +88,9 @@ def test_a_tune_folder_plots_its_trials(tmp_path):
     (tune / "trials").mkdir(parents=True)
     (tune / "tune.json").write_text(json.dumps({"format": "dsa-train/tune", "version": 1}))
     rows = [("0", "COMPLETE", "0.3"), ("1", "PRUNED", "0.1"), ("2", "COMPLETE", "0.5"), ("3", "COMPLETE", "0.4")]
-    (tune / "trials.tsv").write_text("trial\tstate\tvalid MRR\tepoch\tseconds\trun\n" + "".join(f"{n}\t{s}\t{v}\t1\t1.0\t\n" for n, s, v in rows))
+    (tune / "trials.tsv").write_text(
+        "trial\tstate\tvalid MRR\tepoch\tseconds\trun\n" + "".join(f"{n}\t{s}\t{v}\t1\t1.0\t\n" for n, s, v in rows)
+    )
     fig = figure([tune])
     trials = fig.axes[0]
     points = {c.get_label(): c.get_offsets().tolist() for c in trials.collections}
@@ -96,7 +105,9 @@ def test_plot_errors(tmp_path, monkeypatch):
         save(figure([run.path]), tmp_path / "out.jpeg")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     result = CliRunner().invoke(app, ["plot", str(run.path)])
-    assert result.exit_code == 1 and "pip install 'dsa-train[plot]'" in result.output and "Traceback" not in result.output
+    assert (
+        result.exit_code == 1 and "pip install 'dsa-train[plot]'" in result.output and "Traceback" not in result.output
+    )
 
 
 def test_tensorboard_events_hold_the_metrics_records(tmp_path):
@@ -112,5 +123,7 @@ def test_tensorboard_events_hold_the_metrics_records(tmp_path):
     assert [e.value for e in loss] == pytest.approx([r["loss"] for r in train], rel=1e-6)
     assert [e.value for e in events.Scalars("train/lr")] == pytest.approx([r["lr"] for r in train], rel=1e-6)
     valid = [r for r in records if r.get("kind") == "eval" and r["split"] == "valid"]
-    assert [e.value for e in events.Scalars("valid/both/mrr")] == pytest.approx([r["both"]["mrr"] for r in valid], rel=1e-6)
+    assert [e.value for e in events.Scalars("valid/both/mrr")] == pytest.approx(
+        [r["both"]["mrr"] for r in valid], rel=1e-6
+    )
     assert "test/both/hits_at_10" in events.Tags()["scalars"]

@@ -50,10 +50,14 @@ def test_slices_change_nothing_but_how_many_scores_are_held(loss, kind, monkeypa
     whole_loss, whole_grads, whole_heights = step(f"train.loss={loss}", f"model.kind={kind}", monkeypatch=monkeypatch)
     assert whole_heights == [40, 40]  # a tail and a head side, each scored once
     for chunk in (7, 40):
-        sliced_loss, sliced_grads, heights = step(f"train.loss={loss}", f"model.kind={kind}", f"train.query_chunk={chunk}", monkeypatch=monkeypatch)
+        sliced_loss, sliced_grads, heights = step(
+            f"train.loss={loss}", f"model.kind={kind}", f"train.query_chunk={chunk}", monkeypatch=monkeypatch
+        )
         assert max(heights) == min(chunk, 40)
         slices = 2 * -(-40 // chunk)
-        assert len(heights) == (2 if chunk >= 80 else 2 * slices)  # several slices: each scored again in the backward pass
+        assert len(heights) == (
+            2 if chunk >= 80 else 2 * slices
+        )  # several slices: each scored again in the backward pass
         assert sliced_loss == pytest.approx(whole_loss, rel=1e-12)
         for got, want in zip(sliced_grads, whole_grads):
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
@@ -68,7 +72,12 @@ def test_a_slice_as_large_as_the_step_is_the_unsliced_step_bit_for_bit(monkeypat
 def test_the_memory_estimate_counts_a_slice_and_the_hint_names_it():
     recipe = parse_recipe(TINY, overrides=["train.batch_size=2048", "train.negatives=4096"])
     whole = kge_working(recipe, 100_000, 100, 5_000_000)[0]
-    sliced = kge_working(parse_recipe(TINY, overrides=["train.batch_size=2048", "train.negatives=4096", "train.query_chunk=1024"]), 100_000, 100, 5_000_000)[0]
+    sliced = kge_working(
+        parse_recipe(TINY, overrides=["train.batch_size=2048", "train.negatives=4096", "train.query_chunk=1024"]),
+        100_000,
+        100,
+        5_000_000,
+    )[0]
     scores = 4 * 8 * 8192  # bytes of 8 score matrices per query against 4096 + 4096 candidates
     assert whole.bytes - sliced.bytes == scores * (4096 - 1024)
     assert "train.query_chunk" in whole.hint and "train.query_chunk=1024" in sliced.keys

@@ -14,7 +14,11 @@ N, R = 23, 3
 
 def integer_model(kind, reciprocal, p_norm=2):
     """Embeddings in {-1, 0, 1}: every score is exact, and many tie."""
-    model = (TransE(N, R, 4, p_norm=p_norm, reciprocal=reciprocal) if kind == "transe" else DistMult(N, R, 4, reciprocal=reciprocal))
+    model = (
+        TransE(N, R, 4, p_norm=p_norm, reciprocal=reciprocal)
+        if kind == "transe"
+        else DistMult(N, R, 4, reciprocal=reciprocal)
+    )
     model.double()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -25,7 +29,14 @@ def integer_model(kind, reciprocal, p_norm=2):
 
 def random_triples(count, seed):
     g = torch.Generator().manual_seed(seed)
-    return torch.stack([torch.randint(0, N, (count,), generator=g), torch.randint(0, R, (count,), generator=g), torch.randint(0, N, (count,), generator=g)], 1)
+    return torch.stack(
+        [
+            torch.randint(0, N, (count,), generator=g),
+            torch.randint(0, R, (count,), generator=g),
+            torch.randint(0, N, (count,), generator=g),
+        ],
+        1,
+    )
 
 
 def brute_force_rank(model, h, r, t, side, known, candidates=range(N)):
@@ -58,7 +69,9 @@ def test_ranks_match_brute_force(kind, reciprocal, p_norm, entity_chunk):
     index = TripleIndex.from_triples(everything, N, R)
     for side in ("tail", "head"):
         anchor, answer = (test[:, 0], test[:, 2]) if side == "tail" else (test[:, 2], test[:, 0])
-        ours = query_ranks(model.score_entities, anchor, test[:, 1], answer, side, index, num_entities=N, entity_chunk=entity_chunk)
+        ours = query_ranks(
+            model.score_entities, anchor, test[:, 1], answer, side, index, num_entities=N, entity_chunk=entity_chunk
+        )
         expected = [brute_force_rank(model, h, r, t, side, known) for h, r, t in test.tolist()]
         assert ours.tolist() == expected, side
 
@@ -69,8 +82,21 @@ def test_sampled_ranking_matches_brute_force_on_the_sample():
     known = {tuple(t) for t in test.tolist()}
     index = TripleIndex.from_triples(test, N, R)
     sample = torch.tensor([0, 3, 3, 7, 11, 19, 22])
-    ours = query_ranks(model.score_entities, test[:, 0], test[:, 1], test[:, 2], "tail", index, num_entities=N, entity_chunk=N, sampled=sample)
-    expected = [brute_force_rank(model, h, r, t, "tail", known, candidates=sorted(set(sample.tolist()))) for h, r, t in test.tolist()]
+    ours = query_ranks(
+        model.score_entities,
+        test[:, 0],
+        test[:, 1],
+        test[:, 2],
+        "tail",
+        index,
+        num_entities=N,
+        entity_chunk=N,
+        sampled=sample,
+    )
+    expected = [
+        brute_force_rank(model, h, r, t, "tail", known, candidates=sorted(set(sample.tolist())))
+        for h, r, t in test.tolist()
+    ]
     assert ours.tolist() == expected
 
 
@@ -78,7 +104,16 @@ def test_filtering_removes_other_true_answers():
     # Every entity answers (0, 0, ?) truly: filtered, the answer has no rivals at all.
     triples = torch.stack([torch.zeros(N, dtype=torch.long), torch.zeros(N, dtype=torch.long), torch.arange(N)], 1)
     model = integer_model("distmult", False)
-    ranks = query_ranks(model.score_entities, triples[:, 0], triples[:, 1], triples[:, 2], "tail", TripleIndex.from_triples(triples, N, R), num_entities=N, entity_chunk=7)
+    ranks = query_ranks(
+        model.score_entities,
+        triples[:, 0],
+        triples[:, 1],
+        triples[:, 2],
+        "tail",
+        TripleIndex.from_triples(triples, N, R),
+        num_entities=N,
+        entity_chunk=7,
+    )
     assert torch.equal(ranks, torch.ones(N))
 
 
@@ -87,11 +122,15 @@ def test_ties_rank_realistically_and_nan_ranks_last():
     torch.nn.init.zeros_(model.node_emb.weight)  # every score is 0: all N - 1 rivals tie
     triple = torch.tensor([[1, 0, 2]])
     index = TripleIndex.from_triples(triple, N, R)
-    rank = query_ranks(model.score_entities, triple[:, 0], triple[:, 1], triple[:, 2], "tail", index, num_entities=N, entity_chunk=N)
+    rank = query_ranks(
+        model.score_entities, triple[:, 0], triple[:, 1], triple[:, 2], "tail", index, num_entities=N, entity_chunk=N
+    )
     assert rank.item() == 1 + (0 + (N - 1)) / 2
     with torch.no_grad():
         model.node_emb.weight.fill_(float("nan"))
-    rank = query_ranks(model.score_entities, triple[:, 0], triple[:, 1], triple[:, 2], "tail", index, num_entities=N, entity_chunk=N)
+    rank = query_ranks(
+        model.score_entities, triple[:, 0], triple[:, 1], triple[:, 2], "tail", index, num_entities=N, entity_chunk=N
+    )
     assert rank.item() == N
 
 
@@ -105,7 +144,9 @@ def test_metrics_from_ranks():
 def test_evaluate_reports_both_sides():
     model = integer_model("transe", True)
     test = random_triples(10, 5)
-    result = evaluate_link_prediction(model.score_entities, test, TripleIndex.from_triples(test, N, R), num_entities=N, batch_size=4, entity_chunk=6)
+    result = evaluate_link_prediction(
+        model.score_entities, test, TripleIndex.from_triples(test, N, R), num_entities=N, batch_size=4, entity_chunk=6
+    )
     assert result["tail"].queries == result["head"].queries == 10 and result["both"].queries == 20
     assert result["both"].mrr == pytest.approx((result["tail"].mrr + result["head"].mrr) / 2)
 
@@ -118,7 +159,11 @@ def test_evaluate_with_an_index_on_disk_matches_brute_force(tmp_path):
     splits = [t.numpy() for t in (train, valid, test, test[:4])]  # test[:4]: duplicates
     write_triple_index(tmp_path / "filter", lambda: splits, N, R, memory_bytes=4096)
     known = {tuple(t) for t in torch.cat([train, valid, test]).tolist()}
-    result = evaluate_link_prediction(model.score_entities, test, TripleIndex.open(tmp_path / "filter"), num_entities=N, batch_size=5, entity_chunk=7)
+    result = evaluate_link_prediction(
+        model.score_entities, test, TripleIndex.open(tmp_path / "filter"), num_entities=N, batch_size=5, entity_chunk=7
+    )
     for side in ("tail", "head"):
-        expected = RankingMetrics.of(torch.tensor([brute_force_rank(model, h, r, t, side, known) for h, r, t in test.tolist()]))
+        expected = RankingMetrics.of(
+            torch.tensor([brute_force_rank(model, h, r, t, side, known) for h, r, t in test.tolist()])
+        )
         assert result[side] == expected, side

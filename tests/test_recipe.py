@@ -54,21 +54,51 @@ def test_every_problem_at_once_with_path_line_and_suggestion():
 @pytest.mark.parametrize(
     "text,expected",
     [
-        ("dataset: {kind: tsv}\nmodel: {kind: distmult}\n", "dataset.path (in the section at line 1): is required for kind 'tsv'"),
-        ("dataset: [1]\nmodel: {kind: distmult}\n", "dataset (line 1): expected a section (key: value lines), got a list"),
+        (
+            "dataset: {kind: tsv}\nmodel: {kind: distmult}\n",
+            "dataset.path (in the section at line 1): is required for kind 'tsv'",
+        ),
+        (
+            "dataset: [1]\nmodel: {kind: distmult}\n",
+            "dataset (line 1): expected a section (key: value lines), got a list",
+        ),
         ("model: {kind: distmult}\n", "dataset: missing (required)"),
-        ("dataset: {kind: fb15k237}\nmodel: {}\n", "model.kind (in the section at line 2): missing (required; one of 'transe', 'distmult', 'complex', 'rotate', "),  # then any other registered
-        ("dataset: {kind: fb15k237}\nmodel: {kind: transe, p_norm: 3}\n", "model.p_norm (line 2): must be one of 1, 2, got 3"),
-        ("dataset: {kind: fb15k237}\nmodel: {kind: transe, reciprocal: yes please}\n", "model.reciprocal (line 2): expected true or false"),
+        (
+            "dataset: {kind: fb15k237}\nmodel: {}\n",
+            "model.kind (in the section at line 2): missing (required; one of 'transe', 'distmult', 'complex', 'rotate', ",
+        ),  # then any other registered
+        (
+            "dataset: {kind: fb15k237}\nmodel: {kind: transe, p_norm: 3}\n",
+            "model.p_norm (line 2): must be one of 1, 2, got 3",
+        ),
+        (
+            "dataset: {kind: fb15k237}\nmodel: {kind: transe, reciprocal: yes please}\n",
+            "model.reciprocal (line 2): expected true or false",
+        ),
         ("dataset: {kind: tsv\n", "not valid YAML (line 2)"),
         ("- a\n- b\n", "the top level must be a mapping of sections, got a list"),
-        ("dataset: {kind: synthetic, synthetic: {triples: 10, valid: 5, test: 5}}\nmodel: {kind: transe}\n", "dataset.synthetic.triples"),
-        ("dataset: {kind: karate}\nmodel: {kind: transe}\n", "model.kind (line 2): 'transe' trains on a knowledge graph"),
+        (
+            "dataset: {kind: synthetic, synthetic: {triples: 10, valid: 5, test: 5}}\nmodel: {kind: transe}\n",
+            "dataset.synthetic.triples",
+        ),
+        (
+            "dataset: {kind: karate}\nmodel: {kind: transe}\n",
+            "model.kind (line 2): 'transe' trains on a knowledge graph",
+        ),
         ("dataset: {kind: fb15k237}\nmodel: {kind: node2vec}\n", "model.kind (line 2): 'node2vec' trains on a graph"),
-        ("dataset: {kind: planetoid, name: cora}\nmodel: {kind: node2vec}\n", "dataset.name (line 1): must be Cora, CiteSeer or PubMed"),
+        (
+            "dataset: {kind: planetoid, name: cora}\nmodel: {kind: node2vec}\n",
+            "dataset.name (line 1): must be Cora, CiteSeer or PubMed",
+        ),
         ("dataset: {kind: karate}\nmodel: {kind: sage}\n", "dataset.link_split"),
-        ("dataset: {kind: karate}\nmodel: {kind: sage, sage: {layers: 2, fanout: [5]}}\n", "model.sage.fanout (line 2): must list 2"),
-        ("dataset: {kind: karate}\nmodel: {kind: node2vec, node2vec: {walk_length: 3, context_size: 9}}\n", "model.node2vec.context_size"),
+        (
+            "dataset: {kind: karate}\nmodel: {kind: sage, sage: {layers: 2, fanout: [5]}}\n",
+            "model.sage.fanout (line 2): must list 2",
+        ),
+        (
+            "dataset: {kind: karate}\nmodel: {kind: node2vec, node2vec: {walk_length: 3, context_size: 9}}\n",
+            "model.node2vec.context_size",
+        ),
     ],
 )
 def test_single_problems(text, expected):
@@ -78,7 +108,12 @@ def test_single_problems(text, expected):
 def test_values_overrides_and_round_trip(tmp_path):
     text = "dataset: {kind: tsv, path: umls}\nmodel: {kind: distmult}\noptimizer: {lr: 1e-2}\n"
     recipe = parse_recipe(text, overrides=["train.epochs=3", "model.dim=32", "eval.final_splits=[test]"])
-    assert (recipe.optimizer.lr, recipe.train.epochs, recipe.model.dim, recipe.eval.final_splits) == (0.01, 3, 32, ["test"])
+    assert (recipe.optimizer.lr, recipe.train.epochs, recipe.model.dim, recipe.eval.final_splits) == (
+        0.01,
+        3,
+        32,
+        ["test"],
+    )
     saved = tmp_path / "config.yaml"
     saved.write_text(recipe_to_yaml(recipe))
     again = load_recipe(saved)

@@ -73,24 +73,48 @@ HOSTILE = [
     # 1. bombs: bounded by the number of values the aliases expand to
     ("bomb-small", billion_laughs(levels=6), r"^[a-z](\.\d+)* \(line \d+\): the recipe " + MANY),
     ("bomb-merge", merge_bomb(levels=6), MANY),
-    ("too-large", "# padding\n" * 120_000, r"^the recipe is 1,200,000 bytes, over the limit of 1,048,576 bytes \(1 MiB\)"),
+    (
+        "too-large",
+        "# padding\n" * 120_000,
+        r"^the recipe is 1,200,000 bytes, over the limit of 1,048,576 bytes \(1 MiB\)",
+    ),
     # 2. recursion: self-referencing aliases, deep nesting, deep alias chains
     ("alias-self-list", "a: &a [*a]\n" + BASE, r"^a\.0 \(line 1\): an alias refers to itself: \*a is inside &a"),
-    ("alias-self-map", BASE + "train: &t {epochs: 1, again: *t}\n", r"^train\.again \(line 3\): an alias refers to itself"),
+    (
+        "alias-self-map",
+        BASE + "train: &t {epochs: 1, again: *t}\n",
+        r"^train\.again \(line 3\): an alias refers to itself",
+    ),
     ("alias-self-merge", "a: &a {<<: *a}\n" + BASE, r"an alias refers to itself"),
     ("deep-list", "a: " + "[" * 5000 + "]" * 5000 + "\n", r"^a(\.0)+ \(line 1\): nested deeper than 32 levels"),
     ("deep-map", "a: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n", r"nested deeper than 32 levels"),
-    ("deep-block", "".join(" " * i + f"k{i}:\n" for i in range(200)) + " " * 200 + "v: 1\n", r"nested deeper than 32 levels"),
-    ("deep-alias-chain", alias_chain(), r"^l\d+\.0 \(line \d+\): nested deeper than 32 levels \(counting what aliases bring in\)"),
+    (
+        "deep-block",
+        "".join(" " * i + f"k{i}:\n" for i in range(200)) + " " * 200 + "v: 1\n",
+        r"nested deeper than 32 levels",
+    ),
+    (
+        "deep-alias-chain",
+        alias_chain(),
+        r"^l\d+\.0 \(line \d+\): nested deeper than 32 levels \(counting what aliases bring in\)",
+    ),
     # values PyYAML cannot construct: a clear message instead of ValueError/AttributeError/KeyError
     (
         "huge-int-literal",
         "train: {seed: 1" + "0" * 5000 + "}\n" + BASE,
         r"^not valid YAML \(line 1\): cannot read '1000.*' as an int",
     ),
-    ("bad-date", BASE + "description: 2020-13-45\n", r"^not valid YAML \(line 3\): cannot read '2020-13-45' as a timestamp"),
+    (
+        "bad-date",
+        BASE + "description: 2020-13-45\n",
+        r"^not valid YAML \(line 3\): cannot read '2020-13-45' as a timestamp",
+    ),
     ("bad-tag", BASE + "description: !!bool maybe\n", r"^not valid YAML \(line 3\): cannot read 'maybe' as a bool"),
-    ("control-char", BASE + "description: a\x01b\n", r"^not valid YAML \(line 3\): character #x0001 is not allowed in YAML"),
+    (
+        "control-char",
+        BASE + "description: a\x01b\n",
+        r"^not valid YAML \(line 3\): character #x0001 is not allowed in YAML",
+    ),
     # 4. duplicate keys
     (
         "duplicate-section",
@@ -102,11 +126,19 @@ HOSTILE = [
         BASE + "train:\n  epochs: 1\n  batch_size: 8\n  epochs: 2\n",
         r"^train\.epochs \(line 6\): duplicate key, first at line 4; keep one$",
     ),
-    ("duplicate-quoted", BASE + "train: {epochs: 1, 'epochs': 2}\n", r"^train\.epochs \(line 3\): duplicate key, first at line 3"),
+    (
+        "duplicate-quoted",
+        BASE + "train: {epochs: 1, 'epochs': 2}\n",
+        r"^train\.epochs \(line 3\): duplicate key, first at line 3",
+    ),
     # 5. seeds torch and numpy can take
     ("seed-huge", BASE + "train: {seed: 99999999999999999999999}\n", r"^train\.seed \(line 3\): " + SEED),
     ("seed-negative", BASE + "train: {seed: -1}\n", r"^train\.seed \(line 3\): " + SEED),
-    ("seed-2**63", BASE + f"train: {{seed: {2**63}}}\n", r"^train\.seed \(line 3\): " + SEED + r".*got 9223372036854775808"),
+    (
+        "seed-2**63",
+        BASE + f"train: {{seed: {2**63}}}\n",
+        r"^train\.seed \(line 3\): " + SEED + r".*got 9223372036854775808",
+    ),
     (
         "seed-synthetic",
         "dataset: {kind: synthetic, synthetic: {seed: 1.0e+30}}\nmodel: {kind: transe}\n",
@@ -118,7 +150,11 @@ HOSTILE = [
         r"^dataset\.graph\.seed \(line 1\): " + SEED,
     ),
     # 6. names and paths that would leave their root
-    ("name-parent", BASE + "name: ../../escape\n", r"^name \(line 3\): must be a plain folder name .*got '\.\./\.\./escape'"),
+    (
+        "name-parent",
+        BASE + "name: ../../escape\n",
+        r"^name \(line 3\): must be a plain folder name .*got '\.\./\.\./escape'",
+    ),
     ("name-absolute", BASE + "name: /tmp/x\n", r"^name \(line 3\): " + PLAIN),
     ("name-dotdot", BASE + "name: '..'\n", r"^name \(line 3\): " + PLAIN),
     ("name-dot", BASE + "name: '.'\n", r"^name \(line 3\): " + PLAIN),
@@ -131,7 +167,11 @@ HOSTILE = [
         r"^name \(line 3\): is 201 bytes long; at most 200 \(the run folder adds -YYYYmmdd-HHMMSS",
     ),
     ("name-long-utf8", BASE + f"name: {'é' * 101}\n", r"^name \(line 3\): is 202 bytes long; at most 200"),
-    ("run-name-long", BASE + f"output: {{run_name: {'r' * 300}}}\n", r"^output\.run_name \(line 3\): is 300 bytes long; at most 200"),
+    (
+        "run-name-long",
+        BASE + f"output: {{run_name: {'r' * 300}}}\n",
+        r"^output\.run_name \(line 3\): is 300 bytes long; at most 200",
+    ),
     ("run-name-dotdot", BASE + "output: {run_name: '..'}\n", r"^output\.run_name \(line 3\): " + PLAIN),
     (
         "tsv-path-climbs",
@@ -188,7 +228,10 @@ def test_aliases_still_resolve_and_point_at_the_written_value():
         ("model.dim=" + flow_bomb(), r"^--set model\.dim: the value " + MANY),
         ("model.sage.fanout=&a [*a]", r"^--set model\.sage\.fanout: an alias refers to itself"),
         ("model.dim=" + "[" * 5000 + "]" * 5000, r"^--set model\.dim: nested deeper than 32 levels"),
-        ("model.dim=" + "x" * (1 << 20), r"^--set model\.dim: the override is 1,048,586 bytes, over the limit of 1,048,576 bytes"),
+        (
+            "model.dim=" + "x" * (1 << 20),
+            r"^--set model\.dim: the override is 1,048,586 bytes, over the limit of 1,048,576 bytes",
+        ),
         ("." * 100 + "=1", r"^--set \.+: a key of 101 parts is deeper than any recipe key"),
         ("train={epochs: 1, epochs: 2}", r"^--set train: duplicate key 'epochs' in the value; keep one"),
         ("train.seed=99999999999999999999999", r"^train\.seed \(from --set\): " + SEED),
@@ -207,7 +250,11 @@ def test_hostile_override(override, pattern):
 def test_data_walk_survives_a_self_referencing_list():
     loop: list = []
     loop.append(loop)
-    data = {"dataset": {"kind": "synthetic"}, "model": {"kind": loop, "sage": {"fanout": loop}}, "train": {"seed": loop}}
+    data = {
+        "dataset": {"kind": "synthetic"},
+        "model": {"kind": loop, "sage": {"fanout": loop}},
+        "train": {"seed": loop},
+    }
     problems: list[str] = []
     build(Recipe, data, (), {}, problems)
     assert any(p.startswith("model.kind: must be one of") for p in problems), problems
@@ -288,8 +335,11 @@ def test_yaml_bomb_is_refused_in_bounded_memory(tmp_path, builder):
     assert path.stat().st_size < 600
     result = subprocess.run(
         [sys.executable, "-c", BOMB_RUNNER, "validate", str(path)],
-        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent.parent,
+    )
     assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
     assert result.stderr.startswith("Error: recipe"), result.stderr[-2000:]
     assert re.search(MANY, result.stderr), result.stderr[-2000:]
@@ -325,16 +375,28 @@ def test_yaml_bomb_is_refused_after_work_linear_in_its_text(tmp_path, builder, m
     import yaml
 
     def size(node) -> int:  # the nodes of a composed tree
-        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else node.value if isinstance(node, yaml.SequenceNode) else []
+        children = (
+            [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else node.value
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
         return 1 + sum(map(size, children))
 
-    plain = re.sub(r"[&*]\w+", lambda m: "" if m.group(0)[0] == "&" else "0", text)  # each alias a scalar: nothing to expand
+    plain = re.sub(
+        r"[&*]\w+", lambda m: "" if m.group(0)[0] == "&" else "0", text
+    )  # each alias a scalar: nothing to expand
     assert 0 < composed[0] <= size(yaml.compose(plain)), (composed[0], size(yaml.compose(plain)))
 
 
 # every case above, through the CLI: exit code 1, "Error:" first, no traceback
 CLI_CASES = [h for h in HOSTILE if not h[0].startswith(("bomb", "too-large"))] + [
-    ("too-large", "# padding\n" * 120_000, r"^the file is 1,200,000 bytes, over the limit of 1,048,576 bytes \(1 MiB\)"),
+    (
+        "too-large",
+        "# padding\n" * 120_000,
+        r"^the file is 1,200,000 bytes, over the limit of 1,048,576 bytes \(1 MiB\)",
+    ),
     ("utf16", BASE.encode("utf-16"), r"the file is UTF-16"),
     ("binary", b"\x7fELF\x02\x01\x01\x00\x00\x00\xff\xfe", r"NUL byte at offset 7"),
     ("latin1", "name: café\n".encode("latin-1"), r"not UTF-8: byte 0xe9 at offset 9 \(line 1\)"),

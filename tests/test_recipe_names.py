@@ -57,10 +57,16 @@ def can_build_wheels_offline() -> bool:
     """setuptools with its own bdist_wheel (70.1 and later), or with the wheel package."""
     if importlib.util.find_spec("setuptools") is None:
         return False
-    return importlib.util.find_spec("wheel") is not None or importlib.util.find_spec("setuptools.command.bdist_wheel") is not None
+    return (
+        importlib.util.find_spec("wheel") is not None
+        or importlib.util.find_spec("setuptools.command.bdist_wheel") is not None
+    )
 
 
-@pytest.mark.skipif(subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0, reason="no pip in this environment")
+@pytest.mark.skipif(
+    subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode != 0,
+    reason="no pip in this environment",
+)
 @pytest.mark.skipif(
     not can_build_wheels_offline(),
     reason="building the wheel offline (--no-build-isolation) needs setuptools >= 70.1 (or wheel) here; Python >= 3.12 venvs have none: "
@@ -68,10 +74,25 @@ def can_build_wheels_offline() -> bool:
 )
 def test_a_wheel_carries_the_recipes_and_the_kernel_source(tmp_path):
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(ROOT)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert built.returncode == 0, built.stderr[-2000:]  # with pip and setuptools here, a wheel that does not build is a broken package
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[
+        -2000:
+    ]  # with pip and setuptools here, a wheel that does not build is a broken package
     names = zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist()
     assert {f"dsa_train/recipes/{name}.yaml" for name in SHIPPED} <= set(names)
     assert "dsa_train/optim/sparse_adam_rows.c" in names

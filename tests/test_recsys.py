@@ -54,8 +54,19 @@ def write(tmp_path, optimizer="dsa", storage="memory"):
 
 
 def records(run, kind):
-    timings = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib", "optimizer_memory_budget_mib")
-    return [{k: v for k, v in r.items() if k not in timings} for r in MetricsLog.read(run / "metrics.jsonl") if r["kind"] == kind]
+    timings = (
+        "seconds",
+        "items_per_s",
+        "peak_rss_mib",
+        "peak_rss_anon_mib",
+        "optimizer_ram_mib",
+        "optimizer_memory_budget_mib",
+    )
+    return [
+        {k: v for k, v in r.items() if k not in timings}
+        for r in MetricsLog.read(run / "metrics.jsonl")
+        if r["kind"] == kind
+    ]
 
 
 # -- metrics --------------------------------------------------------------------------------
@@ -86,7 +97,9 @@ def test_log_loss_and_normalized_entropy_by_hand():
     assert log_loss(logits, labels) == pytest.approx(hand, rel=1e-12)
     assert base_entropy(labels) == pytest.approx(math.log(2))
     m = click_metrics(logits, labels, true_logits=torch.tensor([1.0, -1.0, -1.0, 1.0]))
-    assert m["normalized_entropy"] == pytest.approx(hand / math.log(2)) and m["best_auc"] == 1.0 and m["click_rate"] == 0.5
+    assert (
+        m["normalized_entropy"] == pytest.approx(hand / math.log(2)) and m["best_auc"] == 1.0 and m["click_rate"] == 0.5
+    )
 
 
 # -- the model --------------------------------------------------------------------------------
@@ -107,7 +120,9 @@ def test_table_rows_per_feature_and_shared():
 def test_dlrm_forward_equals_a_hand_written_one(interaction, dense):
     torch.manual_seed(0)
     f, dim = 3, 4
-    model = DLRM(50, dim, features=f, dense=dense, bottom=[5], top=[6], interaction=interaction, mode="sum", init_std=0.5).double()
+    model = DLRM(
+        50, dim, features=f, dense=dense, bottom=[5], top=[6], interaction=interaction, mode="sum", init_std=0.5
+    ).double()
     x = torch.randn(2, dense, dtype=torch.double)
     bags = [[1, 2], [], [3], [4, 4, 5], [6], [7, 8]]  # 2 impressions x 3 features
     weights = torch.rand(sum(map(len, bags)), dtype=torch.double)
@@ -118,7 +133,9 @@ def test_dlrm_forward_equals_a_hand_written_one(interaction, dense):
     for sample in range(2):
         pooled = []
         for bag in bags[sample * f : (sample + 1) * f]:
-            pooled.append(sum((weights[k + j] * table[r] for j, r in enumerate(bag)), torch.zeros(dim, dtype=torch.double)))
+            pooled.append(
+                sum((weights[k + j] * table[r] for j, r in enumerate(bag)), torch.zeros(dim, dtype=torch.double))
+            )
             k += len(bag)
         if dense:
             lin = [m for m in model.bottom if isinstance(m, torch.nn.Linear)]
@@ -127,7 +144,9 @@ def test_dlrm_forward_equals_a_hand_written_one(interaction, dense):
             e0 = model.constant
         vectors = [e0, *pooled]
         if interaction == "dot":
-            h = torch.cat([e0, torch.stack([vectors[a] @ vectors[b] for a in range(f + 1) for b in range(a + 1, f + 1)])])
+            h = torch.cat(
+                [e0, torch.stack([vectors[a] @ vectors[b] for a in range(f + 1) for b in range(a + 1, f + 1)])]
+            )
         else:
             h = torch.cat(vectors)
         lin = [m for m in model.top if isinstance(m, torch.nn.Linear)]
@@ -157,7 +176,9 @@ def generated(tmp_path, **settings):
 
 
 def test_generator_is_seeded_power_law_and_learnable(tmp_path):
-    settings = dict(samples=40_000, valid=0, test=20_000, features=4, ids=1000, dense=2, max_hot=2, weighted=True, seed=5)
+    settings = dict(
+        samples=40_000, valid=0, test=20_000, features=4, ids=1000, dense=2, max_hot=2, weighted=True, seed=5
+    )
     log = generated(tmp_path / "a", **settings)
     again = generated(tmp_path / "b", **settings)
     for name in ("train_ids", "test_labels", "test_weights", "train_dense"):
@@ -195,7 +216,10 @@ def test_batch_gathers_the_bags_of_the_picked_impressions(tmp_path):
     assert batch.ids.tolist() == expected_ids and batch.feature.tolist() == expected_feature
     lengths = [int(bags[s * 3 + f + 1] - bags[s * 3 + f]) for s in picked.tolist() for f in range(3)]
     assert batch.offsets.tolist() == [0, *np.cumsum(lengths)[:-1].tolist()]
-    assert batch.dense.shape == (4, 1) and batch.labels.tolist() == log.dataset.array("train_labels")[picked.numpy()].tolist()
+    assert (
+        batch.dense.shape == (4, 1)
+        and batch.labels.tolist() == log.dataset.array("train_labels")[picked.numpy()].tolist()
+    )
 
 
 # -- the click-log reader ------------------------------------------------------------------------
@@ -204,7 +228,9 @@ def test_batch_gathers_the_bags_of_the_picked_impressions(tmp_path):
 def click_log(tmp_path, lines, name="log.tsv", **columns):
     path = tmp_path / name
     path.write_text("".join(line + "\n" for line in lines))
-    config = DatasetConfig(kind="click_log", path=str(path), root=str(tmp_path / "root"), columns=ClickColumnsConfig(**columns))
+    config = DatasetConfig(
+        kind="click_log", path=str(path), root=str(tmp_path / "root"), columns=ClickColumnsConfig(**columns)
+    )
     return load_click_log(config)
 
 
@@ -233,9 +259,16 @@ def test_criteo_layout_is_read_hashed_and_held_out_in_file_order(tmp_path):
 def test_csv_with_weights_quotes_and_named_columns(tmp_path):
     lines = ['click,price,"city, country",tags', '1,3.5,"Oslo, NO",a:0.5|b:2', "0,-1,Rome,"]
     log = click_log(
-        tmp_path, lines, name="log.csv", label="click", dense=["price"], sparse=["city, country", "tags"],
-        weights=True, dense_log=False, holdout=(0.0, 0.0),
-    )  # fmt: skip
+        tmp_path,
+        lines,
+        name="log.csv",
+        label="click",
+        dense=["price"],
+        sparse=["city, country", "tags"],
+        weights=True,
+        dense_log=False,
+        holdout=(0.0, 0.0),
+    )
     batch = log.batch("train", torch.arange(2))
     assert batch.ids.tolist() == [value_of("Oslo, NO"), value_of("a"), value_of("b"), value_of("Rome")]
     assert batch.weights.tolist() == [1.0, 0.5, 2.0, 1.0]
@@ -264,7 +297,9 @@ def test_a_missing_file_and_a_changed_file(tmp_path):
         load_click_log(DatasetConfig(kind="click_log", path=str(tmp_path / "none.tsv")))
     first = click_log(tmp_path, ["label\tC1", "1\ta", "0\tb"], holdout=(0.0, 0.0))
     assert first.samples["train"] == 2
-    again = click_log(tmp_path, ["label\tC1", "1\ta", "0\tb", "1\tc"], holdout=(0.0, 0.0))  # the file changed: imported anew
+    again = click_log(
+        tmp_path, ["label\tC1", "1\ta", "0\tb", "1\tc"], holdout=(0.0, 0.0)
+    )  # the file changed: imported anew
     assert again.samples["train"] == 3
 
 
@@ -274,11 +309,17 @@ def test_a_missing_file_and_a_changed_file(tmp_path):
 @pytest.mark.parametrize(
     "change,message",
     [
-        ("dataset: {kind: karate}", "'dlrm' trains on a click log (click_log, synthetic_clicks), not dataset kind 'karate'"),
+        (
+            "dataset: {kind: karate}",
+            "'dlrm' trains on a click log (click_log, synthetic_clicks), not dataset kind 'karate'",
+        ),
         ("train: {order: partitioned}", "'partitioned' trains knowledge-graph models and node2vec, not 'dlrm'"),
         ("dataset: {kind: click_log}", "is required for kind 'click_log'"),
         ("dataset: {kind: synthetic_clicks, columns: {multi_hot: '||'}}", "must be one character"),
-        ("model: {kind: dlrm, embedding_storage: disk}\noptimizer: {kind: sparse_adam}", "'sparse_adam' cannot train a disk table"),
+        (
+            "model: {kind: dlrm, embedding_storage: disk}\noptimizer: {kind: sparse_adam}",
+            "'sparse_adam' cannot train a disk table",
+        ),
     ],
 )
 def test_recipe_refusals(change, message):
@@ -294,7 +335,10 @@ def test_recipe_refusals(change, message):
 
 def test_mean_pooling_refuses_weighted_bags(tmp_path):
     result = invoke("run", write(tmp_path), "--output", tmp_path / "run", "--set", "model.recsys.mode=mean")
-    assert result.exit_code != 0 and "model.recsys.mode: 'mean' cannot take the click log's per-id weights" in result.output
+    assert (
+        result.exit_code != 0
+        and "model.recsys.mode: 'mean' cannot take the click log's per-id weights" in result.output
+    )
 
 
 # -- training ---------------------------------------------------------------------------------------
@@ -341,7 +385,6 @@ def test_recsys_quickstart_recipe(tmp_path):
     assert result.exit_code == 0, result.output
     test = records(out, "summary")[0]["final"]["test"]["clicks"]
     assert test["auc"] > 0.72 and test["best_auc"] - test["auc"] < 0.12
-
 
 
 def test_the_prefetched_batch_is_the_one_trained(tmp_path, monkeypatch):
@@ -395,7 +438,9 @@ def test_rates_set_on_resume_reach_both_optimizers(tmp_path, monkeypatch):
     monkeypatch.setattr(loop.Training, "step", real_step)
     with error_at_step(15):
         assert invoke("run", path, "--output", resumed).exit_code == 1
-    result = invoke("run", path, "--output", resumed, "--resume", "--set", "optimizer.lr=0.003", "--set", "optimizer.dense_lr=0.002")
+    result = invoke(
+        "run", path, "--output", resumed, "--resume", "--set", "optimizer.lr=0.003", "--set", "optimizer.dense_lr=0.002"
+    )
     assert result.exit_code == 0, result.output
     for kind in ("train", "summary"):
         got, want = records(resumed, kind), records(switched, kind)

@@ -51,7 +51,9 @@ def spied_task(*overrides: str):
 def undropped(task, batch) -> dict[str, torch.Tensor]:
     """Each side's relation rows without dropout, in the order the loss scores the queries."""
     model = task.model
-    return {side: model.rel_emb(model.relation_for(batch.relations[rows], side)[0]).detach() for side, rows in batch.sides()}
+    return {
+        side: model.rel_emb(model.relation_for(batch.relations[rows], side)[0]).detach() for side, rows in batch.sides()
+    }
 
 
 def assert_dropped_from(rows: torch.Tensor, plain: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,9 @@ from dsa_train.optim.format import HEADER_BYTES
 from dsa_train.optim.residency import PAGE, pagemap_readable, resolve_budget
 from dsa_train.recipe import load_recipe
 
-pytestmark = pytest.mark.skipif(not pagemap_readable(), reason="this kernel hides /proc/self/pagemap: row files are mapped shared")
+pytestmark = pytest.mark.skipif(
+    not pagemap_readable(), reason="this kernel hides /proc/self/pagemap: row files are mapped shared"
+)
 
 N, D, LOOKUPS = 6000, 16, 400
 
@@ -28,7 +30,9 @@ def grads(seed: int, steps: int, rows: int = N, dim: int = D):
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         index = torch.randint(0, rows, (LOOKUPS,), generator=g)
-        yield torch.sparse_coo_tensor(index[None], torch.randn(LOOKUPS, dim, generator=g), (rows, dim), check_invariants=False)
+        yield torch.sparse_coo_tensor(
+            index[None], torch.randn(LOOKUPS, dim, generator=g), (rows, dim), check_invariants=False
+        )
 
 
 @pytest.mark.parametrize("budget", [0, 3 * PAGE, 40 * PAGE, None])
@@ -132,7 +136,15 @@ def test_disk_table_under_a_small_budget_is_sparse_adam(tmp_path):
 
 @pytest.mark.parametrize(
     ("given", "expected"),
-    [(0, 0), (4096, 4096), ("2GiB", 2 << 30), ("512MB", 512 * 10**6), ("64 KiB", 64 << 10), ("1.5GiB", 3 << 29), ("100", 100)],
+    [
+        (0, 0),
+        (4096, 4096),
+        ("2GiB", 2 << 30),
+        ("512MB", 512 * 10**6),
+        ("64 KiB", 64 << 10),
+        ("1.5GiB", 3 << 29),
+        ("100", 100),
+    ],
 )
 def test_budget_sizes(given, expected):
     assert resolve_budget(given) == expected

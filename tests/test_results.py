@@ -40,12 +40,18 @@ def graph(tmp_path_factory):
     for i in range(ENTITIES):  # every entity in train
         triples.add((i, i % RELATIONS, (i * 7 + 1) % ENTITIES))
     while len(triples) < 600:
-        h, r, t = torch.randint(0, ENTITIES, (1,), generator=g).item(), torch.randint(0, RELATIONS, (1,), generator=g).item(), torch.randint(0, ENTITIES, (1,), generator=g).item()
+        h, r, t = (
+            torch.randint(0, ENTITIES, (1,), generator=g).item(),
+            torch.randint(0, RELATIONS, (1,), generator=g).item(),
+            torch.randint(0, ENTITIES, (1,), generator=g).item(),
+        )
         triples.add((h, r, t))
     ordered = sorted(triples)
     splits = {"train": ordered[:520], "valid": ordered[520:560], "test": ordered[560:]}
     for split, rows in splits.items():
-        (folder / f"{split}.txt").write_text("".join(f"{entity_name(h)}\tr{r}\t{entity_name(t)}\n" for h, r, t in rows), encoding="utf-8")
+        (folder / f"{split}.txt").write_text(
+            "".join(f"{entity_name(h)}\tr{r}\t{entity_name(t)}\n" for h, r, t in rows), encoding="utf-8"
+        )
     return folder, {(entity_name(h), f"r{r}", entity_name(t)) for h, r, t in ordered}
 
 
@@ -79,7 +85,10 @@ def test_memory_tables_are_the_checkpoints_tensors(runs):
     assert trained.step == int(newest_checkpoint(run).name)
     assert torch.equal(trained.weights("entities"), saved["node_emb.weight"])
     assert torch.equal(trained.weights("relations"), saved["rel_emb.weight"])
-    assert trained.tables == {"entities": (ENTITIES, 8), "relations": (2 * RELATIONS, 8)}  # reciprocal: inverse rows too
+    assert trained.tables == {
+        "entities": (ENTITIES, 8),
+        "relations": (2 * RELATIONS, 8),
+    }  # reciprocal: inverse rows too
     pieces = [rows for _, rows in trained.chunks("entities", chunk_rows=7)]
     assert torch.equal(torch.cat(pieces), saved["node_emb.weight"])
 
@@ -146,7 +155,9 @@ def test_score_and_predict_against_brute_force(runs, graph):
     assert known
     masked = everything.clone()
     masked[list(known)] = float("-inf")
-    assert [a.id for a in trained.predict(head=head, relation=relation, k=10, filter=True, chunk_rows=7)] == torch.topk(masked, 10).indices.tolist()
+    assert [a.id for a in trained.predict(head=head, relation=relation, k=10, filter=True, chunk_rows=7)] == torch.topk(
+        masked, 10
+    ).indices.tolist()
     marked = trained.predict(head=head, relation=relation, k=ENTITIES, filter="mark")
     assert {a.id for a in marked if a.known} == known
 
@@ -177,7 +188,11 @@ def test_export_round_trips_bit_for_bit(runs, tmp_path, storage):
         lines = (tmp_path / "npy" / f"{table}.names.tsv").read_text(encoding="utf-8").splitlines()
         assert lines == [f"{i}\t{n}" for i, n in enumerate(trained.names(table))]
     manifest = json.loads((tmp_path / "npy" / "export.json").read_text())
-    assert manifest["checkpoint"] == trained.step and manifest["model"] == "complex" and manifest["tables"]["entities"]["rows"] == ENTITIES
+    assert (
+        manifest["checkpoint"] == trained.step
+        and manifest["model"] == "complex"
+        and manifest["tables"]["entities"]["rows"] == ENTITIES
+    )
     export_run(trained, tmp_path / "tsv", "tsv")
     text = np.loadtxt(tmp_path / "tsv" / "entities.tsv", delimiter="\t", dtype=np.float32)
     assert np.array_equal(text, trained.weights("entities").numpy())  # 9 digits read back to the same bits
@@ -215,7 +230,13 @@ def test_export_refuses_what_is_not_its_own(runs, tmp_path):
     assert CliRunner().invoke(app, ["export", str(run), "-o", str(fresh)]).exit_code == 0
     result = CliRunner().invoke(app, ["export", str(run), "-o", str(fresh), "--force", "--format", "tsv"])
     assert result.exit_code == 0, result.output
-    assert sorted(os.listdir(fresh)) == ["entities.names.tsv", "entities.tsv", "export.json", "relations.names.tsv", "relations.tsv"]
+    assert sorted(os.listdir(fresh)) == [
+        "entities.names.tsv",
+        "entities.tsv",
+        "export.json",
+        "relations.names.tsv",
+        "relations.tsv",
+    ]
     assert sorted(os.listdir(tmp_path)) == ["fresh", "link", "vectors"]  # no partial or old folder left
 
 
@@ -227,7 +248,9 @@ def test_a_name_a_names_file_cannot_hold_is_refused_by_name(runs, tmp_path, monk
     plain = TableNames.names
     renamed = lambda self, table, ids: [bad if i == 41 else n for i, n in zip(ids, plain(self, table, ids))]  # noqa: E731
     monkeypatch.setattr(TableNames, "names", renamed)
-    monkeypatch.setattr(TableNames, "name_bytes", lambda self, table, start, stop: encoded(renamed(self, table, range(start, stop))))
+    monkeypatch.setattr(
+        TableNames, "name_bytes", lambda self, table, start, stop: encoded(renamed(self, table, range(start, stop)))
+    )
     with pytest.raises(DsaError, match="holds a tab or a line break") as refused:
         export_run(open_run(runs()), tmp_path / "out", "npy", chunk_rows=16)
     assert repr(bad) in str(refused.value) and os.listdir(tmp_path) == []
@@ -266,7 +289,9 @@ def test_predict_and_neighbors_from_the_command_line(runs, tmp_path):
     run = runs()
     trained = open_run(run)
     head = entity_name(5)
-    result = CliRunner().invoke(app, ["predict", str(run), "--head", head, "--relation", "r1", "-k", "3", "--filter", "--json"])
+    result = CliRunner().invoke(
+        app, ["predict", str(run), "--head", head, "--relation", "r1", "-k", "3", "--filter", "--json"]
+    )
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
     expected = trained.predict(head=head, relation="r1", k=3, filter=True)
@@ -280,11 +305,17 @@ def test_predict_and_neighbors_from_the_command_line(runs, tmp_path):
     result = CliRunner().invoke(app, ["predict", str(run), "--queries", str(queries)])
     assert result.exit_code == 1 and "line 1 of" in result.stderr and "exactly one ?" in result.stderr
     result = CliRunner().invoke(app, ["predict", str(run), "--head", "Q14x", "--relation", "r1"])
-    assert result.exit_code == 1 and "entity 'Q14x' is not in this run's entities" in result.stderr and "did you mean 'Q14'" in result.stderr
+    assert (
+        result.exit_code == 1
+        and "entity 'Q14x' is not in this run's entities" in result.stderr
+        and "did you mean 'Q14'" in result.stderr
+    )
     assert "Traceback" not in result.stderr
     result = CliRunner().invoke(app, ["neighbors", str(run), head, "-k", "4", "--metric", "cosine", "--json"])
     assert result.exit_code == 0, result.output
-    assert [a["id"] for a in json.loads(result.stdout)["neighbors"]] == [a.id for a in trained.neighbors(head, k=4, metric="cosine")]
+    assert [a["id"] for a in json.loads(result.stdout)["neighbors"]] == [
+        a.id for a in trained.neighbors(head, k=4, metric="cosine")
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -321,7 +352,10 @@ def test_warm_start_carries_rows_by_name_bit_for_bit(runs, grown, tmp_path, stor
     warm = setup_fresh(grown, tmp_path / "warm", storage, init_from=old.run.path)
     cold = setup_fresh(grown, tmp_path / "cold", storage)
     try:
-        assert warm.warm_started == {"entities": {"carried": ENTITIES, "new": 20}, "relations": {"carried": 2 * RELATIONS, "new": 2}}
+        assert warm.warm_started == {
+            "entities": {"carried": ENTITIES, "new": 20},
+            "relations": {"carried": 2 * RELATIONS, "new": 2},
+        }
         new = TrainedRunView(warm)
         drawn = TrainedRunView(cold)
         for table in ("entities", "relations"):
@@ -359,10 +393,19 @@ def test_init_from_on_the_command_line_says_what_it_carried(runs, grown, tmp_pat
     result = CliRunner().invoke(app, ["run", str(recipe), "-o", str(tmp_path / "run"), "--init-from", str(runs())])
     assert result.exit_code == 0, result.output
     said = " ".join(result.stderr.split())  # notes wrap at the console's width
-    assert f"entities {ENTITIES} carried over, 20 new; relations {2 * RELATIONS} carried over, 2 new; Adam's moments start at zero" in said
-    summary = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"summary"' in line][-1]
+    assert (
+        f"entities {ENTITIES} carried over, 20 new; relations {2 * RELATIONS} carried over, 2 new; Adam's moments start at zero"
+        in said
+    )
+    summary = [
+        json.loads(line)
+        for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+        if '"summary"' in line
+    ][-1]
     assert summary["warm_start"]["entities"] == {"carried": ENTITIES, "new": 20}
-    result = CliRunner().invoke(app, ["run", str(recipe), "-o", str(tmp_path / "other"), "--init-from", str(tmp_path / "nowhere")])
+    result = CliRunner().invoke(
+        app, ["run", str(recipe), "-o", str(tmp_path / "other"), "--init-from", str(tmp_path / "nowhere")]
+    )
     assert result.exit_code == 1 and "does not exist" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -374,7 +417,14 @@ def test_a_warm_started_disk_run_resumes_exactly(runs, grown, tmp_path):
     recipe = tmp_path / "grown.yaml"
     recipe.write_text(RECIPE % {"data": grown, "model": "transe", "storage": "disk"})
     source = str(runs("transe", "disk"))
-    small = ["--set", "train.batch_size=2", "--set", "train.negatives=1", "--set", "train.max_steps=8"]  # few rows touched by step 3
+    small = [
+        "--set",
+        "train.batch_size=2",
+        "--set",
+        "train.negatives=1",
+        "--set",
+        "train.max_steps=8",
+    ]  # few rows touched by step 3
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     assert CliRunner().invoke(app, ["run", str(recipe), "-o", str(whole), "--init-from", source, *small]).exit_code == 0
     with error_at_step(5):  # after the checkpoint of step 3
@@ -415,7 +465,10 @@ def test_click_probabilities_are_the_models_on_the_held_out_lines(tmp_path):
     """The test split's last lines, written again without their labels, get the probabilities
     the run's own evaluation path computes for them from the imported arrays."""
     g = np.random.default_rng(0)
-    rows = [f"{int(g.random() < 0.3)}\t{g.integers(0, 50)}\tc{g.integers(0, 30)}\t{'|'.join(f'v{g.integers(0, 9)}' for _ in range(g.integers(0, 3)))}" for _ in range(400)]
+    rows = [
+        f"{int(g.random() < 0.3)}\t{g.integers(0, 50)}\tc{g.integers(0, 30)}\t{'|'.join(f'v{g.integers(0, 9)}' for _ in range(g.integers(0, 3)))}"
+        for _ in range(400)
+    ]
     log = tmp_path / "log.tsv"
     log.write_text("label\tI1\tC1\tC2\n" + "".join(r + "\n" for r in rows))
     recipe = tmp_path / "clicks.yaml"
@@ -460,12 +513,19 @@ def test_an_old_or_linked_run_folder_is_refused_by_name(runs, tmp_path):
 
 def test_a_generated_graphs_rows_are_named_by_their_ids(tmp_path):
     recipe = tmp_path / "synthetic.yaml"
-    recipe.write_text(RECIPE.replace("{kind: tsv, path: %(data)s}", "{kind: synthetic, synthetic: {entities: 120, relations: 3, triples: 900, valid: 20, test: 20, seed: 2}}")
-                      % {"model": "distmult", "storage": "memory"})  # fmt: skip
+    recipe.write_text(
+        RECIPE.replace(
+            "{kind: tsv, path: %(data)s}",
+            "{kind: synthetic, synthetic: {entities: 120, relations: 3, triples: 900, valid: 20, test: 20, seed: 2}}",
+        )
+        % {"model": "distmult", "storage": "memory"}
+    )
     assert CliRunner().invoke(app, ["run", str(recipe), "-o", str(tmp_path / "run")]).exit_code == 0
     trained = open_run(tmp_path / "run")
     assert trained.names("entities", [0, 119]) == ["0", "119"] and trained.names("relations", [4]) == ["inverse:1"]
     assert trained.ids("relations", ["2", "inverse:0"]) == [2, 3]
-    assert [a.id for a in trained.predict(head="7", relation="1", k=4)] == [a.id for a in trained.predict(head=7, relation=1, k=4)]
+    assert [a.id for a in trained.predict(head="7", relation="1", k=4)] == [
+        a.id for a in trained.predict(head=7, relation=1, k=4)
+    ]
     with pytest.raises(DsaError, match="entity '120' is not in this run's entities"):
         trained.ids("entities", ["120"])

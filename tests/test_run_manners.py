@@ -33,7 +33,9 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path, monke
     recipe.write_text("name: u\ndataset: {kind: tsv, path: umls}\nmodel: {kind: transe, dim: 8}\n")
     result = _run(str(recipe), "-o", str(tmp_path / "runs" / "u"))
     assert result.exit_code == 1 and "lacks train.txt" in result.output
-    assert "download it from PyKEEN" in result.output and "set DSA_DATA_ROOT" in result.output  # where the files come from
+    assert (
+        "download it from PyKEEN" in result.output and "set DSA_DATA_ROOT" in result.output
+    )  # where the files come from
     assert not (tmp_path / "runs" / "u").exists() and "removed" in result.output
     again = _run(str(recipe), "-o", str(tmp_path / "runs" / "u"), "--resume")  # nothing to pick up
     assert again.exit_code == 1 and "does not exist" in again.output
@@ -51,7 +53,9 @@ def test_resuming_a_finished_run_says_so_and_trains_nothing(tmp_path):
     longer = _run(str(recipe), "-o", str(run), "--resume", "--set", "train.epochs=2")
     assert longer.exit_code == 0 and f"{2 * steps} steps, 2 epochs" in longer.output
     records = [json.loads(line) for line in Path(run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epochs"] for r in records if r["kind"] == "summary"] == [2]  # cut back to the checkpoint, then one summary
+    assert [r["epochs"] for r in records if r["kind"] == "summary"] == [
+        2
+    ]  # cut back to the checkpoint, then one summary
 
 
 def test_help_shows_no_type_placeholders_for_flags_or_lists():
@@ -85,7 +89,9 @@ def test_a_run_stores_its_data_root_so_eval_needs_no_environment(tmp_path, monke
     monkeypatch.setenv("DSA_DATA_ROOT", str(moved))
     scored = CliRunner().invoke(app, ["eval", str(run), "--json"])
     assert scored.exit_code == 0, scored.output
-    assert json.loads(scored.stdout)["warnings"] == [f"data root: $DSA_DATA_ROOT ({moved.resolve()}) instead of the run's {data.resolve()}"]
+    assert json.loads(scored.stdout)["warnings"] == [
+        f"data root: $DSA_DATA_ROOT ({moved.resolve()}) instead of the run's {data.resolve()}"
+    ]
 
 
 def test_the_summary_line_is_never_broken_inside_a_value(tmp_path, monkeypatch):

@@ -98,10 +98,15 @@ def test_resume_and_eval_refuse_a_run_whose_folders_are_links(run, tmp_path, inn
     before = tree(moved.parent)
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(TINY % {"model": "transe", "optimizer": "dsa", "storage": "memory"})
-    resumed = invoke("run", recipe, "--output", run, "--resume", "--set", "train.epochs=99", "--set", "train.max_steps=32")  # (short, if it ran)
+    resumed = invoke(
+        "run", recipe, "--output", run, "--resume", "--set", "train.epochs=99", "--set", "train.max_steps=32"
+    )  # (short, if it ran)
     scored = invoke("eval", run, "--json")
     for result in (resumed, scored):
-        assert result.exit_code == 1 and f"'{run / inner}' is a symbolic link; dsa-train never follows links" in result.stderr, result.stderr
+        assert (
+            result.exit_code == 1
+            and f"'{run / inner}' is a symbolic link; dsa-train never follows links" in result.stderr
+        ), result.stderr
         assert "Traceback" not in result.stderr
     assert tree(moved.parent) == before and (run / inner).is_symlink()
 
@@ -246,7 +251,9 @@ def test_resume_never_touches_a_state_dir_that_is_not_the_runs(run, tmp_path, fo
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(TINY % {"model": "transe", "optimizer": "dsa", "storage": "memory"})
     # more epochs than the (finished) run had, so the resume goes on to open the state
-    result = invoke("run", recipe, "--output", run, "--resume", "--set", f"optimizer.state_dir={target}", "--set", "train.epochs=99")
+    result = invoke(
+        "run", recipe, "--output", run, "--resume", "--set", f"optimizer.state_dir={target}", "--set", "train.epochs=99"
+    )
     assert result.exit_code == 1 and "nothing in it was changed" in result.stderr
     assert tree(target) == before
 
@@ -298,7 +305,9 @@ def test_a_tampered_checkpoint_never_runs_code(run, tmp_path, file):
     reseal(newest)
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(TINY % {"model": "transe", "optimizer": "dsa", "storage": "memory"})
-    result = invoke("run", recipe, "--output", run, "--resume", "--set", "train.epochs=99")  # more: the finished run loads its checkpoint
+    result = invoke(
+        "run", recipe, "--output", run, "--resume", "--set", "train.epochs=99"
+    )  # more: the finished run loads its checkpoint
     assert not PWNED.exists()
     assert result.exit_code == 1 and "holds something other than tensors" in result.stderr
     assert "Traceback" not in result.stderr
@@ -339,7 +348,9 @@ def test_a_checkpoint_of_another_run_is_refused(run, tmp_path):
     reseal(newest, run_id="0" * 32)
     recipe = tmp_path / "tiny.yaml"
     recipe.write_text(TINY % {"model": "transe", "optimizer": "dsa", "storage": "memory"})
-    result = invoke("run", recipe, "--output", run, "--resume", "--set", "train.epochs=99")  # more: the finished run loads its checkpoint
+    result = invoke(
+        "run", recipe, "--output", run, "--resume", "--set", "train.epochs=99"
+    )  # more: the finished run loads its checkpoint
     assert result.exit_code == 1 and "belongs to run" in result.stderr
 
 
@@ -361,12 +372,15 @@ def train(emb, opt, rows=(1, 2)):
     opt.step()
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("lr", float("nan"), "Invalid learning rate: nan"),
-    ("lr", float("inf"), "Invalid learning rate: inf"),
-    ("eps", -1.0, "Invalid epsilon value: -1.0"),
-    ("betas", (1.0, 0.999), "Invalid beta parameter at index 0: 1.0"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("lr", float("nan"), "Invalid learning rate: nan"),
+        ("lr", float("inf"), "Invalid learning rate: inf"),
+        ("eps", -1.0, "Invalid epsilon value: -1.0"),
+        ("betas", (1.0, 0.999), "Invalid beta parameter at index 0: 1.0"),
+    ],
+)
 def test_load_state_dict_refuses_bad_hyperparameters(state_dir, field, value, message):
     emb = nn.Embedding(5, 2, sparse=True)
     with DiskSparseAdam(emb.parameters(), state_dir=state_dir) as opt:
@@ -480,7 +494,9 @@ def test_an_owned_folder_is_new_or_empty_never_a_link_and_locked_before_use(tmp_
     (tmp_path / "link").symlink_to(target)
     with pytest.raises(StateError, match=r"run folder '.*link' is a symbolic link") as err:
         create_owned_folder(tmp_path / "link", "run folder", **hints)
-    assert err.value.hint == "pass a real folder" and not DirectoryLock(target, purpose="x").path.exists()  # nothing written through it
+    assert (
+        err.value.hint == "pass a real folder" and not DirectoryLock(target, purpose="x").path.exists()
+    )  # nothing written through it
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "notes.txt").write_text("someone's")
     with pytest.raises(StateError, match=r"tune folder '.*used' already exists and is not empty") as err:

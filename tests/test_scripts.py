@@ -16,7 +16,12 @@ SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
 def bash(*args, **env):
-    environment = {**os.environ, "PYTHON": sys.executable, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env}
+    environment = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        **env,
+    }
     return subprocess.run(["bash", *map(str, args)], capture_output=True, text=True, env=environment, timeout=300)
 
 
@@ -30,13 +35,19 @@ def test_help_and_unknown_options(script):
 
 @pytest.mark.parametrize(
     "script,args", [("setup_box.sh", ["--no-install", "--check-only"]), ("run_benchmarks.sh", ["--quick"])]
-)  # fmt: skip
+)
 def test_a_failing_step_stops_the_script(tmp_path, script, args):
     """The first command that fails ends the script with its status: nothing after it runs."""
     failing = tmp_path / "python"
     failing.write_text('#!/bin/sh\necho ran "$@"\nexit 3\n')
     failing.chmod(0o755)
-    result = bash(SCRIPTS / script, *args, "--dir" if script == "run_benchmarks.sh" else "--state-dir", tmp_path, PYTHON=str(failing))
+    result = bash(
+        SCRIPTS / script,
+        *args,
+        "--dir" if script == "run_benchmarks.sh" else "--state-dir",
+        tmp_path,
+        PYTHON=str(failing),
+    )
     assert result.returncode == 3, (result.stdout, result.stderr)
     assert result.stdout.count("ran ") == 1, result.stdout  # one failed step, the next one never ran
 
@@ -56,7 +67,12 @@ def test_out_of_core_benchmark_runs_quick(tmp_path):
         [sys.executable, script, "--dir", tmp_path, "--quick"], capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stderr
-    for line in ("disk random 4 KiB reads", "cold rows paged in", "with prefetch / without", "peak resident anonymous memory"):
+    for line in (
+        "disk random 4 KiB reads",
+        "cold rows paged in",
+        "with prefetch / without",
+        "peak resident anonymous memory",
+    ):
         assert line in result.stdout
     assert not list(tmp_path.iterdir()), "the benchmark left its table behind"
 
@@ -67,13 +83,23 @@ def test_partitioned_node2vec_benchmark_runs_quick(tmp_path):
     writes back what it trained; the table and state are removed afterwards."""
     env = {**os.environ, "DSA_DATA_ROOT": str(tmp_path / "data")}
     script = SCRIPTS / "bench_partitioned_node2vec.py"
-    result = subprocess.run([sys.executable, script, "--dir", tmp_path / "b", "--quick"], capture_output=True, text=True, timeout=600, env=env)
+    result = subprocess.run(
+        [sys.executable, script, "--dir", tmp_path / "b", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     random_order, partitioned = summary["results"]["random"], summary["results"]["partitioned"]
     assert random_order["steps"] == 5 and partitioned["steps"] == 8 and summary["ratio"] > 0
     buffer = partitioned["buffer"]
-    assert buffer["loads"] >= 4 and buffer["read_bytes"] >= 4 * buffer["partition_mib"] * 2**20 * 0.99 and buffer["written_bytes"] > 0
+    assert (
+        buffer["loads"] >= 4
+        and buffer["read_bytes"] >= 4 * buffer["partition_mib"] * 2**20 * 0.99
+        and buffer["written_bytes"] > 0
+    )
     assert not list((tmp_path / "b").iterdir()), "the benchmark left its table behind"
 
 
@@ -82,12 +108,22 @@ def test_partitioned_benchmark_runs_quick(tmp_path):
     """The partition-order benchmark's small version measures every regime it names, its
     partitioned steps stay in the buffer (every state waited for), and it leaves nothing."""
     script = SCRIPTS / "bench_partitioned.py"
-    result = subprocess.run([sys.executable, script, "--dir", tmp_path, "--quick"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, script, "--dir", tmp_path, "--quick"], capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert set(summary["results"]) == {"random, no prefetch", "random, prefetch", "in the page cache", "held in memory", "partitioned"}
+    assert set(summary["results"]) == {
+        "random, no prefetch",
+        "random, prefetch",
+        "in the page cache",
+        "held in memory",
+        "partitioned",
+    }
     part = summary["results"]["partitioned"]
-    assert part["states"] == 3 and part["read_gb"] >= 3 * part["partition_gb"] * 0.99  # 2 to start, 1 swapped in (at least)
+    assert (
+        part["states"] == 3 and part["read_gb"] >= 3 * part["partition_gb"] * 0.99
+    )  # 2 to start, 1 swapped in (at least)
     assert summary["sequential_read_mb_s"] > 0 and summary["sequential_write_mb_s"] > 0
     assert "partitioned / random with prefetch" in result.stdout
     assert not list(tmp_path.iterdir()), "the benchmark left its table behind"
@@ -97,10 +133,23 @@ def test_partitioned_benchmark_runs_quick(tmp_path):
 def test_import_benchmark_runs_quick(tmp_path):
     """The import benchmark's small version runs both parsers and checks they agree on the counts."""
     result = subprocess.run(
-        [sys.executable, SCRIPTS / "bench_import.py", "--triples", "20000", "--entities", "3000", "--held-out", "100",
-         "--folder", tmp_path, "--json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            SCRIPTS / "bench_import.py",
+            "--triples",
+            "20000",
+            "--entities",
+            "3000",
+            "--held-out",
+            "100",
+            "--folder",
+            tmp_path,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     import json
 
@@ -127,17 +176,37 @@ def test_throughput_benchmark_one_process_per_optimizer(tmp_path):
     """Each optimizer trains in a child process of its own and the figures come out; the
     children's run folders are removed."""
     result = subprocess.run(
-        [sys.executable, SCRIPTS / "bench_throughput.py", SCRIPTS.parent / "recipes" / "quickstart.yaml",
-         "--steps", "3", "--warmup", "1", "--repeats", "1", "--dir", tmp_path],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            SCRIPTS / "bench_throughput.py",
+            SCRIPTS.parent / "recipes" / "quickstart.yaml",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--repeats",
+            "1",
+            "--dir",
+            tmp_path,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
     assert "quickstart: " in out and "3 timed steps after 1 untimed steps" in out
     assert "fresh process with a fresh run folder (the optimizer state starts cold)" in out
     assert "round 1 (dsa first):" in out and "median over 1 round:" in out
     for kind in ("dsa", "sparse_adam"):
-        assert len(re.findall(rf"^  {kind} +[\d,]+ triples/s  median step +[\d.]+ ms  wall +[\d.]+ s  CPU +[\d.]+ s", out, re.M)) == 2
+        assert (
+            len(
+                re.findall(
+                    rf"^  {kind} +[\d,]+ triples/s  median step +[\d.]+ ms  wall +[\d.]+ s  CPU +[\d.]+ s", out, re.M
+                )
+            )
+            == 2
+        )
     assert re.search(r"dsa / sparse_adam: throughput [\d.]+x \(rounds [\d.]+-[\d.]+\), CPU time [\d.]+x \(rounds", out)
     assert not list(tmp_path.iterdir()), "a child left its run folder behind"
     assert not processes_naming(tmp_path)
@@ -148,10 +217,25 @@ def test_contention_benchmark_stops_its_neighbours(tmp_path):
     """Both optimizers measured next to the CPU neighbour, each in its own process; the
     neighbours worked meanwhile, and no neighbour process or file is left afterwards."""
     result = subprocess.run(
-        [sys.executable, SCRIPTS / "bench_contention.py", "--steps", "3", "--warmup", "1", "--repeats", "1",
-         "--conditions", "cpu", "--dir", tmp_path, "--json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            SCRIPTS / "bench_contention.py",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--repeats",
+            "1",
+            "--conditions",
+            "cpu",
+            "--dir",
+            tmp_path,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     measurements = report["measurements"]
@@ -163,11 +247,19 @@ def test_contention_benchmark_stops_its_neighbours(tmp_path):
         for pid in m["neighbour_pids"]:
             assert not Path(f"/proc/{pid}").exists(), f"neighbour {pid} is still there"
     summary = report["summary"]["cpu"]
-    dsa, sparse_adam = measurements  # one repeat: each ratio is this repeat's, and the verdict follows from it and the target
+    dsa, sparse_adam = (
+        measurements  # one repeat: each ratio is this repeat's, and the verdict follows from it and the target
+    )
     for key, field in (("wall", "wall_s"), ("cpu", "cpu_s")):
         ratio = dsa[field] / sparse_adam[field]
-        assert summary["ratio"][key]["median"] == pytest.approx(ratio) and summary["ratio"][key]["max"] == pytest.approx(ratio)
-        assert summary["target"][key] == ("met" if ratio <= report["target"] else "MISSED"), (key, ratio, summary["target"][key])
+        assert summary["ratio"][key]["median"] == pytest.approx(ratio) and summary["ratio"][key][
+            "max"
+        ] == pytest.approx(ratio)
+        assert summary["target"][key] == ("met" if ratio <= report["target"] else "MISSED"), (
+            key,
+            ratio,
+            summary["target"][key],
+        )
     assert "repeat 1 cpu     dsa" in result.stderr
     assert not list(tmp_path.iterdir()), "a run folder or the neighbour's folder was left behind"
     assert not processes_naming(tmp_path)
@@ -180,10 +272,30 @@ def test_optimizer_benchmark_measures_every_regime(tmp_path):
     import json
 
     result = subprocess.run(
-        [sys.executable, SCRIPTS / "bench_optimizer.py", "--rows", "20000", "--dim", "16", "--lookups", "2048",
-         "--steps", "3", "--ooc-steps", "2", "--repeats", "1", "--skip-memory", "--state-dir", tmp_path, "--json"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            SCRIPTS / "bench_optimizer.py",
+            "--rows",
+            "20000",
+            "--dim",
+            "16",
+            "--lookups",
+            "2048",
+            "--steps",
+            "3",
+            "--ooc-steps",
+            "2",
+            "--repeats",
+            "1",
+            "--skip-memory",
+            "--state-dir",
+            tmp_path,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert {(r["regime"], r["distribution"]) for r in report["speed"]} == {
@@ -221,7 +333,10 @@ def test_relation_categories_by_hand_and_from_a_run(tmp_path):
         "model: {kind: distmult, dim: 16}\ntrain: {epochs: 1, batch_size: 256, negatives: 64}\noptimizer: {kind: dsa, lr: 0.01}\neval: {final_splits: [test]}\n"
     )
     env = {**os.environ, "DSA_DATA_ROOT": str(tmp_path / "data")}
-    run = lambda *a: subprocess.run([sys.executable, *map(str, a)], capture_output=True, text=True, env=env, timeout=300)  # noqa: E731
+
+    def run(*a):
+        return subprocess.run([sys.executable, *map(str, a)], capture_output=True, text=True, env=env, timeout=300)
+
     assert run("-m", "dsa_train", "run", recipe, "-o", tmp_path / "run").returncode == 0
     scored = run("-m", "dsa_train", "eval", tmp_path / "run", "--json", "--save-ranks", tmp_path / "ranks.tsv")
     assert scored.returncode == 0, scored.stderr
@@ -239,28 +354,58 @@ def test_one_vs_all_benchmark_runs_small(tmp_path):
     """Every configuration runs; 1-vs-all updates every entity row a step, sampled fewer."""
     script = SCRIPTS / "bench_one_vs_all.py"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    result = subprocess.run([sys.executable, script, "--entities", "1500", "--dim", "8", "--batch", "32", "--steps", "2"], capture_output=True, text=True, timeout=600, env=env)
+    result = subprocess.run(
+        [sys.executable, script, "--entities", "1500", "--dim", "8", "--batch", "32", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout.strip().splitlines()[-1])["results"]
-    assert set(found) == {"sampled, dsa", "sampled, sparse_adam", "all, dsa", "all, sparse_adam", "all in chunks of 375, dsa"}
+    assert set(found) == {
+        "sampled, dsa",
+        "sampled, sparse_adam",
+        "all, dsa",
+        "all, sparse_adam",
+        "all in chunks of 375, dsa",
+    }
     assert found["all, dsa"]["rows_per_step"] == found["all in chunks of 375, dsa"]["rows_per_step"] == 1500
     assert found["sampled, dsa"]["rows_per_step"] < 1500
-    left = [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")]  # torch's own cache, made once per user
+    left = [
+        p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")
+    ]  # torch's own cache, made once per user
     assert not left, "the benchmark left files behind"
 
 
 @pytest.mark.slow
 def test_transe_defaults_study_runs_small(tmp_path):
     done = subprocess.run(
-        [sys.executable, SCRIPTS / "transe_defaults.py", "--root", tmp_path, "--graphs", "gen-dense", "--variants", "base,L1",
-         "--set", "train.max_steps=3"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            SCRIPTS / "transe_defaults.py",
+            "--root",
+            tmp_path,
+            "--graphs",
+            "gen-dense",
+            "--variants",
+            "base,L1",
+            "--set",
+            "train.max_steps=3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| base") or line.startswith("| L1")]
     assert len(rows) == 2 and all(0 < float(row.split("|")[2]) < 1 for row in rows)
     assert "1.000" in "".join(rows)  # the better variant is the best on its one graph
-    wrong = subprocess.run([sys.executable, SCRIPTS / "transe_defaults.py", "--root", tmp_path, "--variants", "bogus"], capture_output=True, text=True)
+    wrong = subprocess.run(
+        [sys.executable, SCRIPTS / "transe_defaults.py", "--root", tmp_path, "--variants", "bogus"],
+        capture_output=True,
+        text=True,
+    )
     assert wrong.returncode != 0 and "unknown graph or variant: bogus" in wrong.stderr
 
 
@@ -268,9 +413,22 @@ def test_transe_defaults_study_runs_small(tmp_path):
 def test_page_writes_benchmark_runs_small(tmp_path):
     """Every regime is measured on its own table, counted row by row, and nothing is left."""
     result = subprocess.run(
-        [sys.executable, SCRIPTS / "bench_page_writes.py", "--dir", tmp_path, "--rows", "50000", "--steps", "3", "--batch", "512"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            SCRIPTS / "bench_page_writes.py",
+            "--dir",
+            tmp_path,
+            "--rows",
+            "50000",
+            "--steps",
+            "3",
+            "--batch",
+            "512",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     for regime in ("fresh", "reopened", "large folios"):

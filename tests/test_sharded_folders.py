@@ -76,8 +76,12 @@ def made_job(tmp_path_factory):
         rank_folder = job / f"ranks/0000{rank}-of-00002"
         assert steps_of(rank_folder) == [9, 12, 15, 18]
         with open(rank_folder / "metrics.jsonl", "a") as f:  # what a torchrun rank logs after its summary
-            f.write(json.dumps({"kind": "exchange", "rank": rank, "steps": 18, "sent_bytes": 1, "received_bytes": 1}) + "\n")
-    (job / "run.json").write_text(json.dumps({"format": RUN_FORMAT, "version": 1, "run_id": "ab" * 16, "state_id": None}))
+            f.write(
+                json.dumps({"kind": "exchange", "rank": rank, "steps": 18, "sent_bytes": 1, "received_bytes": 1}) + "\n"
+            )
+    (job / "run.json").write_text(
+        json.dumps({"format": RUN_FORMAT, "version": 1, "run_id": "ab" * 16, "state_id": None})
+    )
     (job / "config.yaml").write_text((root / "rank0.yaml").read_text())
     write_manifest(job, [12, 15])
     return job
@@ -111,25 +115,45 @@ def test_inspect_state_shows_every_rank(job):
     assert first < second
     assert "160 rows of node_emb.weight" in out[first:second] and "160 x 8" in out[first:second]
     assert "140 rows of node_emb.weight" in out[second:] and "140 x 8" in out[second:]
-    assert str(job / RANK0 / "optimizer_state") in out[first:second] and str(job / RANK1 / "optimizer_state") in out[second:]
+    assert (
+        str(job / RANK0 / "optimizer_state") in out[first:second]
+        and str(job / RANK1 / "optimizer_state") in out[second:]
+    )
 
     result = invoke("inspect-state", job, "--json", "--rows", "0:2,139", "--param", "node_emb.weight")
     assert result.exit_code == 0, result.output
     document = json.loads(result.stdout)
-    assert document["kind"] == "torchrun job" and document["world_size"] == 2 and document["complete_checkpoints"] == [12, 15]
-    assert [(r["rank"], r["world_size"], r["folder"]) for r in document["ranks"]] == [(0, 2, str(job / RANK0)), (1, 2, str(job / RANK1))]
+    assert (
+        document["kind"] == "torchrun job"
+        and document["world_size"] == 2
+        and document["complete_checkpoints"] == [12, 15]
+    )
+    assert [(r["rank"], r["world_size"], r["folder"]) for r in document["ranks"]] == [
+        (0, 2, str(job / RANK0)),
+        (1, 2, str(job / RANK1)),
+    ]
     for rank in document["ranks"]:
         entry = rank["params"]["node_emb.weight"]
         assert list(rank["params"]) == ["node_emb.weight"] and entry["shape"] == [ENTITIES[rank["rank"]], 8]
-        assert list(entry["rows"]) == ["0", "1", "139"] and len(entry["rows"]["139"]["m"]) == 8  # each rank's local rows
-    assert document["ranks"][0]["params"]["node_emb.weight"]["rows"] != document["ranks"][1]["params"]["node_emb.weight"]["rows"]
+        assert (
+            list(entry["rows"]) == ["0", "1", "139"] and len(entry["rows"]["139"]["m"]) == 8
+        )  # each rank's local rows
+    assert (
+        document["ranks"][0]["params"]["node_emb.weight"]["rows"]
+        != document["ranks"][1]["params"]["node_emb.weight"]["rows"]
+    )
 
 
 def test_inspect_state_rows_and_check_apply_per_rank(job):
-    result = invoke("inspect-state", job, "--rows", "150", "--param", "node_emb.weight")  # rank 0 holds 160 rows, rank 1 only 140
+    result = invoke(
+        "inspect-state", job, "--rows", "150", "--param", "node_emb.weight"
+    )  # rank 0 holds 160 rows, rank 1 only 140
     assert result.exit_code == 1 and result.stdout == ""
     assert "rank 1 of 2" in result.stderr and "has 140 rows" in result.stderr
-    assert invoke("inspect-state", job, "--rows", "139", "--param", "node_emb.weight").stdout.count("node_emb.weight[139]") == 2
+    assert (
+        invoke("inspect-state", job, "--rows", "139", "--param", "node_emb.weight").stdout.count("node_emb.weight[139]")
+        == 2
+    )
 
     result = invoke("inspect-state", job, "--check")
     assert result.exit_code == 0 and result.stdout.count("check: no problems in") == 2
@@ -191,8 +215,13 @@ def test_clean_keeps_the_jobs_complete_steps_in_every_rank(job, tmp_path, monkey
         + [("finished run's optimizer state", f"a/{rank}/optimizer_state") for rank in (RANK0, RANK1)]
     )  # the plain rule (the newest checkpoint of each rank) would take 15, the job's only resumable step
     kept = {(str(p.relative_to(job)), why) for p, why in plan.kept}
-    assert (f"{RANK1}/checkpoints/{step_name(15)}", "one of the job's newest 1 complete checkpoints (--keep-last, checkpoints.json)") in kept
-    assert any(p == f"{RANK0}/checkpoints/{step_name(18)}" and "newer than the job's newest complete" in why for p, why in kept)
+    assert (
+        f"{RANK1}/checkpoints/{step_name(15)}",
+        "one of the job's newest 1 complete checkpoints (--keep-last, checkpoints.json)",
+    ) in kept
+    assert any(
+        p == f"{RANK0}/checkpoints/{step_name(18)}" and "newer than the job's newest complete" in why for p, why in kept
+    )
 
     result = invoke("clean", "runs", "--yes")  # clean runs/ plans the same as clean runs/a
     assert result.exit_code == 0, result.output
@@ -237,11 +266,16 @@ def test_the_newest_complete_step_stays_while_a_rank_keeps_an_older_one(job):
     try:
         plan = plan_clean([job], keep_last=0)
         assert sorted((c.owner.name, c.path.name) for c in plan.candidates if c.kind == "checkpoint") == [
-            ("00000-of-00002", step_name(12)), ("00001-of-00002", step_name(9)), ("00001-of-00002", step_name(12))
-        ]  # fmt: skip
+            ("00000-of-00002", step_name(12)),
+            ("00001-of-00002", step_name(9)),
+            ("00001-of-00002", step_name(12)),
+        ]
         why = {(p.parent.parent.name, p.name): w for p, w in plan.kept}
         for rank in ("00000-of-00002", "00001-of-00002"):
-            assert why[(rank, step_name(15))] == "the job's newest complete checkpoint: kept while a rank keeps an older one"
+            assert (
+                why[(rank, step_name(15))]
+                == "the job's newest complete checkpoint: kept while a rank keeps an older one"
+            )
         assert "optimizer state is open" in why[("00000-of-00002", step_name(9))]
     finally:
         held.release()
@@ -261,7 +295,9 @@ def test_every_rank_checkpoint_stays_when_the_manifest_cannot_say_which_steps_ar
         shutil.rmtree(job / RANK1 / "checkpoints" / step_name(15))
     for path in (job, job.parent, job / RANK0):
         plan = plan_clean([path], keep_last=1)
-        assert [c.kind for c in plan.candidates] == ["finished run's optimizer state"] * (1 if path.name.startswith("0000") else 2)
+        assert [c.kind for c in plan.candidates] == ["finished run's optimizer state"] * (
+            1 if path.name.startswith("0000") else 2
+        )
         checkpoints = {p for p in path.rglob("checkpoints/0*")}
         assert checkpoints and {p for p, _ in plan.kept if p.parent.name == "checkpoints"} == checkpoints, (case, path)
 
@@ -348,7 +384,9 @@ def test_removing_refuses_ranks_replaced_by_a_link_since_the_plan(job, tmp_path)
 @pytest.mark.slow
 def test_a_real_two_rank_job_is_inspected_cleaned_and_resumed(tmp_path):
     recipe = tmp_path / "tiny.yaml"
-    recipe.write_text((RECIPE % {"entities": 300}).replace("keep_checkpoints: 4, ", "") + "distributed: {slices: 4, timeout: 60}\n")
+    recipe.write_text(
+        (RECIPE % {"entities": 300}).replace("keep_checkpoints: 4, ", "") + "distributed: {slices: 4, timeout: 60}\n"
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "dsa_train", "run", str(recipe), "--nproc", "2", "-o", "runs/a"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -365,6 +403,13 @@ def test_a_real_two_rank_job_is_inspected_cleaned_and_resumed(tmp_path):
     result = invoke("clean", job, "--yes")
     assert result.exit_code == 0 and "Removed 6 items" in result.stdout, result.output
     assert steps_of(job / RANK0) == steps_of(job / RANK1) == [18]
-    resumed = subprocess.run([*command, "--resume", "--set", "train.max_steps=27"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [*command, "--resume", "--set", "train.max_steps=27"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((job / "checkpoints.json").read_text())["complete"] == [24, 27]

@@ -20,7 +20,9 @@ def random_graph(path, edges: int, nodes: int, seed: int = 0, prefix: str = "n")
     rng = np.random.default_rng(seed)
     u, v = rng.integers(0, nodes, edges), rng.integers(0, nodes, edges)
     path.write_text("# a comment\n" + "".join(f"{prefix}{a}\t{prefix}{b}\n" for a, b in zip(u, v)))
-    return len(np.union1d(u, v)) if prefix else int(max(u.max(), v.max())) + 1  # names: the distinct ones; integers: 0 .. the largest
+    return (
+        len(np.union1d(u, v)) if prefix else int(max(u.max(), v.max())) + 1
+    )  # names: the distinct ones; integers: 0 .. the largest
 
 
 @pytest.mark.parametrize("ids,prefix", [("names", "n"), ("integers", "")])
@@ -46,14 +48,18 @@ def test_parquet_rows_come_from_its_metadata(tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
     pq.write_table(pa.table({"s": list(range(0, 5000)), "t": [i // 2 for i in range(5000)]}), tmp_path / "g.parquet")
-    guess = size_guess.edge_list_guess(DatasetConfig(kind="edge_list", path=str(tmp_path / "g.parquet"), edges=EdgeListConfig(ids="integers")))
+    guess = size_guess.edge_list_guess(
+        DatasetConfig(kind="edge_list", path=str(tmp_path / "g.parquet"), edges=EdgeListConfig(ids="integers"))
+    )
     assert (guess.items, guess.nodes) == (5000, 5000)
 
 
 @pytest.mark.parametrize("compressed", [False, True])
 def test_click_log_impressions(tmp_path, monkeypatch, compressed):
     rng = np.random.default_rng(1)
-    text = "label\tI1\tC1\n" + "".join(f"{rng.integers(0, 2)}\t{rng.integers(0, 999)}\t{rng.integers(0, 10**9):x}\n" for _ in range(20_000))
+    text = "label\tI1\tC1\n" + "".join(
+        f"{rng.integers(0, 2)}\t{rng.integers(0, 999)}\t{rng.integers(0, 10**9):x}\n" for _ in range(20_000)
+    )
     path = tmp_path / ("clicks.tsv.gz" if compressed else "clicks.tsv")
     path.write_bytes(gzip.compress(text.encode()) if compressed else text.encode())
     assert size_guess.click_log_guess(path).items == 20_001  # the whole file: its lines, the header's too
@@ -72,5 +78,7 @@ def test_validate_estimates_an_edge_list_before_its_import(tmp_path):
     result = CliRunner().invoke(app, ["validate", str(recipe)])
     assert result.exit_code == 0, result.output
     assert f"({nodes:,} table rows, about: counted in the whole file)" in result.stdout
-    missing = estimate(parse_recipe(f"dataset: {{kind: edge_list, path: {tmp_path / 'nothing.txt'}}}\nmodel: {{kind: node2vec}}\n"))
+    missing = estimate(
+        parse_recipe(f"dataset: {{kind: edge_list, path: {tmp_path / 'nothing.txt'}}}\nmodel: {{kind: node2vec}}\n")
+    )
     assert missing.rows is None and "could not be sampled: edge list" in missing.lines()[0]

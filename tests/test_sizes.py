@@ -128,7 +128,9 @@ def test_require_memory_refuses_what_does_not_fit(host_has):
 def test_require_memory_counts_what_is_reserved_first(host_has):
     host_has(3 << 30)
     with pytest.raises(DsaError) as refused:
-        memory.require_memory("a step", 2 << 30, key="train.batch_size=9", hint="h", reserved=2 << 30, reserved_for="the tables")
+        memory.require_memory(
+            "a step", 2 << 30, key="train.batch_size=9", hint="h", reserved=2 << 30, reserved_for="the tables"
+        )
     assert "1.0 GiB (1,073,741,824 bytes) is available" in refused.value.message
     assert "2.0 GiB go to the tables" in refused.value.message
 
@@ -152,7 +154,10 @@ def test_require_disk_compares_with_free_space(monkeypatch, tmp_path):
     monkeypatch.delenv("DSA_MEMORY_CHECK", raising=False)
     monkeypatch.setattr(memory, "free_disk_bytes", lambda folder: 1000)
     memory.require_disk("the table file", 999, tmp_path, key="model.dim=8", hint="h")
-    with pytest.raises(DsaError, match=r"model\.dim=8: the table file would take 2\.0 KiB \(2,000 bytes\) of disk .* only 1,000 bytes is free"):
+    with pytest.raises(
+        DsaError,
+        match=r"model\.dim=8: the table file would take 2\.0 KiB \(2,000 bytes\) of disk .* only 1,000 bytes is free",
+    ):
         memory.require_disk("the table file", 2000, tmp_path, key="model.dim=8", hint="h")
 
 

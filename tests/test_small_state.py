@@ -47,7 +47,13 @@ def test_smaller_state_follows_its_reference(tmp_path, first, second):
     emb = nn.Embedding(ROWS, DIM, sparse=True)
     reference = ReferenceAdam(emb.weight.detach(), bf16_m=first == "bfloat16", row_v=second == "row")
     opt = DiskSparseAdam(
-        emb.named_parameters(), lr=LR, betas=BETAS, eps=EPS, state_dir=tmp_path / "s", first_moment=first, second_moment=second
+        emb.named_parameters(),
+        lr=LR,
+        betas=BETAS,
+        eps=EPS,
+        state_dir=tmp_path / "s",
+        first_moment=first,
+        second_moment=second,
     )
     for step in range(50):
         lookups = torch.randint(0, ROWS if step % 2 else 30, (128,))

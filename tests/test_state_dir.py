@@ -43,9 +43,7 @@ def read_rows(path, num_rows, width, dtype=np.float32):
 def snapshot(directory):
     """Content hash of every file (the lock file aside), to prove nothing was touched."""
     return {
-        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(directory.iterdir())
-        if p.name != ".lock"
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.name != ".lock"
     }
 
 
@@ -89,7 +87,14 @@ def test_row_file_holds_sparse_adams_moments(state_dir):
     assert manifest["format"] == "dsa-train/disk-sparse-adam-state" and manifest["version"] == 1
     assert manifest["clean"] is True
     entry = manifest["params"]["weight"]
-    assert entry == {"shape": [60, 4], "dtype": "float32", "layout": "m|v", "row_bytes": 32, "step": 30, "file": "weight.rows"}
+    assert entry == {
+        "shape": [60, 4],
+        "dtype": "float32",
+        "layout": "m|v",
+        "row_bytes": 32,
+        "step": 30,
+        "file": "weight.rows",
+    }
     assert manifest["groups"][0]["lr"] == 0.01
     header = (state_dir / "weight.rows").read_bytes()[:HEADER]
     assert header.startswith(b"DSA-TRAIN ROWS\n")
@@ -190,8 +195,8 @@ def test_flush_makes_state_durable_for_another_process(state_dir):
         out = run_python(
             f"""
             import json, numpy as np
-            m = json.load(open({str(state_dir / 'manifest.json')!r}))
-            rows = np.fromfile({str(state_dir / 'weight.rows')!r}, dtype=np.float32, offset=4096)
+            m = json.load(open({str(state_dir / "manifest.json")!r}))
+            rows = np.fromfile({str(state_dir / "weight.rows")!r}, dtype=np.float32, offset=4096)
             print(json.dumps({{"clean": m["clean"], "step": m["params"]["weight"]["step"], "rows": rows.tolist()}}))
             """
         )
@@ -339,16 +344,36 @@ CORRUPTIONS = [
         lambda d: (d / "manifest.json").write_bytes((d / "manifest.json").read_bytes()[:40]),
         r"manifest .* is corrupt",
     ),
-    ("manifest other version", lambda d: _edit_json(d / "manifest.json", version=2), r"format version 2, this dsa-train reads version 1"),
-    ("manifest other format", lambda d: _edit_json(d / "manifest.json", format="x"), "not a DiskSparseAdam state manifest"),
-    ("manifest bad field", lambda d: _edit_json(d / "manifest.json", True, params={"weight": {"shape": 3}}), "field is missing"),
-    ("manifest edited", lambda d: _edit_json(d / "manifest.json", clean=True, state_id="f" * 32), "checksum does not match"),
+    (
+        "manifest other version",
+        lambda d: _edit_json(d / "manifest.json", version=2),
+        r"format version 2, this dsa-train reads version 1",
+    ),
+    (
+        "manifest other format",
+        lambda d: _edit_json(d / "manifest.json", format="x"),
+        "not a DiskSparseAdam state manifest",
+    ),
+    (
+        "manifest bad field",
+        lambda d: _edit_json(d / "manifest.json", True, params={"weight": {"shape": 3}}),
+        "field is missing",
+    ),
+    (
+        "manifest edited",
+        lambda d: _edit_json(d / "manifest.json", clean=True, state_id="f" * 32),
+        "checksum does not match",
+    ),
     (
         "manifest lost",
         lambda d: (d / "manifest.json").unlink(),
         r"has no manifest.json but is not empty \(weight.rows\)",
     ),
-    ("row file missing", lambda d: (d / "weight.rows").unlink(), r"row file .*weight.rows' of parameter 'weight' is missing"),
+    (
+        "row file missing",
+        lambda d: (d / "weight.rows").unlink(),
+        r"row file .*weight.rows' of parameter 'weight' is missing",
+    ),
     (
         "row file truncated",
         lambda d: os.truncate(d / "weight.rows", HEADER + 100),
@@ -364,7 +389,11 @@ CORRUPTIONS = [
         lambda d: (d / "weight.rows").write_bytes(b"\0" * 10 + (d / "weight.rows").read_bytes()[10:]),
         "does not start with the dsa-train row header",
     ),
-    ("row file other version", lambda d: _rewrite_header(d / "weight.rows", version=7), r"format version 7, this dsa-train reads version 1"),
+    (
+        "row file other version",
+        lambda d: _rewrite_header(d / "weight.rows", version=7),
+        r"format version 7, this dsa-train reads version 1",
+    ),
     (
         "row file of another shape",
         lambda d: _rewrite_header(d / "weight.rows", shape=[61, 4]),
@@ -388,7 +417,11 @@ def test_corrupt_state_is_refused_untouched(state_dir, trained, corrupt, expecte
 
 
 MISMATCHES = [
-    ("other shape", lambda: [("weight", nn.Parameter(torch.zeros(61, 4)))], r"parameter 'weight' has shape \[61, 4\].* shape \[60, 4\]"),
+    (
+        "other shape",
+        lambda: [("weight", nn.Parameter(torch.zeros(61, 4)))],
+        r"parameter 'weight' has shape \[61, 4\].* shape \[60, 4\]",
+    ),
     (
         "other dtype",
         lambda: [("weight", nn.Parameter(torch.zeros(60, 4, dtype=torch.float64)))],

@@ -34,7 +34,9 @@ def test_a_run_with_its_own_state_dir_is_found_from_the_run_folder(tmp_path):
     assert json.loads((run / "run.json").read_text())["state_dir"] == str(state.resolve())
     shown = _cli("inspect-state", str(run), "--json")
     assert shown.exit_code == 0, shown.output
-    assert json.loads(shown.output)["path"] == str(state.resolve())  # the state the optimizer wrote, not <run>/optimizer_state
+    assert json.loads(shown.output)["path"] == str(
+        state.resolve()
+    )  # the state the optimizer wrote, not <run>/optimizer_state
     planned = _cli("clean", str(run), "--dry-run")
     assert planned.exit_code == 0 and f"dsa-train clean {state.resolve()} removes it" in planned.output
 

@@ -87,8 +87,12 @@ def test_inspect_state_of_a_run_folder(finished_run):
 
 @pytest.mark.parametrize(
     "args,expected",
-    [(["{tmp}"], "is not a DiskSparseAdam state directory"), (["{state}", "--rows", "a:b"], "is not a row list"),
-     (["{state}", "--rows", "0,5000"], "rows \\[5000\\] are out of range"), (["{state}", "--param", "nope"], "has no parameter 'nope'")],
+    [
+        (["{tmp}"], "is not a DiskSparseAdam state directory"),
+        (["{state}", "--rows", "a:b"], "is not a row list"),
+        (["{state}", "--rows", "0,5000"], "rows \\[5000\\] are out of range"),
+        (["{state}", "--param", "nope"], "has no parameter 'nope'"),
+    ],
 )
 def test_inspect_state_refusals(state, tmp_path, args, expected):
     result = invoke("inspect-state", *[a.format(tmp=tmp_path, state=state) for a in args])
@@ -121,7 +125,9 @@ def test_clean_removes_exactly_the_plan(runs, tmp_path, monkeypatch):
     assert result.exit_code == 0 and "Removed 4 items" in result.stdout
     run = runs / "tiny-1"
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["0000000030"]
-    assert (run / "config.yaml").exists() and (run / "metrics.jsonl").exists() and not (run / "optimizer_state").exists()
+    assert (
+        (run / "config.yaml").exists() and (run / "metrics.jsonl").exists() and not (run / "optimizer_state").exists()
+    )
     # the run can still be evaluated, and resumed from its kept checkpoint
     assert invoke("eval", run, "--json").exit_code == 0
 
@@ -189,7 +195,14 @@ def test_recipes_lists_the_shipped_ones(monkeypatch):
     monkeypatch.chdir(REPO)
     result = invoke("recipes")
     assert result.exit_code == 0
-    for name in ("quickstart", "fb15k237-transe", "wn18rr-distmult", "synthetic-10m", "umls-transe", "nations-distmult"):
+    for name in (
+        "quickstart",
+        "fb15k237-transe",
+        "wn18rr-distmult",
+        "synthetic-10m",
+        "umls-transe",
+        "nations-distmult",
+    ):
         assert f"recipes/{name}.yaml" in result.stdout
 
 

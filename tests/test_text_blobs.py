@@ -16,7 +16,9 @@ def strings(blob_offsets) -> list[str]:
 def test_decimal_writes_what_str_writes():
     edges = [0, 1, 9, 10, 11, 99, 100, 101, 999_999, 1_000_000, 2**31 - 1, 2**31, 10**15, 10**18 - 1, 10**18, 2**63 - 1]
     rng = np.random.default_rng(0)
-    values = np.array(edges + rng.integers(0, 2**62, 500).tolist() + rng.integers(0, 1000, 500).tolist(), dtype=np.int64)
+    values = np.array(
+        edges + rng.integers(0, 2**62, 500).tolist() + rng.integers(0, 1000, 500).tolist(), dtype=np.int64
+    )
     assert strings(decimal(values)) == [str(v) for v in values.tolist()]
     assert strings(decimal(np.array([], dtype=np.int64))) == []
 
@@ -29,7 +31,10 @@ def test_tab_lines_are_the_f_string_lines(first):
     assert lines == "".join(f"{i}\t{n}\n" for i, n in zip(ids.tolist(), names)).encode("utf-8")
     blob, offsets = encoded(names)
     window = (blob, offsets[2:6])  # offsets that do not start at 0: a slice of a stored name column
-    assert tab_lines(decimal(ids[2:5]), window).tobytes() == "".join(f"{i}\t{n}\n" for i, n in zip(ids[2:5].tolist(), names[2:5])).encode()
+    assert (
+        tab_lines(decimal(ids[2:5]), window).tobytes()
+        == "".join(f"{i}\t{n}\n" for i, n in zip(ids[2:5].tolist(), names[2:5])).encode()
+    )
 
 
 def test_tabs_and_line_breaks_are_found():

@@ -29,7 +29,9 @@ print(applied, os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY
 def test_threads_sleep_when_idle_unless_the_user_says_otherwise(user_choice, before, expected):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(user_choice)
-    out = subprocess.run([sys.executable, "-c", PROBE.format(before=before)], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(before=before)], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == expected
 
@@ -52,7 +54,9 @@ def test_training_keeps_the_cycle_collector_off_what_lives_as_long_as_it(tmp_pat
     from dsa_train.train.run_folder import RunFolder
 
     recipe_path = Path(__file__).resolve().parent.parent / "recipes" / "quickstart.yaml"
-    recipe = load_recipe(recipe_path, ["dataset.synthetic.triples=3000", "dataset.synthetic.valid=100", "dataset.synthetic.test=100"])
+    recipe = load_recipe(
+        recipe_path, ["dataset.synthetic.triples=3000", "dataset.synthetic.valid=100", "dataset.synthetic.test=100"]
+    )
     training = Training(recipe, RunFolder.create(recipe, tmp_path / "run"))
     assert gc.get_freeze_count() == 0
     try:

@@ -85,7 +85,14 @@ def test_resume_after_a_failed_step_matches_an_uninterrupted_run(recipe, tmp_pat
     for kind in ("train", "epoch", "eval", "summary"):
         ours, theirs = records(broken, kind), records(whole, kind)
         for record in ours + theirs:
-            for timing in ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib", "optimizer_memory_budget_mib"):
+            for timing in (
+                "seconds",
+                "items_per_s",
+                "peak_rss_mib",
+                "peak_rss_anon_mib",
+                "optimizer_ram_mib",
+                "optimizer_memory_budget_mib",
+            ):
                 record.pop(timing, None)
         assert ours == theirs, kind
     final = "checkpoints/0000000030"
@@ -171,7 +178,9 @@ def test_eval_saves_each_querys_rank(recipe, tmp_path):
         assert min(values) >= 1
         assert sum(1 / v for v in values) / len(values) == pytest.approx(metrics[side]["mrr"], rel=1e-12)
         assert sum(v <= 10 for v in values) / len(values) == pytest.approx(metrics[side]["hits_at_10"], rel=1e-12)
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ranks.tsv.tmp-")]  # written through a temporary, renamed
+    assert not [
+        p for p in tmp_path.iterdir() if p.name.startswith(".ranks.tsv.tmp-")
+    ]  # written through a temporary, renamed
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
     linked = tmp_path / "linked.tsv"
@@ -201,7 +210,10 @@ def test_eval_command(recipe, tmp_path):
     "args,expected",
     [
         (["run", "{bad}"], "Error: recipe '.*' has 2 problems"),
-        (["run", "{good}", "--set", "train.epochz=2"], "train.epochz \\(from --set\\): unknown key; did you mean 'epochs'"),
+        (
+            ["run", "{good}", "--set", "train.epochz=2"],
+            "train.epochz \\(from --set\\): unknown key; did you mean 'epochs'",
+        ),
         (["run", "{good}", "--resume"], "Error: no run of recipe 'tiny' to resume"),
         (["eval", "{tmp}"], "is not a run folder"),
     ],
@@ -251,15 +263,21 @@ def test_second_process_on_a_run_folder_is_refused_and_a_dead_holder_is_not(reci
     out = tmp_path / "run"
     assert invoke("run", recipe(), "--output", out).exit_code == 0
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import sys
             from dsa_train.train.run_folder import RunFolder
             lock = RunFolder({str(out)!r}).lock()
             print("ready", flush=True)
             sys.stdin.read()
-        """)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        """),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "ready"
         second = invoke("run", recipe(), "--output", out, "--resume")
@@ -302,7 +320,9 @@ def test_one_vs_all_is_a_softmax_over_every_entity(tmp_path):
     from dsa_train.train.tasks import make_task
 
     text = TINY % {"model": "complex", "optimizer": "dsa", "storage": "memory"}
-    recipe = parse_recipe(text, overrides=["train.candidates=all", "model.dropout=0", "train.regularization=0", "model.reciprocal=false"])
+    recipe = parse_recipe(
+        text, overrides=["train.candidates=all", "model.dropout=0", "train.regularization=0", "model.reciprocal=false"]
+    )
     torch.manual_seed(0)
     task = make_task(recipe, torch.device("cpu"))
     model, n = task.model.double(), task.kg.num_entities
@@ -326,11 +346,31 @@ def test_one_vs_all_trains_and_is_refused_where_it_cannot_run(recipe, tmp_path):
     result = invoke("run", recipe(model="distmult", storage="disk"), "--output", out, "--set", "train.candidates=all")
     assert result.exit_code == 0, result.stderr
     assert records(out, "summary")[0]["final"]["test"]["both"]["mrr"] > 0.05
-    refused = invoke("run", recipe(model="distmult", storage="disk"), "--output", tmp_path / "p", "--set", "train.candidates=all", "--set", "train.order=partitioned")
-    assert refused.exit_code != 0 and "train.candidates" in refused.stderr and "partition order keeps out of memory" in refused.stderr
+    refused = invoke(
+        "run",
+        recipe(model="distmult", storage="disk"),
+        "--output",
+        tmp_path / "p",
+        "--set",
+        "train.candidates=all",
+        "--set",
+        "train.order=partitioned",
+    )
+    assert (
+        refused.exit_code != 0
+        and "train.candidates" in refused.stderr
+        and "partition order keeps out of memory" in refused.stderr
+    )
     from dsa_train.errors import DsaError
     from dsa_train.recipe import parse_recipe
     from dsa_train.train.tasks import make_task
 
     with pytest.raises(DsaError, match="train.candidates 'all' runs in one process so far"):
-        make_task(parse_recipe(TINY % {"model": "distmult", "optimizer": "dsa", "storage": "memory"}, overrides=["train.candidates=all"]), torch.device("cpu"), world=object())
+        make_task(
+            parse_recipe(
+                TINY % {"model": "distmult", "optimizer": "dsa", "storage": "memory"},
+                overrides=["train.candidates=all"],
+            ),
+            torch.device("cpu"),
+            world=object(),
+        )

@@ -27,11 +27,19 @@ def invoke(*args):
 
 def write(tmp_path, model="node2vec", task="link", optimizer="dsa", storage="memory"):
     path = tmp_path / f"{model}-{task}-{optimizer}-{storage}.yaml"
-    path.write_text(node_recipe(
-        f"{model}-{task}", SBM, model=model, task=task, optimizer=optimizer, storage=storage, description="a small graph for the tests",
-        train="{epochs: 8, batch_size: 64, log_every: 2, checkpoint_every: 4, keep_checkpoints: 2}",
-        eval="{every_epochs: 2, final_splits: [valid, test], link_negatives: 20}",
-    ))  # fmt: skip
+    path.write_text(
+        node_recipe(
+            f"{model}-{task}",
+            SBM,
+            model=model,
+            task=task,
+            optimizer=optimizer,
+            storage=storage,
+            description="a small graph for the tests",
+            train="{epochs: 8, batch_size: 64, log_every: 2, checkpoint_every: 4, keep_checkpoints: 2}",
+            eval="{every_epochs: 2, final_splits: [valid, test], link_negatives: 20}",
+        )
+    )
     return path
 
 
@@ -61,9 +69,14 @@ def test_karate_quickstart(tmp_path):
 
 @pytest.mark.parametrize(
     "model,task,storage",
-    [("node2vec", "link", "memory"), ("sage", "link", "memory"), ("sage", "node", "memory"),
-     ("node2vec", "link", "disk"), ("sage", "link", "disk")],
-)  # fmt: skip
+    [
+        ("node2vec", "link", "memory"),
+        ("sage", "link", "memory"),
+        ("sage", "node", "memory"),
+        ("node2vec", "link", "disk"),
+        ("sage", "link", "disk"),
+    ],
+)
 def test_runs_and_eval(tmp_path, model, task, storage):
     """Train, then `eval` the final checkpoint (with disk tables: its read-only table copy)."""
     out = tmp_path / "run"
@@ -88,7 +101,14 @@ def test_resume_after_a_failed_step_matches_an_uninterrupted_run(tmp_path, model
     with error_at_step(6):  # after the checkpoint of step 4
         assert invoke("run", path, "--output", broken).exit_code == 1
     assert invoke("run", path, "--output", broken, "--resume").exit_code == 0
-    timings = ("seconds", "items_per_s", "peak_rss_mib", "peak_rss_anon_mib", "optimizer_ram_mib", "optimizer_memory_budget_mib")
+    timings = (
+        "seconds",
+        "items_per_s",
+        "peak_rss_mib",
+        "peak_rss_anon_mib",
+        "optimizer_ram_mib",
+        "optimizer_memory_budget_mib",
+    )
     clean = lambda rs: [{k: v for k, v in r.items() if k not in timings} for r in rs]  # noqa: E731
     for kind in ("train", "epoch", "eval", "summary"):
         assert clean(records(broken, kind)) == clean(records(whole, kind)), kind

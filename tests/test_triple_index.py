@@ -20,7 +20,9 @@ from dsa_train.errors import DatasetError
 def random_graph(seed, entities, relations, count):
     """Train/valid/test splits with duplicates inside and across splits, as int32 arrays."""
     g = np.random.default_rng(seed)
-    triples = np.stack([g.integers(0, entities, count), g.integers(0, relations, count), g.integers(0, entities, count)], 1)
+    triples = np.stack(
+        [g.integers(0, entities, count), g.integers(0, relations, count), g.integers(0, entities, count)], 1
+    )
     triples = np.concatenate([triples, triples[g.integers(0, count, count // 5)]])  # duplicates
     g.shuffle(triples)
     cut = [len(triples) * 8 // 10, len(triples) * 9 // 10]
@@ -69,7 +71,9 @@ def test_lookups_match_brute_force_on_both_sides(tmp_path, seed, entities, relat
         assert lookups(in_ram, anchor, relation, side) == expected
     # a batch in any order, with repeated queries
     pick = np.random.default_rng(seed).integers(0, len(anchor), 50)
-    assert lookups(on_disk, anchor[pick], relation[pick], "head") == brute_force(triples, anchor[pick], relation[pick], "head")
+    assert lookups(on_disk, anchor[pick], relation[pick], "head") == brute_force(
+        triples, anchor[pick], relation[pick], "head"
+    )
 
 
 def test_a_tiny_memory_budget_writes_the_same_bytes(tmp_path, monkeypatch):
@@ -81,8 +85,12 @@ def test_a_tiny_memory_budget_writes_the_same_bytes(tmp_path, monkeypatch):
     chunks = [*splits, hub, same]
     sorted_buckets, splits_made = [], []
     sort, split = triple_index._Builder._sort, triple_index._Builder._split
-    monkeypatch.setattr(triple_index._Builder, "_sort", lambda self, side, b: (sorted_buckets.append(b.range), sort(self, side, b))[1])
-    monkeypatch.setattr(triple_index._Builder, "_split", lambda self, side, b: (splits_made.append(b.range), split(self, side, b))[1])
+    monkeypatch.setattr(
+        triple_index._Builder, "_sort", lambda self, side, b: (sorted_buckets.append(b.range), sort(self, side, b))[1]
+    )
+    monkeypatch.setattr(
+        triple_index._Builder, "_split", lambda self, side, b: (splits_made.append(b.range), split(self, side, b))[1]
+    )
     write_triple_index(tmp_path / "tiny", lambda: iter(chunks), entities, relations, memory_bytes=MIN_MEMORY)
     assert len(sorted_buckets) > 500 and any(r.by_answer for r in splits_made)  # many buckets, a hub split by answer
     tiny = len(sorted_buckets)
@@ -96,7 +104,13 @@ def test_a_tiny_memory_budget_writes_the_same_bytes(tmp_path, monkeypatch):
     assert entity.tolist() == sorted(t for h, r, t in triples if (h, r) == (7, 3))
     _, entity = index.known(torch.tensor([9]), torch.tensor([1]), "head")
     assert entity.tolist() == sorted(h for h, r, t in triples if (r, t) == (1, 9))
-    assert sorted(os.listdir(tmp_path / "tiny")) == ["head.answer.npy", "head.query.npy", "index.json", "tail.answer.npy", "tail.query.npy"]
+    assert sorted(os.listdir(tmp_path / "tiny")) == [
+        "head.answer.npy",
+        "head.query.npy",
+        "index.json",
+        "tail.answer.npy",
+        "tail.query.npy",
+    ]
 
 
 def test_the_overflow_case_where_the_old_key_wrapped(tmp_path):
@@ -134,7 +148,17 @@ def test_keys_too_wide_for_one_sort_are_split_until_they_fit(tmp_path, entities,
     # E * R < 2^63, but (q - q_lo) * E + a overflows over any wide range of queries: the
     # sort narrows ranges level by level (down to one query, then by answer) until it fits.
     top_e, top_r = entities - 1, relations - 1
-    triples = np.array([[0, 0, 0], [top_e, top_r, top_e], [top_e, 0, 0], [0, top_r, top_e], [top_e, top_r, 0], [top_e, top_r, top_e - 1], [1, 0, top_e]])
+    triples = np.array(
+        [
+            [0, 0, 0],
+            [top_e, top_r, top_e],
+            [top_e, 0, 0],
+            [0, top_r, top_e],
+            [top_e, top_r, 0],
+            [top_e, top_r, top_e - 1],
+            [1, 0, top_e],
+        ]
+    )
     write_triple_index(tmp_path / "wide", lambda: [triples], entities, relations)
     index = TripleIndex.open(tmp_path / "wide")
     as_set = [tuple(t) for t in triples.tolist()]
@@ -214,7 +238,9 @@ def test_open_refuses_torn_or_foreign_folders(tmp_path):
     assert "not those of an index" in broken("sizes", edit(num_entities=2**62, num_relations=4))
     assert "not those of an index" in broken("no-relations", edit(num_relations=0))
     assert "manifest says" in broken("more-rows", edit(rows=3))
-    assert "manifest says" in broken("truncated", lambda f: os.truncate(f / "head.query.npy", os.path.getsize(f / "head.query.npy") - 1))
+    assert "manifest says" in broken(
+        "truncated", lambda f: os.truncate(f / "head.query.npy", os.path.getsize(f / "head.query.npy") - 1)
+    )
     assert "manifest says" in broken("appended", lambda f: (f / "tail.answer.npy").open("ab").write(b"\0" * 4))
     assert "cannot open" in broken("missing-column", lambda f: (f / "head.answer.npy").unlink())
     assert "cannot open" in broken("linked-column", link_column)
@@ -240,7 +266,13 @@ def test_rewriting_replaces_the_index_and_an_empty_one_works(tmp_path):
     write_triple_index(folder, lambda: iter([np.empty((0, 3), np.int64)]), 4, 1)
     empty = TripleIndex.open(folder)
     assert empty.rows == 0 and lookups(empty, [2], [0], "tail") == []
-    assert sorted(os.listdir(folder)) == ["head.answer.npy", "head.query.npy", "index.json", "tail.answer.npy", "tail.query.npy"]
+    assert sorted(os.listdir(folder)) == [
+        "head.answer.npy",
+        "head.query.npy",
+        "index.json",
+        "tail.answer.npy",
+        "tail.query.npy",
+    ]
 
 
 def test_a_linked_folder_is_never_written_through(tmp_path):
@@ -255,11 +287,21 @@ def test_a_linked_folder_is_never_written_through(tmp_path):
 
 def test_sorting_memory_stays_within_the_budget(tmp_path):
     budget = 1 << 20
-    triples = np.stack([np.random.default_rng(6).integers(0, 10**6, 400_000, dtype=np.int32) for _ in range(3)], 1) % [10**6, 50, 10**6]
+    triples = np.stack([np.random.default_rng(6).integers(0, 10**6, 400_000, dtype=np.int32) for _ in range(3)], 1) % [
+        10**6,
+        50,
+        10**6,
+    ]
     triples = triples.astype(np.int32)  # 4.8 MB of triples, yielded as views (the caller's memory)
     tracemalloc.start()
     try:
-        write_triple_index(tmp_path / "budget", lambda: (triples[s : s + 10_000] for s in range(0, len(triples), 10_000)), 10**6, 50, memory_bytes=budget)
+        write_triple_index(
+            tmp_path / "budget",
+            lambda: (triples[s : s + 10_000] for s in range(0, len(triples), 10_000)),
+            10**6,
+            50,
+            memory_bytes=budget,
+        )
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

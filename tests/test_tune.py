@@ -53,7 +53,11 @@ def _invoke(*args: str):
 
 def _valid_evals(run: Path) -> dict[int, float]:
     """epoch -> valid MRR of the evaluations during training (the values the pruner saw)."""
-    return {r["epoch"]: r["both"]["mrr"] for r in MetricsLog.read(run / "metrics.jsonl") if r.get("kind") == "eval" and r["split"] == "valid"}
+    return {
+        r["epoch"]: r["both"]["mrr"]
+        for r in MetricsLog.read(run / "metrics.jsonl")
+        if r.get("kind") == "eval" and r["split"] == "valid"
+    }
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +107,9 @@ def test_pruning_follows_the_median_rule(searched):
         finished = [q for q in found if q.state == "COMPLETE" and q.number < r.number]
         for epoch in sorted(seen):
             others = [_valid_evals(tune / "trials" / q.run)[epoch] for q in finished]
-            stop = len(finished) >= PRUNER_STARTUP_TRIALS and max(v for e, v in seen.items() if e <= epoch) < statistics.median(others)
+            stop = len(finished) >= PRUNER_STARTUP_TRIALS and max(
+                v for e, v in seen.items() if e <= epoch
+            ) < statistics.median(others)
             if stop:
                 assert r.state == "PRUNED" and r.epoch == epoch and max(seen) == epoch, (r, epoch)
                 break
@@ -121,7 +127,11 @@ def test_best_yaml_reproduces_the_best_trial(searched, tmp_path):
     best = max((r for r in rows(TuneFolder(tune)) if r.state == "COMPLETE"), key=lambda r: r.value)
     result = CliRunner().invoke(app, ["run", str(tune / "best.yaml"), "-o", str(tmp_path / "again")])
     assert result.exit_code == 0, result.output
-    final = {rec["split"]: rec for rec in MetricsLog.read(tmp_path / "again" / "metrics.jsonl") if rec.get("kind") == "eval" and rec["epoch"] == 3}
+    final = {
+        rec["split"]: rec
+        for rec in MetricsLog.read(tmp_path / "again" / "metrics.jsonl")
+        if rec.get("kind") == "eval" and rec["epoch"] == 3
+    }
     assert final["valid"]["both"]["mrr"] == pytest.approx(best.value, rel=1e-6)
     test = json.loads((tune / "best-test.json").read_text())["test"]
     assert final["test"]["both"]["mrr"] == pytest.approx(test["both"]["mrr"], rel=1e-6)  # the same model scored on test
@@ -141,26 +151,38 @@ def test_sigkill_mid_trial_then_resume_keeps_finished_trials(tmp_path):
     recipe = _recipe(tmp_path, epochs=12)
     tune = tmp_path / "t"
     command = [sys.executable, "-m", "dsa_train", "tune", str(recipe), "-o", str(tune), "--trials", "3"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     deadline = time.monotonic() + 300
     while True:  # one trial finished, the next one training
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
         done = rows(TuneFolder(tune)) if (tune / "tune.json").exists() else []
         running = [r for r in done if r.state == "RUNNING"]
-        if any(r.state in ("COMPLETE", "PRUNED") for r in done) and running and (tune / "trials" / f"trial-{running[0].number:04d}" / "metrics.jsonl").exists():
+        if (
+            any(r.state in ("COMPLETE", "PRUNED") for r in done)
+            and running
+            and (tune / "trials" / f"trial-{running[0].number:04d}" / "metrics.jsonl").exists()
+        ):
             break
         time.sleep(0.1)
     process.send_signal(signal.SIGKILL)
     process.communicate()
-    before = {r.number: (r.state, r.value, r.params) for r in rows(TuneFolder(tune)) if r.state in ("COMPLETE", "PRUNED")}
+    before = {
+        r.number: (r.state, r.value, r.params) for r in rows(TuneFolder(tune)) if r.state in ("COMPLETE", "PRUNED")
+    }
     killed = next(r for r in rows(TuneFolder(tune)) if r.state == "RUNNING")
     result = _invoke(recipe, "-o", tune, "--trials", 3, "--resume")
     assert result.exit_code == 0, result.output
     after = rows(TuneFolder(tune))
-    assert {r.number: (r.state, r.value, r.params) for r in after if r.number in before} == before  # nothing finished was lost
+    assert {
+        r.number: (r.state, r.value, r.params) for r in after if r.number in before
+    } == before  # nothing finished was lost
     assert next(r for r in after if r.number == killed.number).state == "KILLED"
     again = [t for t in TuneFolder(tune).study().trials if t.user_attrs.get("requeued_from") == killed.number]
-    assert len(again) == 1 and again[0].params == killed.params and again[0].state.name in ("COMPLETE", "PRUNED")  # its settings ran again
+    assert (
+        len(again) == 1 and again[0].params == killed.params and again[0].state.name in ("COMPLETE", "PRUNED")
+    )  # its settings ran again
     assert sum(r.state in ("COMPLETE", "PRUNED") for r in after) == 3
 
 
@@ -174,12 +196,16 @@ def test_the_data_is_imported_once_before_the_workers_start(tmp_path, monkeypatc
 
     def spawn(path, trials, deadline, jobs):
         imported = tmp_path / "data" / "imported"
-        seen.append([p.name.startswith(PARTIAL) for p in imported.iterdir() if p.is_dir()] if imported.is_dir() else None)
+        seen.append(
+            [p.name.startswith(PARTIAL) for p in imported.iterdir() if p.is_dir()] if imported.is_dir() else None
+        )
         raise DsaError("stopped by the test")
 
     monkeypatch.setattr(tune_cli, "_spawn", spawn)
     result = _invoke(_recipe(tmp_path, epochs=1), "-o", tmp_path / "t", "--trials", 2, "--jobs", 2)
-    assert "stopped by the test" in result.output and seen == [[False]]  # one dataset folder, complete, before any worker
+    assert "stopped by the test" in result.output and seen == [
+        [False]
+    ]  # one dataset folder, complete, before any worker
 
 
 @pytest.mark.slow
@@ -189,7 +215,9 @@ def test_jobs_share_one_study(tmp_path):
     result = _invoke(_recipe(tmp_path, epochs=2), "-o", tmp_path / "t", "--trials", 4, "--jobs", 2, "--space", space)
     assert result.exit_code == 0, result.output
     found = rows(TuneFolder(tmp_path / "t"))
-    assert sorted(r.number for r in found) == list(range(len(found))) and 4 <= len(found) <= 5  # a worker may start one as the other ends
+    assert (
+        sorted(r.number for r in found) == list(range(len(found))) and 4 <= len(found) <= 5
+    )  # a worker may start one as the other ends
     assert all(r.state in ("COMPLETE", "PRUNED") for r in found)
     assert len({r.run for r in found}) == len(found)
 
@@ -197,7 +225,9 @@ def test_jobs_share_one_study(tmp_path):
 def test_a_second_search_on_a_folder_is_refused(tmp_path):
     recipe = _recipe(tmp_path)
     base = parse_recipe(recipe.read_text())
-    folder = TuneFolder.create(base, parse_space({"optimizer.lr": [0.01, 0.02]}, base), tmp_path / "t")  # holds the lock
+    folder = TuneFolder.create(
+        base, parse_space({"optimizer.lr": [0.01, 0.02]}, base), tmp_path / "t"
+    )  # holds the lock
     try:
         result = _invoke(recipe, "-o", tmp_path / "t", "--trials", 1, "--resume")
         assert result.exit_code == 1 and "tune folder" in result.output and "is locked by" in result.output
@@ -223,9 +253,15 @@ BASE = RECIPE.format(root="/nonexistent", epochs=3)
         ({"model.dim": []}, r"model\.dim: empty list of choices"),
         ({"model.dim": {"low": 8.5, "high": 64}}, r"model\.dim: low 8\.5 is not a whole number"),
         ({"model.dim": {"low": "big", "high": 64}}, r"model\.dim: low must be a number, got 'big'"),
-        ({"model.p_norm": {"low": 1, "high": 2}}, r"model\.p_norm: takes one of 1, 2, which has no range; list the choices"),
+        (
+            {"model.p_norm": {"low": 1, "high": 2}},
+            r"model\.p_norm: takes one of 1, 2, which has no range; list the choices",
+        ),
         ({"model.p_norm": [1, 3]}, r"model\.p_norm: the value 3 does not fit: model\.p_norm: .*1, 2"),
-        ({"model.dropout": {"low": 0.0, "high": 1.5}}, r"model\.dropout: the value 1\.5 does not fit: model\.dropout: must be in \[0, 1\)"),
+        (
+            {"model.dropout": {"low": 0.0, "high": 1.5}},
+            r"model\.dropout: the value 1\.5 does not fit: model\.dropout: must be in \[0, 1\)",
+        ),
         ({"train.loss": ["hinge"]}, r"train\.loss: the value 'hinge' does not fit"),
         ({"optimizer.lr": {"low": 0, "high": 0.1, "log": True}}, r"a log range needs low > 0"),
         ({"optimizer.lr": {"lo": 0.001, "high": 0.1}}, r"unknown field 'lo' in the range"),
@@ -242,7 +278,9 @@ def test_bad_space_file_ends_the_cli_cleanly(tmp_path):
     space.write_text("model.dimm: [8]\noptimizer.lr: {low: 1, high: 0.5}\n")
     result = _invoke(_recipe(tmp_path), "-o", tmp_path / "t", "--trials", 1, "--space", space)
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "search space" in result.output and "2 problems" in result.output and "did you mean model.dim" in result.output
+    assert (
+        "search space" in result.output and "2 problems" in result.output and "did you mean model.dim" in result.output
+    )
     assert not (tmp_path / "t").exists()
 
 
@@ -289,18 +327,24 @@ def test_a_dataset_without_a_valid_split_stops_the_search_at_once(tmp_path):
 
 
 TASKS = {
-    "node2vec": ("""
+    "node2vec": (
+        """
 name: tiny-n2v
 dataset: {{kind: synthetic_graph, root: {root}, graph: {{nodes: 400, communities: 4, average_degree: 6, homophily: 0.9, seed: 0}}}}
 model: {{kind: node2vec, dim: 8, node2vec: {{walk_length: 8, context_size: 4, walks_per_node: 2}}}}
 train: {{epochs: 2, batch_size: 128}}
-""", "probe accuracy"),
-    "dlrm": ("""
+""",
+        "probe accuracy",
+    ),
+    "dlrm": (
+        """
 name: tiny-dlrm
 dataset: {{kind: synthetic_clicks, root: {root}, clicks: {{samples: 6000, valid: 1000, test: 1000, features: 3, ids: 200, dense: 2}}}}
 model: {{kind: dlrm, dim: 8, recsys: {{rows: 200, top: [8]}}}}
 train: {{epochs: 2, batch_size: 256}}
-""", "AUC"),
+""",
+        "AUC",
+    ),
 }
 
 
@@ -317,6 +361,10 @@ def test_node2vec_and_dlrm_searches_score_their_own_metric(task, tmp_path):
     found = rows(TuneFolder(tmp_path / "t"))
     assert [r.state for r in found] == ["COMPLETE", "COMPLETE"] and all(r.metric == f"valid {label}" for r in found)
     best = max(found, key=lambda r: r.value)
-    valid = [r for r in MetricsLog.read(tmp_path / "t" / "trials" / f"trial-{best.number:04d}" / "metrics.jsonl") if r.get("kind") == "eval"]
+    valid = [
+        r
+        for r in MetricsLog.read(tmp_path / "t" / "trials" / f"trial-{best.number:04d}" / "metrics.jsonl")
+        if r.get("kind") == "eval"
+    ]
     assert valid and valid[-1]["split"] == "valid"
     assert json.loads((tmp_path / "t" / "best-test.json").read_text())

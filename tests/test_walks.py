@@ -95,7 +95,9 @@ class InRamWalks:
             t = previous[pending].repeat_interleave(walks_module.PROPOSALS)
             v = node[pending].repeat_interleave(walks_module.PROPOSALS)
             x = self.uniform(v)
-            linked = torch.tensor([int(b) in set(self.col[self.rowptr[a] : self.rowptr[a + 1]].tolist()) for a, b in zip(t, x)])
+            linked = torch.tensor(
+                [int(b) in set(self.col[self.rowptr[a] : self.rowptr[a + 1]].tolist()) for a, b in zip(t, x)]
+            )
             weight = torch.where(x == t, 1 / self.p, torch.where(linked, 1.0, 1 / self.q))
             accept = ((torch.rand(len(x)) * bound < weight) | (self.degree[v] == 0)).view(-1, walks_module.PROPOSALS)
             done, first = accept.any(1), accept.int().argmax(1)
@@ -108,7 +110,9 @@ class InRamWalks:
 def test_walks_on_the_memory_mapped_graph_equal_the_in_ram_sampler(p, q):
     """Same seed, same walks: the imported graph (int32 columns, read-only maps, degrees read
     per step) changes nothing but where the arrays live."""
-    g = load_graph(DatasetConfig(kind="synthetic_graph", graph=GraphSyntheticConfig(nodes=300, average_degree=4, seed=4)))
+    g = load_graph(
+        DatasetConfig(kind="synthetic_graph", graph=GraphSyntheticConfig(nodes=300, average_degree=4, seed=4))
+    )
     assert g.col.dtype == torch.int32 and not g.dataset.array("col").flags.writeable
     start = torch.arange(300).repeat(3)
     torch.manual_seed(7)

@@ -105,7 +105,9 @@ class NotesHandler(logging.Handler):
 
 
 @contextlib.contextmanager
-def command_output(reporter: Reporter | None = None, *, shown: bool = True, kept: list[str] | None = None) -> Iterator[None]:
+def command_output(
+    reporter: Reporter | None = None, *, shown: bool = True, kept: list[str] | None = None
+) -> Iterator[None]:
     """For one command: the ``dsa_train`` logger's INFO records and up go through one
     :class:`NotesHandler`, and ``reporter`` (default: none shown) draws the progress. Both are
     removed when the command ends. The records stop there (a root handler that something

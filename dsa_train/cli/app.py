@@ -22,6 +22,7 @@ from .plot import plot
 from .run import run
 from .tune import tune
 
+
 def _no_type_placeholders() -> None:
     """Typer's help writes ``<bool>`` in the type column of every on/off flag (``--help``
     included), which reads as if the flag took a value, and ``<list[Path]>`` beside an

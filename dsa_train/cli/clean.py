@@ -26,15 +26,22 @@ def _default_paths() -> list[Path]:
 @handle_errors
 def clean(
     paths: list[Path] = typer.Argument(
-        None, metavar="PATH", help="Run folders, state directories, or folders holding them. Default: ./runs and state directories in .", show_default=False
+        None,
+        metavar="PATH",
+        help="Run folders, state directories, or folders holding them. Default: ./runs and state directories in .",
+        show_default=False,
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show the plan and remove nothing."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Remove without asking."),
     keep_last: int = typer.Option(
-        1, "--keep-last", min=0,
+        1,
+        "--keep-last",
+        min=0,
         help="Complete checkpoints kept per run (0 removes them all); in a torchrun job, its newest complete steps, in every rank.",
-    ),  # fmt: skip
-    older_than: str | None = typer.Option(None, "--older-than", help="Only what is older than this: 90s, 30m, 12h, 7d, 2w.", show_default=False),
+    ),
+    older_than: str | None = typer.Option(
+        None, "--older-than", help="Only what is older than this: 90s, 30m, 12h, 7d, 2w.", show_default=False
+    ),
 ) -> None:
     """Remove old checkpoints, unfinished checkpoints and unused optimizer state.
 

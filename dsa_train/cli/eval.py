@@ -24,16 +24,20 @@ class Split(str, Enum):
 def eval_(
     run_dir: Path = typer.Argument(..., help="A run folder that `dsa-train run` made.", show_default=False),
     split: Split = typer.Option(Split.test, "--split", help="The split to rank."),
-    checkpoint: int | None = typer.Option(None, "--checkpoint", help="The step of the checkpoint. Default: the newest.", show_default=False),
+    checkpoint: int | None = typer.Option(
+        None, "--checkpoint", help="The step of the checkpoint. Default: the newest.", show_default=False
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout instead of a table."),
     device: Device | None = typer.Option(None, "--device", help="Where to score. Default: the run's train.device."),
     save_ranks: Path | None = typer.Option(
-        None, "--save-ranks", metavar="FILE",
+        None,
+        "--save-ranks",
+        metavar="FILE",
         help="Also write each query's filtered rank to FILE (TSV: side, head, relation, tail, rank). The ids are the dataset's rows, "
         "numbered in fingerprint order, not file order: map them to names with `dsa-train export` (its names file) or open_run(RUN).names(...).",
         show_default=False,
     ),
-) -> None:  # fmt: skip
+) -> None:
     """Score a run's checkpoint: filtered ranking for knowledge graphs, probe or link metrics for graphs.
 
     Examples:
@@ -49,7 +53,9 @@ def eval_(
     run = RunFolder.find(run_dir)
     if save_ranks is not None and (save_ranks.is_dir() or not save_ranks.parent.is_dir()):
         raise DsaError(
-            f"--save-ranks: '{save_ranks}' is a folder" if save_ranks.is_dir() else f"--save-ranks: the folder of '{save_ranks}' does not exist",
+            f"--save-ranks: '{save_ranks}' is a folder"
+            if save_ranks.is_dir()
+            else f"--save-ranks: the folder of '{save_ranks}' does not exist",
             hint="give the path of a file in an existing folder, e.g. --save-ranks ranks.tsv",
         )
     world = None
@@ -63,11 +69,17 @@ def eval_(
     leader = world is None or world.is_leader
     notes: list[str] = []  # --json: every note on stderr and in the document too, no progress
     where = device.value if device else None
-    with command_output(ProgressReporter() if leader and not as_json else None, shown=leader, kept=notes if as_json else None):
+    with command_output(
+        ProgressReporter() if leader and not as_json else None, shown=leader, kept=notes if as_json else None
+    ):
         if world is None:
-            path, metrics, _ = evaluate_run(run, split.value, checkpoint=checkpoint, device=where, save_ranks=save_ranks)
+            path, metrics, _ = evaluate_run(
+                run, split.value, checkpoint=checkpoint, device=where, save_ranks=save_ranks
+            )
         elif save_ranks is not None:
-            raise DsaError("--save-ranks is not supported for a run over several processes yet", hint="leave out --save-ranks")
+            raise DsaError(
+                "--save-ranks is not supported for a run over several processes yet", hint="leave out --save-ranks"
+            )
         else:
             path, metrics, _ = evaluate_rank(run.path, world, split.value, checkpoint=checkpoint, device=where)
     if not leader:

@@ -21,11 +21,21 @@ class Format(str, Enum):
 @handle_errors
 def export(
     run_dir: Path = typer.Argument(..., help="A run folder that `dsa-train run` made.", show_default=False),
-    out: Path = typer.Option(..., "--output", "-o", help="The folder to create; it must not exist (see --force).", show_default=False),
-    fmt: Format = typer.Option(Format.npy, "--format", help="npy: numpy arrays; tsv: one row a line; word2vec: text gensim loads; parquet: id, name, vector columns (needs pyarrow)."),
-    checkpoint: int | None = typer.Option(None, "--checkpoint", help="The step of the checkpoint. Default: the newest intact one.", show_default=False),
-    force: bool = typer.Option(False, "--force", help="Replace OUTPUT if it is an earlier export (never anything else)."),
-) -> None:  # fmt: skip
+    out: Path = typer.Option(
+        ..., "--output", "-o", help="The folder to create; it must not exist (see --force).", show_default=False
+    ),
+    fmt: Format = typer.Option(
+        Format.npy,
+        "--format",
+        help="npy: numpy arrays; tsv: one row a line; word2vec: text gensim loads; parquet: id, name, vector columns (needs pyarrow).",
+    ),
+    checkpoint: int | None = typer.Option(
+        None, "--checkpoint", help="The step of the checkpoint. Default: the newest intact one.", show_default=False
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Replace OUTPUT if it is an earlier export (never anything else)."
+    ),
+) -> None:
     """Write every table of a run's checkpoint to a folder: weights, a names file and export.json.
 
     Each table (entities and relations for knowledge graphs, nodes for node embeddings)
@@ -49,5 +59,11 @@ def export(
         trained = open_run(run_dir, checkpoint)
         manifest = export_run(trained, out, fmt.value, force=force)
     for table, entry in manifest["tables"].items():
-        stdout.print(f"{table}: {entry['rows']:,} x {entry['dim']} -> {out / entry['weights']}, names in {out / entry['names']}", highlight=False)
-    stdout.print(f"checkpoint {manifest['checkpoint']} of {trained.run.path}; what each file holds: {out / 'export.json'}", highlight=False)
+        stdout.print(
+            f"{table}: {entry['rows']:,} x {entry['dim']} -> {out / entry['weights']}, names in {out / entry['names']}",
+            highlight=False,
+        )
+    stdout.print(
+        f"checkpoint {manifest['checkpoint']} of {trained.run.path}; what each file holds: {out / 'export.json'}",
+        highlight=False,
+    )

@@ -17,11 +17,22 @@ from ._output import ProgressReporter, command_output, stdout
 @handle_errors
 def import_(
     source: Path = typer.Argument(
-        ..., help="A recipe (its dataset is imported) or a folder of train.txt, valid.txt, test.txt.", show_default=False
+        ...,
+        help="A recipe (its dataset is imported) or a folder of train.txt, valid.txt, test.txt.",
+        show_default=False,
     ),
-    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set dataset.root=/data (repeatable).", show_default=False),
+    set_: list[str] = typer.Option(
+        [],
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a recipe key, e.g. --set dataset.root=/data (repeatable).",
+        show_default=False,
+    ),
     root: Path | None = typer.Option(
-        None, "--root", help="The data root to import under. Default: dataset.root, else $DSA_DATA_ROOT, else ./datasets.", show_default=False
+        None,
+        "--root",
+        help="The data root to import under. Default: dataset.root, else $DSA_DATA_ROOT, else ./datasets.",
+        show_default=False,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout instead of a summary."),
 ) -> None:
@@ -42,7 +53,10 @@ def import_(
         recipe = load_recipe(source, list(set_))
         config = recipe.dataset
     else:
-        raise DsaError(f"'{source}' is neither a recipe file nor a dataset folder", hint="pass a recipe YAML or a folder holding train.txt, valid.txt, test.txt")
+        raise DsaError(
+            f"'{source}' is neither a recipe file nor a dataset folder",
+            hint="pass a recipe YAML or a folder holding train.txt, valid.txt, test.txt",
+        )
     if root is not None:
         config.root = str(root)
     started = time.perf_counter()
@@ -55,7 +69,10 @@ def import_(
         typer.echo(json.dumps(summary, indent=2))
         return
     verb = "imported" if summary["imported"] else "already imported (sources unchanged)"
-    stdout.print(f"{summary['description']}\n{verb}: {summary['folder']} ({summary['bytes'] / 2**20:,.1f} MiB on disk, {summary['seconds']} s)", highlight=False)
+    stdout.print(
+        f"{summary['description']}\n{verb}: {summary['folder']} ({summary['bytes'] / 2**20:,.1f} MiB on disk, {summary['seconds']} s)",
+        highlight=False,
+    )
     if "buckets" in summary:
         stdout.print(f"training triples in buckets for train.order: partitioned: {summary['buckets']}", highlight=False)
 

@@ -37,10 +37,15 @@ def parse_rows(spec: str) -> list[tuple[int, int]]:
             elif part.strip():
                 ranges.append((int(part), int(part) + 1))
     except ValueError:
-        raise DsaError(f"--rows {spec!r} is not a row list", hint="write it like 0:10,42 (ranges stop before the end)") from None
+        raise DsaError(
+            f"--rows {spec!r} is not a row list", hint="write it like 0:10,42 (ranges stop before the end)"
+        ) from None
     for start, stop in ranges:
         if start >= stop:
-            raise DsaError(f"--rows range {start}:{stop} is empty", hint="write start:stop with start < stop (stop is not included)")
+            raise DsaError(
+                f"--rows range {start}:{stop} is empty",
+                hint="write start:stop with start < stop (stop is not included)",
+            )
     if not ranges:
         raise DsaError(f"--rows {spec!r} names no rows", hint="write it like 0:10,42 (ranges stop before the end)")
     return ranges
@@ -53,16 +58,22 @@ def count_rows(ranges: list[tuple[int, int]]) -> int:
 @handle_errors
 def inspect_state(
     path: Path = typer.Argument(
-        ..., help="A state directory, a run folder (its optimizer_state/), or a torchrun job's run folder (every rank's).", show_default=False
+        ...,
+        help="A state directory, a run folder (its optimizer_state/), or a torchrun job's run folder (every rank's).",
+        show_default=False,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     rows: str | None = typer.Option(
-        None, "--rows", show_default=False,
+        None,
+        "--rows",
+        show_default=False,
         help=f"Print these rows' moments, e.g. 0:10,42 (at most {MAX_ROWS:,}); in a torchrun job's folder, each rank's local rows.",
-    ),  # fmt: skip
+    ),
     stats: bool = typer.Option(False, "--stats", help="Sampled statistics of m, v and the effective learning rate."),
     check: bool = typer.Option(
-        False, "--check", help="Scan every row (of every rank) for NaN/Inf moments, negative v, non-finite table weights; exit 1 if any."
+        False,
+        "--check",
+        help="Scan every row (of every rank) for NaN/Inf moments, negative v, non-finite table weights; exit 1 if any.",
     ),
     param: str | None = typer.Option(None, "--param", help="Only this parameter (default: all).", show_default=False),
 ) -> None:
@@ -179,7 +190,9 @@ def _document(inspector: StateInspector, names: list[str], *, stats: bool, check
     return document
 
 
-def _inspect_job(path: Path, *, as_json: bool, selected: list[tuple[int, int]], stats: bool, check: bool, param: str | None) -> bool:
+def _inspect_job(
+    path: Path, *, as_json: bool, selected: list[tuple[int, int]], stats: bool, check: bool, param: str | None
+) -> bool:
     """Every rank's state in a torchrun job's folder, one section per rank; whether --check
     found nothing wrong in any."""
     entries = job_ranks(path)
@@ -212,8 +225,14 @@ def _inspect_job(path: Path, *, as_json: bool, selected: list[tuple[int, int]], 
         "ranks": [],
     }
     for entry, inspector, names in opened:
-        job["ranks"].append({"rank": entry.rank, "world_size": entry.world_size, "folder": str(entry.path),
-                             **_document(inspector, names, stats=stats, check=check)})  # fmt: skip
+        job["ranks"].append(
+            {
+                "rank": entry.rank,
+                "world_size": entry.world_size,
+                "folder": str(entry.path),
+                **_document(inspector, names, stats=stats, check=check),
+            }
+        )
     ok = not check or all(r["check"]["ok"] for r in job["ranks"])
     if check:
         job["check"] = {"ok": ok}
@@ -221,13 +240,18 @@ def _inspect_job(path: Path, *, as_json: bool, selected: list[tuple[int, int]], 
         _print_json(job, [(r, inspector) for r, (_, inspector, _) in zip(job["ranks"], opened)], selected)
         return ok
     here = f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''}" + (
-        f" of {worlds[0]} here (the others' folders are on their own machines)" if len(worlds) == 1 and len(ranks) < worlds[0] else ""
+        f" of {worlds[0]} here (the others' folders are on their own machines)"
+        if len(worlds) == 1 and len(ranks) < worlds[0]
+        else ""
     )
     complete = (
-        f"complete checkpoints (steps): {', '.join(map(str, listed[1])) or 'none yet'}" if listed is not None
+        f"complete checkpoints (steps): {', '.join(map(str, listed[1])) or 'none yet'}"
+        if listed is not None
         else f"no {JOB_MANIFEST} here (rank 0's machine has it, once a checkpoint is complete)"
-    )  # fmt: skip
-    stdout.print(f"{path}: a torchrun job's run folder, {here}; {complete}", markup=False, highlight=False, soft_wrap=True)
+    )
+    stdout.print(
+        f"{path}: a torchrun job's run folder, {here}; {complete}", markup=False, highlight=False, soft_wrap=True
+    )
     for entry in entries:
         if entry.problem:
             stderr.print(f"skipping {entry.path}: {entry.problem}", markup=False, highlight=False, soft_wrap=True)
@@ -244,7 +268,9 @@ def _check(inspector: StateInspector, names: list[str]) -> dict:
     result = {"ok": True, "rows_scanned": 0, "rows_read": 0, "params": {}}
     for name in names:
         base, _, size, allocated = inspector.row_file(name)
-        long_scan = (allocated if isinstance(base, Path) else size) > LONG_SCAN_BYTES  # a virtual base is drawn, not read
+        long_scan = (
+            allocated if isinstance(base, Path) else size
+        ) > LONG_SCAN_BYTES  # a virtual base is drawn, not read
         if long_scan:
             reporter.work_start(f"checking {name}", inspector.spec(name).num_rows)
         try:
@@ -291,11 +317,11 @@ def _print_json(document: dict, parts: list[tuple[dict, StateInspector]], select
 
 def _print(document: dict, inspector: StateInspector, selected: list[tuple[int, int]]) -> None:
     holder = document["held_by"]
-    stdout.print(
-        f"{document['path']}: {document['format']} version {document['version']}", markup=False
-    )
+    stdout.print(f"{document['path']}: {document['format']} version {document['version']}", markup=False)
     if holder:
-        stderr.print(f"held by a live training, {holder}: read without its lock; values may move while read", highlight=False)
+        stderr.print(
+            f"held by a live training, {holder}: read without its lock; values may move while read", highlight=False
+        )
     elif not document["clean"]:
         stderr.print("not closed cleanly: its moments may be ahead of its step counters", highlight=False)
     if document["memory_budget"] is not None:
@@ -304,7 +330,10 @@ def _print(document: dict, inspector: StateInspector, selected: list[tuple[int, 
             highlight=False,
         )
     if document["checkpoint"]:
-        stdout.print(f"the optimizer state of checkpoint {document['checkpoint']}: rows are read as it holds them", highlight=False)
+        stdout.print(
+            f"the optimizer state of checkpoint {document['checkpoint']}: rows are read as it holds them",
+            highlight=False,
+        )
     table = Table()
     for column in ("parameter", "shape", "dtype", "layout", "step", "size", "allocated", "rows touched"):
         table.add_column(column, justify="left" if column == "parameter" else "right")

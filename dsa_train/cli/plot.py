@@ -12,9 +12,15 @@ from ._output import stdout
 
 @handle_errors
 def plot(
-    runs: list[Path] = typer.Argument(..., metavar="RUN...", help="Run folders (overlaid) or tune folders (their trials).", show_default=False),
+    runs: list[Path] = typer.Argument(
+        ..., metavar="RUN...", help="Run folders (overlaid) or tune folders (their trials).", show_default=False
+    ),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="The image: .png, .svg or .pdf. Default: <first folder's name>.png here.", show_default=False
+        None,
+        "--output",
+        "-o",
+        help="The image: .png, .svg or .pdf. Default: <first folder's name>.png here.",
+        show_default=False,
     ),
 ) -> None:
     """Draw runs' curves from their metrics.jsonl: loss, learning rate and each evaluation's metrics against steps.

@@ -52,8 +52,12 @@ def find_recipe(given: Path) -> Path:
 
 @handle_errors
 def recipes(
-    directory: Path | None = typer.Option(None, "--dir", help="Where to look. Default: ./recipes and the shipped ones.", show_default=False),
-    show: str | None = typer.Option(None, "--show", help="Print the recipe of this name (or path) as it is, to copy and edit.", show_default=False),
+    directory: Path | None = typer.Option(
+        None, "--dir", help="Where to look. Default: ./recipes and the shipped ones.", show_default=False
+    ),
+    show: str | None = typer.Option(
+        None, "--show", help="Print the recipe of this name (or path) as it is, to copy and edit.", show_default=False
+    ),
 ) -> None:
     """List recipes with a one-line description each, or print one.
 
@@ -70,7 +74,9 @@ def recipes(
         return
     folders = [directory] if directory else recipe_dirs()
     if not folders or not any(f.is_dir() for f in folders):
-        raise DsaError("no recipes found: no ./recipes here and no shipped ones", hint="pass --dir with a folder of recipes")
+        raise DsaError(
+            "no recipes found: no ./recipes here and no shipped ones", hint="pass --dir with a folder of recipes"
+        )
     table = Table()
     for column in ("recipe", "where", "description"):
         table.add_column(column)
@@ -87,8 +93,16 @@ def recipes(
 
 @handle_errors
 def validate(
-    recipe: Path = typer.Argument(..., help="The recipe: a YAML file, or a recipe's name (dsa-train recipes lists them).", show_default=False),
-    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set train.epochs=5 (repeatable).", show_default=False),
+    recipe: Path = typer.Argument(
+        ..., help="The recipe: a YAML file, or a recipe's name (dsa-train recipes lists them).", show_default=False
+    ),
+    set_: list[str] = typer.Option(
+        [],
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a recipe key, e.g. --set train.epochs=5 (repeatable).",
+        show_default=False,
+    ),
     show: bool = typer.Option(False, "--show", help="Print the resolved recipe (every key, defaults filled in)."),
 ) -> None:
     """Check a recipe completely without training: every problem at once, with its dotted path.
@@ -108,6 +122,9 @@ def validate(
         for line in lines:  # the YAML alone on stdout, to copy
             typer.echo(line, err=True)
     else:
-        stdout.print(f"{recipe}: valid ({config.model.kind} on {config.dataset.kind}, {config.train.epochs} epochs)", highlight=False)
+        stdout.print(
+            f"{recipe}: valid ({config.model.kind} on {config.dataset.kind}, {config.train.epochs} epochs)",
+            highlight=False,
+        )
         for line in lines:
             stdout.print(line, highlight=False, soft_wrap=True)

@@ -28,24 +28,47 @@ class Device(str, Enum):
 
 @handle_errors
 def run(
-    recipe: Path = typer.Argument(..., help="The recipe: a YAML file, or a shipped recipe's name (dsa-train recipes lists them).", show_default=False),
+    recipe: Path = typer.Argument(
+        ...,
+        help="The recipe: a YAML file, or a shipped recipe's name (dsa-train recipes lists them).",
+        show_default=False,
+    ),
     set_: list[str] = typer.Option(
-        [], "--set", metavar="KEY=VALUE", help="Override a recipe key, e.g. --set train.epochs=5 (repeatable).", show_default=False
+        [],
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a recipe key, e.g. --set train.epochs=5 (repeatable).",
+        show_default=False,
     ),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="The run folder. Default: <output.dir>/<recipe name>-<timestamp>.", show_default=False
+        None,
+        "--output",
+        "-o",
+        help="The run folder. Default: <output.dir>/<recipe name>-<timestamp>.",
+        show_default=False,
     ),
     resume: bool = typer.Option(
-        False, "--resume", help="Continue the run in --output (default: this recipe's newest run) from its newest checkpoint."
+        False,
+        "--resume",
+        help="Continue the run in --output (default: this recipe's newest run) from its newest checkpoint.",
     ),
-    device: Device | None = typer.Option(None, "--device", help="Where the model computes. Default: the recipe's train.device."),
+    device: Device | None = typer.Option(
+        None, "--device", help="Where the model computes. Default: the recipe's train.device."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Check the recipe and show what would run; train nothing."),
     init_from: Path | None = typer.Option(
-        None, "--init-from", metavar="RUN", show_default=False,
+        None,
+        "--init-from",
+        metavar="RUN",
+        show_default=False,
         help="Start the rows from a finished run's, matched by name (model.init_from); rows it lacks start as drawn.",
     ),
     nproc: int | None = typer.Option(
-        None, "--nproc", min=1, show_default=False, metavar="N",
+        None,
+        "--nproc",
+        min=1,
+        show_default=False,
+        metavar="N",
         help="Train over this many processes on this machine, the entity table split between them "
         "(as torchrun --standalone --nproc-per-node N -m dsa_train run ... would; see docs/distributed.md).",
     ),
@@ -68,7 +91,11 @@ def run(
 
       torchrun --nnodes 2 --node-rank 0 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m dsa_train run recipes/x.yaml
     """
-    overrides = list(set_) + ([f"train.device={device.value}"] if device else []) + ([f"model.init_from={init_from.resolve()}"] if init_from else [])
+    overrides = (
+        list(set_)
+        + ([f"train.device={device.value}"] if device else [])
+        + ([f"model.init_from={init_from.resolve()}"] if init_from else [])
+    )
     config = with_data_root(load_recipe(find_recipe(recipe), overrides))  # stored resolved: eval needs no environment
     if nproc is not None and not dry_run:
         raise typer.Exit(launch_local(nproc))
@@ -155,7 +182,11 @@ def _train(config: Recipe, recipe: Path, *, output: Path | None, resume: bool, o
         f"{summary['step']:,} steps, {summary['epochs']} epochs in {summary['seconds']:,.0f} s; peak RSS "
         f"{summary['peak_rss_mib']:,.0f} MiB (anonymous {summary['peak_rss_anon_mib']:,.0f} MiB), optimizer RAM {summary['optimizer_ram_mib']:,.1f} MiB, "
         f"optimizer state on disk {summary['optimizer_state_on_disk_mib']:,.1f} MiB"
-        + (f" (memory budget {summary['optimizer_memory_budget_mib']:,.0f} MiB)" if summary.get("optimizer_memory_budget_mib") is not None else "")
+        + (
+            f" (memory budget {summary['optimizer_memory_budget_mib']:,.0f} MiB)"
+            if summary.get("optimizer_memory_budget_mib") is not None
+            else ""
+        )
         + (f", disk tables {summary['tables_on_disk_mib']:,.1f} MiB" if summary["tables_on_disk_mib"] else "")
         + _buffer_line(summary.get("buffer"))
         + f"\nrun folder: {folder.path}",
@@ -168,11 +199,15 @@ def _buffer_line(buffer: dict | None) -> str:
     """Partition order's memory and traffic, for the summary."""
     if not buffer:
         return ""
-    line = (f"\npartition buffer: {buffer['buffer']} of {buffer['partitions']} partitions of {buffer['partition_mib']:,.0f} MiB "
-            f"in memory (+1 while the next is read)")  # fmt: skip
+    line = (
+        f"\npartition buffer: {buffer['buffer']} of {buffer['partitions']} partitions of {buffer['partition_mib']:,.0f} MiB "
+        f"in memory (+1 while the next is read)"
+    )
     if "loads" in buffer:
-        line += (f"; {buffer['loads']:,} partitions read ({buffer['read_bytes'] / 2**30:,.1f} GiB), {buffer['wait_seconds']:,.1f} s waited "
-                 f"for them; at most {buffer['peak_partitions']} in memory at once")  # fmt: skip
+        line += (
+            f"; {buffer['loads']:,} partitions read ({buffer['read_bytes'] / 2**30:,.1f} GiB), {buffer['wait_seconds']:,.1f} s waited "
+            f"for them; at most {buffer['peak_partitions']} in memory at once"
+        )
     return line
 
 
@@ -189,7 +224,11 @@ def _finished(folder: RunFolder, config: Recipe) -> dict | None:
     if last.get("kind") != "summary":
         return None
     limit = config.train.max_steps
-    return last if last.get("epochs", 0) >= config.train.epochs or (limit is not None and last.get("step", 0) >= limit) else None
+    return (
+        last
+        if last.get("epochs", 0) >= config.train.epochs or (limit is not None and last.get("step", 0) >= limit)
+        else None
+    )
 
 
 def launch_local(nproc: int) -> int:
@@ -215,16 +254,26 @@ def launch_local(nproc: int) -> int:
         # job, not a torchelastic_* folder left in /tmp by every run.
         with tempfile.TemporaryDirectory(prefix="dsa-train-ranks-") as logs:
             config = LaunchConfig(
-                min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=uuid.uuid4().hex, logs_specs=DefaultLogsSpecs(log_dir=logs),
-                rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-            )  # fmt: skip
+                min_nodes=1,
+                max_nodes=1,
+                nproc_per_node=nproc,
+                run_id=uuid.uuid4().hex,
+                logs_specs=DefaultLogsSpecs(log_dir=logs),
+                rdzv_backend="c10d",
+                rdzv_endpoint="localhost:0",
+                max_restarts=0,
+                monitor_interval=0.1,
+            )
             elastic_launch(config, sys.executable)("-m", "dsa_train", *args)
     except ChildFailedError as e:
         if debug():
             raise
         failed = sorted(e.failures)
         ranks = f"rank {failed[0]}" if len(failed) == 1 else "ranks " + ", ".join(map(str, failed))
-        typer.echo(f"dsa-train: {ranks} of {nproc} failed ({'its error is' if len(failed) == 1 else 'their errors are'} above)", err=True)
+        typer.echo(
+            f"dsa-train: {ranks} of {nproc} failed ({'its error is' if len(failed) == 1 else 'their errors are'} above)",
+            err=True,
+        )
         return 1
     return 0
 
@@ -234,7 +283,10 @@ def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool, overr
     from ..train.sharded_run import train_rank
 
     if world.is_leader:
-        stderr.print(f"rank 0 of {world.world_size}: {config.name}, entity table split over {world.world_size} ranks", highlight=False)
+        stderr.print(
+            f"rank 0 of {world.world_size}: {config.name}, entity table split over {world.world_size} ranks",
+            highlight=False,
+        )
     with command_output(ProgressReporter() if world.is_leader else None, shown=world.is_leader):
         training, top, summary = train_rank(config, world, output=output, resume=resume, overrides=overrides)
     config = training.recipe

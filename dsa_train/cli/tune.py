@@ -27,23 +27,60 @@ def parse_duration(text: str) -> float:
     """``90``, ``90s``, ``30m``, ``1.5h`` -> seconds."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", text or "")
     if match is None or float(match[1]) <= 0:
-        raise DsaError(f"--timeout {text!r} is not a duration", hint="write it as seconds or with a unit: 90s, 30m, 1.5h")
+        raise DsaError(
+            f"--timeout {text!r} is not a duration", hint="write it as seconds or with a unit: 90s, 30m, 1.5h"
+        )
     return float(match[1]) * UNITS[match[2] or "s"]
 
 
 @handle_errors
 @command_output(shown=False)  # the trials' own messages are not shown: each trial is one line
 def tune(
-    recipe: Path = typer.Argument(..., help="The recipe to tune: a YAML file, or a shipped recipe's name.", show_default=False),
-    output: Path | None = typer.Option(
-        None, "--output", "-o", help="The tune folder. Default: <output.dir>/<recipe name>-tune-<timestamp>.", show_default=False
+    recipe: Path = typer.Argument(
+        ..., help="The recipe to tune: a YAML file, or a shipped recipe's name.", show_default=False
     ),
-    trials: int | None = typer.Option(None, "--trials", min=1, help="Stop after this many trials (all jobs together; with --resume, counting those done).", show_default=False),
-    timeout: str | None = typer.Option(None, "--timeout", help="Start no trial after this long (90s, 30m, 2h); the trials under way finish.", show_default=False),
-    jobs: int = typer.Option(1, "--jobs", min=1, help="Worker processes sharing the study; each gets cores / jobs torch threads."),
-    space: Path | None = typer.Option(None, "--space", metavar="FILE", help="The search space (YAML, recipe keys to ranges or choices). Default: per model kind.", show_default=False),
-    set_: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a recipe key before the search, e.g. --set train.epochs=20 (repeatable).", show_default=False),
-    resume: bool = typer.Option(False, "--resume", help="Continue the search in --output: its trials are kept, those a kill cut short run again."),
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        "-o",
+        help="The tune folder. Default: <output.dir>/<recipe name>-tune-<timestamp>.",
+        show_default=False,
+    ),
+    trials: int | None = typer.Option(
+        None,
+        "--trials",
+        min=1,
+        help="Stop after this many trials (all jobs together; with --resume, counting those done).",
+        show_default=False,
+    ),
+    timeout: str | None = typer.Option(
+        None,
+        "--timeout",
+        help="Start no trial after this long (90s, 30m, 2h); the trials under way finish.",
+        show_default=False,
+    ),
+    jobs: int = typer.Option(
+        1, "--jobs", min=1, help="Worker processes sharing the study; each gets cores / jobs torch threads."
+    ),
+    space: Path | None = typer.Option(
+        None,
+        "--space",
+        metavar="FILE",
+        help="The search space (YAML, recipe keys to ranges or choices). Default: per model kind.",
+        show_default=False,
+    ),
+    set_: list[str] = typer.Option(
+        [],
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a recipe key before the search, e.g. --set train.epochs=20 (repeatable).",
+        show_default=False,
+    ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue the search in --output: its trials are kept, those a kill cut short run again.",
+    ),
 ) -> None:
     """Search a recipe's settings on the valid split; writes best.yaml, the trials table and the best model's test metrics.
 
@@ -61,12 +98,17 @@ def tune(
     from ..tune.study import TuneFolder
 
     if trials is None and timeout is None:
-        raise DsaError("a search needs an end: --trials N, --timeout 30m, or both", hint="e.g. dsa-train tune RECIPE --timeout 30m")
+        raise DsaError(
+            "a search needs an end: --trials N, --timeout 30m, or both", hint="e.g. dsa-train tune RECIPE --timeout 30m"
+        )
     seconds = parse_duration(timeout) if timeout is not None else None
     base = with_data_root(load_recipe(find_recipe(recipe), list(set_)))
     if resume:
         if output is None:
-            raise DsaError("--resume continues a tune folder: pass it with -o", hint="e.g. dsa-train tune RECIPE -o tunes/umls --resume")
+            raise DsaError(
+                "--resume continues a tune folder: pass it with -o",
+                hint="e.g. dsa-train tune RECIPE -o tunes/umls --resume",
+            )
         folder = TuneFolder.find(output)
         folder.lock()
         stored = folder.base()
@@ -74,7 +116,10 @@ def tune(
         if changed or space is not None:
             stderr.print(
                 "the tune folder's recipe and space win over "
-                + ("; ".join(f"{key} ({ours!r} there, {theirs!r} given)" for key, ours, theirs in changed[:5]) or "the given ones")
+                + (
+                    "; ".join(f"{key} ({ours!r} there, {theirs!r} given)" for key, ours, theirs in changed[:5])
+                    or "the given ones"
+                )
                 + " (start a new tune to search another recipe or space)",
                 highlight=False,
             )
@@ -91,7 +136,9 @@ def tune(
         if jobs == 1:
             _search(str(folder.path), trials, deadline, 0, 1)
         else:
-            import_recipe_data(folder.base())  # once, here: the workers would race to import it, and all but one be refused
+            import_recipe_data(
+                folder.base()
+            )  # once, here: the workers would race to import it, and all but one be refused
             _spawn(folder.path, trials, deadline, jobs)
         _report(folder)
     finally:
@@ -127,7 +174,10 @@ def _worker(path: str, trials: int | None, deadline: float | None, worker: int, 
 
 def _spawn(path: Path, trials: int | None, deadline: float | None, jobs: int) -> None:
     context = multiprocessing.get_context("spawn")  # fresh interpreters: torch's threads and locks are not forked
-    workers = [context.Process(target=_worker, args=(str(path), trials, deadline, i, jobs), name=f"dsa-train tune worker {i}") for i in range(jobs)]
+    workers = [
+        context.Process(target=_worker, args=(str(path), trials, deadline, i, jobs), name=f"dsa-train tune worker {i}")
+        for i in range(jobs)
+    ]
     for w in workers:
         w.start()
     for w in workers:
@@ -151,7 +201,9 @@ def _print_trial(result) -> None:
         outcome = f"pruned at epoch {result.epoch} ({result.label} {result.value:.4f})"
     else:
         outcome = f"failed: {result.error}"
-    stderr.print(f"trial {result.number}: {outcome} in {result.seconds:.0f} s ({settings})", highlight=False, soft_wrap=True)
+    stderr.print(
+        f"trial {result.number}: {outcome} in {result.seconds:.0f} s ({settings})", highlight=False, soft_wrap=True
+    )
 
 
 def _short(value) -> str:
@@ -165,17 +217,30 @@ def _report(folder) -> None:
     table = Table(title=f"trials ({folder.path / TuneFolder.TABLE})")
     keys = list(dict.fromkeys(k for r in found for k in r.params))
     for column in ("trial", "state", best.metric, "epoch", "seconds", *(k.rsplit(".", 1)[-1] for k in keys)):
-        table.add_column(column, justify="left" if column == "state" else "right", no_wrap=column in ("trial", "state", best.metric))
+        table.add_column(
+            column, justify="left" if column == "state" else "right", no_wrap=column in ("trial", "state", best.metric)
+        )
     for r in found:
         table.add_row(
-            str(r.number), r.state, "" if r.value is None else f"{r.value:.4f}", "" if r.epoch is None else str(r.epoch),
-            "" if r.seconds is None else f"{r.seconds:.0f}", *(_short(r.params[k]) if k in r.params else "" for k in keys),
-        )  # fmt: skip
+            str(r.number),
+            r.state,
+            "" if r.value is None else f"{r.value:.4f}",
+            "" if r.epoch is None else str(r.epoch),
+            "" if r.seconds is None else f"{r.seconds:.0f}",
+            *(_short(r.params[k]) if k in r.params else "" for k in keys),
+        )
     stdout.print(table)
     counts = {s: sum(r.state == s for r in found) for s in ("COMPLETE", "PRUNED", "FAIL", "KILLED")}
     stdout.print(", ".join(f"{n} {s.lower()}" for s, n in counts.items() if n), highlight=False)
-    stdout.print(f"best: trial {best.number}, {best.metric} {best.value:.4f}; its recipe: {folder.path / TuneFolder.BEST}", highlight=False, soft_wrap=True)
+    stdout.print(
+        f"best: trial {best.number}, {best.metric} {best.value:.4f}; its recipe: {folder.path / TuneFolder.BEST}",
+        highlight=False,
+        soft_wrap=True,
+    )
     record = best_test(folder, best)
     stdout.print(metrics_table(f"best trial {best.number}: test", record["test"]))
-    stdout.print(f"test metrics kept in {folder.path / TuneFolder.BEST_TEST}; train it again with: dsa-train run {folder.path / TuneFolder.BEST}",
-                 highlight=False, soft_wrap=True)  # fmt: skip
+    stdout.print(
+        f"test metrics kept in {folder.path / TuneFolder.BEST_TEST}; train it again with: dsa-train run {folder.path / TuneFolder.BEST}",
+        highlight=False,
+        soft_wrap=True,
+    )

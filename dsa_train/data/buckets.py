@@ -115,7 +115,10 @@ def sorted_into_buckets(partitions: EntityPartitions, rows: Tensor, bucket: Tens
     return Buckets(partitions, rows[order.indices], _offsets(counts.numpy()))
 
 
-def load_buckets(kg: KnowledgeGraph, partitions: EntityPartitions, ) -> Buckets:
+def load_buckets(
+    kg: KnowledgeGraph,
+    partitions: EntityPartitions,
+) -> Buckets:
     """The training split of ``kg`` in buckets: written beside its imported dataset on first
     use (and again if the graph is imported again), mapped afterwards; built in memory for a
     graph that lives in memory."""
@@ -132,8 +135,16 @@ def load_buckets(kg: KnowledgeGraph, partitions: EntityPartitions, ) -> Buckets:
     def build(writer: DatasetWriter) -> None:
         _write_buckets(writer, kg, partitions)
 
-    dataset = import_folder(folder, kind="buckets", name=f"{kg.name} in {partitions.partitions}x{partitions.partitions} buckets", sources=sources, build=build)
-    return Buckets(partitions, dataset.tensor("triples"), torch.from_numpy(np.asarray(dataset.array("offsets"))), dataset.folder)
+    dataset = import_folder(
+        folder,
+        kind="buckets",
+        name=f"{kg.name} in {partitions.partitions}x{partitions.partitions} buckets",
+        sources=sources,
+        build=build,
+    )
+    return Buckets(
+        partitions, dataset.tensor("triples"), torch.from_numpy(np.asarray(dataset.array("offsets"))), dataset.folder
+    )
 
 
 def _offsets(counts: np.ndarray) -> Tensor:

@@ -81,22 +81,33 @@ class ClickLog:
         positions = np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
         feature = np.repeat(np.tile(np.arange(f, dtype=np.int64), len(picked)), lengths)
         weights = torch.from_numpy(arrays("weights")[positions].astype(np.float32)) if self.weighted else None
-        logits = torch.from_numpy(arrays("logits")[picked].astype(np.float32)) if self.dataset.has(f"{split}_logits") else None
+        logits = (
+            torch.from_numpy(arrays("logits")[picked].astype(np.float32))
+            if self.dataset.has(f"{split}_logits")
+            else None
+        )
         return ClickBatch(
             labels=torch.from_numpy(arrays("labels")[picked].astype(np.float32)),
             dense=torch.from_numpy(np.ascontiguousarray(arrays("dense")[picked], dtype=np.float32)),
             ids=torch.from_numpy(arrays("ids")[positions].astype(np.int64)),
-            feature=torch.from_numpy(feature), offsets=torch.from_numpy(offsets), weights=weights, logits=logits,
-        )  # fmt: skip
+            feature=torch.from_numpy(feature),
+            offsets=torch.from_numpy(offsets),
+            weights=weights,
+            logits=logits,
+        )
 
     @classmethod
     def of(cls, dataset: Dataset) -> ClickLog:
         meta = dataset.meta
         return cls(
-            dataset.name, list(meta["features"]), list(meta["dense_features"]),
-            {s: int(meta["samples"][s]) for s in SPLITS}, {s: int(meta["clicks"][s]) for s in SPLITS},
-            bool(meta["weighted"]), dataset,
-        )  # fmt: skip
+            dataset.name,
+            list(meta["features"]),
+            list(meta["dense_features"]),
+            {s: int(meta["samples"][s]) for s in SPLITS},
+            {s: int(meta["clicks"][s]) for s in SPLITS},
+            bool(meta["weighted"]),
+            dataset,
+        )
 
     def __str__(self) -> str:
         n = self.samples
@@ -111,7 +122,9 @@ class ClickWriter:
     """Writes a click log's arrays (see the module docstring) split by split, chunk by chunk,
     so a log far larger than RAM imports in bounded memory."""
 
-    def __init__(self, writer: DatasetWriter, *, features: list[str], dense_features: list[str], weighted: bool) -> None:
+    def __init__(
+        self, writer: DatasetWriter, *, features: list[str], dense_features: list[str], weighted: bool
+    ) -> None:
         self.writer, self.features, self.dense_features, self.weighted = writer, features, dense_features, weighted
         self.samples = dict.fromkeys(SPLITS, 0)
         self.clicks = dict.fromkeys(SPLITS, 0)
@@ -137,9 +150,15 @@ class ClickWriter:
         return len(self.dense_features)
 
     def append(
-        self, split: str, labels: np.ndarray, dense: np.ndarray, lengths: np.ndarray, ids: np.ndarray,
-        weights: np.ndarray | None = None, logits: np.ndarray | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        split: str,
+        labels: np.ndarray,
+        dense: np.ndarray,
+        lengths: np.ndarray,
+        ids: np.ndarray,
+        weights: np.ndarray | None = None,
+        logits: np.ndarray | None = None,
+    ) -> None:
         """Append ``n`` impressions: ``lengths`` ``(n, F)`` ids per bag, ``ids`` (and
         ``weights``) the bags' ids in order, sample after sample."""
         out = self._appenders(split, logits is not None)
@@ -164,6 +183,9 @@ class ClickWriter:
             if not self.num_dense:
                 self.writer.create(f"{split}_dense", (self.samples[split], 0), np.float32)
         self.writer.meta.update(
-            features=self.features, dense_features=self.dense_features, weighted=self.weighted,
-            samples=self.samples, clicks=self.clicks,
-        )  # fmt: skip
+            features=self.features,
+            dense_features=self.dense_features,
+            weighted=self.weighted,
+            samples=self.samples,
+            clicks=self.clicks,
+        )

@@ -88,7 +88,9 @@ def delimiter_of(path: Path, config: ClickColumnsConfig) -> tuple[str, str]:
         with _open_bytes(path) as f:
             first = f.readline(MAX_FIELD)
     except (OSError, EOFError) as e:
-        raise DatasetError(f"click log '{path}' cannot be read: {e}", hint="check the file (a .gz name must hold gzip data)") from None
+        raise DatasetError(
+            f"click log '{path}' cannot be read: {e}", hint="check the file (a .gz name must hold gzip data)"
+        ) from None
     if b"\t" in first:
         return "\t", "read from the first line, which holds tabs"
     if b"," in first:
@@ -105,7 +107,9 @@ def _reader(stream, delimiter: str):
     return csv.reader(stream, delimiter=delimiter, quoting=quoting, strict=True)
 
 
-def columns_of(path: Path, header: list[str], config: ClickColumnsConfig, *, need_label: bool = True) -> tuple[int | None, list[int], list[int]]:
+def columns_of(
+    path: Path, header: list[str], config: ClickColumnsConfig, *, need_label: bool = True
+) -> tuple[int | None, list[int], list[int]]:
     """Positions of the label, dense and categorical columns named by the config (defaults:
     ``I<n>`` dense, ``C<n>`` categorical) in the header; a ``DatasetError`` names any missing
     (the label's position is ``None`` when it is missing and not ``need_label``)."""
@@ -195,7 +199,10 @@ def _read_click_chunks(path: Path, config: ClickColumnsConfig, need_label: bool,
             rows = _reader(stream, delimiter)
             first = next(rows, None)
             if not first:
-                raise DatasetError(f"click log '{path}' is empty", hint="each line is one impression (after a header naming the columns, if any)")
+                raise DatasetError(
+                    f"click log '{path}' is empty",
+                    hint="each line is one impression (after a header naming the columns, if any)",
+                )
             cells = [c.strip() for c in first]
             header = config.header if config.header is not None else (config.label in cells or config.names is None)
             state["header"] = header
@@ -226,11 +233,19 @@ def _read_click_chunks(path: Path, config: ClickColumnsConfig, need_label: bool,
                     break
                 yield parser.parse(chunk, numbers)
         except UnicodeDecodeError as e:
-            raise DatasetError(f"click log '{path}' is not UTF-8 text (byte {e.start} of a block: {e.reason})", hint="convert it to UTF-8") from None
+            raise DatasetError(
+                f"click log '{path}' is not UTF-8 text (byte {e.start} of a block: {e.reason})",
+                hint="convert it to UTF-8",
+            ) from None
         except (OSError, EOFError) as e:  # a damaged .gz
-            raise DatasetError(f"click log '{path}' cannot be read: {e}", hint="check the file (a .gz name must hold whole gzip data)") from None
+            raise DatasetError(
+                f"click log '{path}' cannot be read: {e}", hint="check the file (a .gz name must hold whole gzip data)"
+            ) from None
         except csv.Error as e:
-            raise DatasetError(f"click log '{path}', line {rows.line_num}: {e}", hint="fix that line (a stray quote, or a cell over 1 MiB)") from None
+            raise DatasetError(
+                f"click log '{path}', line {rows.line_num}: {e}",
+                hint="fix that line (a stray quote, or a cell over 1 MiB)",
+            ) from None
 
 
 class _Resumed:
@@ -253,7 +268,9 @@ class _Resumed:
         return next(self._rows)
 
 
-def _describe(path: Path, delimiter: str, source: str, header: bool, names: list[str], label, dense: list[int], sparse: list[int]) -> str:
+def _describe(
+    path: Path, delimiter: str, source: str, header: bool, names: list[str], label, dense: list[int], sparse: list[int]
+) -> str:
     """How the file is read, in one line: the delimiter and where it came from, the header,
     and the columns of each role, with those left out."""
     used = {label, *dense, *sparse}
@@ -263,7 +280,11 @@ def _describe(path: Path, delimiter: str, source: str, header: bool, names: list
         f"click log '{path.name}': {shown}-separated ({source}; dataset.columns.delimiter changes it), "
         f"{'a header' if header else 'no header (columns from dataset.columns.names)'}, label '{names[label] if label is not None else '-'}', "
         f"{len(dense)} dense, {len(sparse)} categorical ({', '.join(names[i] for i in sparse[:30])}{', ...' if len(sparse) > 30 else ''})"
-        + (f"; ignored: {', '.join(ignored)} (list them in dataset.columns.sparse or .dense to use them)" if ignored else "")
+        + (
+            f"; ignored: {', '.join(ignored)} (list them in dataset.columns.sparse or .dense to use them)"
+            if ignored
+            else ""
+        )
     )
 
 
@@ -277,14 +298,30 @@ def _append_by_split(out: ClickWriter, parsed: tuple, first: int, bounds: np.nda
         if low >= high:
             continue
         part = slice(int(ends[low]), int(ends[high]))
-        out.append(split, labels[low:high], dense[low:high], lengths[low:high], ids[part], None if weights is None else weights[part])
+        out.append(
+            split,
+            labels[low:high],
+            dense[low:high],
+            lengths[low:high],
+            ids[part],
+            None if weights is None else weights[part],
+        )
 
 
 class _Parser:
     """Turns a chunk of rows (lists of cells) into arrays, naming the line of any bad cell."""
 
-    def __init__(self, path: Path, width: int, label: int | None, dense: list[int], sparse: list[int], config: ClickColumnsConfig) -> None:
-        self.path, self.width, self.label, self.dense, self.sparse, self.config = path, width, label, dense, sparse, config
+    def __init__(
+        self, path: Path, width: int, label: int | None, dense: list[int], sparse: list[int], config: ClickColumnsConfig
+    ) -> None:
+        self.path, self.width, self.label, self.dense, self.sparse, self.config = (
+            path,
+            width,
+            label,
+            dense,
+            sparse,
+            config,
+        )
 
     def _bad(self, line: int, what: str, hint: str) -> DatasetError:
         return DatasetError(f"click log '{self.path}', line {line}: {what}", hint=hint)
@@ -299,11 +336,17 @@ class _Parser:
         weights: list[float] = []
         for r, (row, line) in enumerate(zip(rows, lines, strict=True)):
             if len(row) != self.width:
-                raise self._bad(line, f"{len(row)} cells where the header names {self.width}", "give every line one cell per header column (empty cells are missing values)")
+                raise self._bad(
+                    line,
+                    f"{len(row)} cells where the header names {self.width}",
+                    "give every line one cell per header column (empty cells are missing values)",
+                )
             if self.label is not None:
                 value = row[self.label].strip()
                 if value not in ("0", "1"):
-                    raise self._bad(line, f"label {value!r} in column '{c.label}' is not 0 or 1", "a label is 1 (clicked) or 0")
+                    raise self._bad(
+                        line, f"label {value!r} in column '{c.label}' is not 0 or 1", "a label is 1 (clicked) or 0"
+                    )
                 labels[r] = value == "1"
             else:
                 labels[r] = 0
@@ -313,7 +356,9 @@ class _Parser:
                     try:
                         dense[r, j] = float(cell)
                     except ValueError:
-                        raise self._bad(line, f"dense value {cell!r} is not a number", "dense cells hold numbers, or nothing") from None
+                        raise self._bad(
+                            line, f"dense value {cell!r} is not a number", "dense cells hold numbers, or nothing"
+                        ) from None
             for j, column in enumerate(self.sparse):
                 cell = row[column]
                 if not cell:
@@ -326,9 +371,17 @@ class _Parser:
                         try:
                             weights.append(float(weight))
                         except ValueError:
-                            raise self._bad(line, f"weight {weight!r} of a value is not a number", "write each value as value:weight") from None
+                            raise self._bad(
+                                line,
+                                f"weight {weight!r} of a value is not a number",
+                                "write each value as value:weight",
+                            ) from None
                         if not math.isfinite(weights[-1]):
-                            raise self._bad(line, f"weight {weight!r} is not finite", "write each value as value:weight, a finite weight")
+                            raise self._bad(
+                                line,
+                                f"weight {weight!r} is not finite",
+                                "write each value as value:weight, a finite weight",
+                            )
                     tokens.append(token.encode())
                     lengths[r, j] += 1
         if c.dense_log:
@@ -342,4 +395,3 @@ class _Parser:
         buffer = np.frombuffer(b"".join(tokens), np.uint8) if tokens else np.zeros(0, np.uint8)
         ids = (fingerprints(buffer, starts, sizes)[:, 0] >> np.uint64(1)).astype(np.int64)
         return labels, dense, lengths, ids, np.asarray(weights, np.float32) if c.weights else None
-

@@ -62,7 +62,12 @@ def write_synthetic_clicks(writer: DatasetWriter, *, config: ClicksSyntheticConf
     """Generate the click log into ``writer`` (see the module docstring)."""
     c = config
     f, d = c.features, c.dense
-    out = ClickWriter(writer, features=[f"C{i + 1}" for i in range(f)], dense_features=[f"I{i + 1}" for i in range(d)], weighted=c.weighted)
+    out = ClickWriter(
+        writer,
+        features=[f"C{i + 1}" for i in range(f)],
+        dense_features=[f"I{i + 1}" for i in range(d)],
+        weighted=c.weighted,
+    )
     counts = {"train": c.samples, "valid": c.valid, "test": c.test}
     total, done = sum(counts.values()), 0
     dense_weights = _uniform(np.arange(d), c.seed ^ 0xD)

@@ -82,7 +82,10 @@ def edge_files(path: Path, looked: str | None = None) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith((".", "_")))
         if not files:
-            raise DatasetError(f"edge-list folder '{path}' holds no files", hint="place the edge-list files in it, or point dataset.path at a file")
+            raise DatasetError(
+                f"edge-list folder '{path}' holds no files",
+                hint="place the edge-list files in it, or point dataset.path at a file",
+            )
         return files
     raise DatasetError(
         f"edge list '{path}' does not exist" + (f": looked in {looked}" if looked else ""),
@@ -91,9 +94,15 @@ def edge_files(path: Path, looked: str | None = None) -> list[Path]:
 
 
 def write_edge_list(
-    writer: DatasetWriter, *, files: list[Path], labels: Path | None, config, link_split: tuple[float, float], seed: int,
+    writer: DatasetWriter,
+    *,
+    files: list[Path],
+    labels: Path | None,
+    config,
+    link_split: tuple[float, float],
+    seed: int,
     memory_bytes: int = 256 << 20,
-) -> None:  # fmt: skip
+) -> None:
     """Import ``files`` (and ``labels``) into ``writer`` as a graph (see the module docstring);
     ``config``: the recipe's ``dataset.edges``."""
     counts = {"input_edges": 0, "self_loops": 0, "below_min_weight": 0}
@@ -103,8 +112,15 @@ def write_edge_list(
         text_bytes = 4 * fmt.rows + total  # what partitions_for expects: 2 bytes a name at least, 2 names a row
         chunks = partial(edge_parquet.parquet_chunks, files, fmt, config, counts, total)
     else:
-        fmt = edge_format(files[0], delimiter=config.delimiter, comment=config.comment, header=config.header,
-                          source=config.source, target=config.target, weight=config.weight)  # fmt: skip
+        fmt = edge_format(
+            files[0],
+            delimiter=config.delimiter,
+            comment=config.comment,
+            header=config.header,
+            source=config.source,
+            target=config.target,
+            weight=config.weight,
+        )
         _same_format(files)
         text_bytes = total
         chunks = partial(_edge_chunks, files, fmt, config, counts, total)
@@ -114,12 +130,23 @@ def write_edge_list(
     label_rows = _LabelRows(scratch) if labels is not None else None
     done = sum(f.stat().st_size for f in files)
     if config.ids == "names":
-        num_nodes, edges, label_nodes = _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total, memory_bytes)
+        num_nodes, edges, label_nodes = _named(
+            writer, scratch, chunks, labels, label_rows, text_bytes, done, total, memory_bytes
+        )
     else:
         num_nodes, edges, label_nodes = _numbered(scratch, chunks, labels, label_rows, done, total)
     try:
-        write_csr(writer, _counting(edges, counts), num_nodes, edges_bound=max(1, counts["input_edges"]), link_split=link_split, seed=seed,
-                  memory_bytes=memory_bytes, what="writing the adjacency", directed=config.directed)  # fmt: skip
+        write_csr(
+            writer,
+            _counting(edges, counts),
+            num_nodes,
+            edges_bound=max(1, counts["input_edges"]),
+            link_split=link_split,
+            seed=seed,
+            memory_bytes=memory_bytes,
+            what="writing the adjacency",
+            directed=config.directed,
+        )
         if label_rows is None:
             write_nodes(writer, num_nodes, None, [])
         else:
@@ -135,7 +162,9 @@ def _same_format(files: list[Path]) -> None:
     """A text edge list's files are all text (a parquet file among them is refused by name)."""
     for path in files[1:]:
         if edge_parquet.is_parquet(path):
-            raise DatasetError(f"'{path}' is a parquet file, but '{files[0]}' is text", hint="keep one format in an edge-list folder")
+            raise DatasetError(
+                f"'{path}' is a parquet file, but '{files[0]}' is text", hint="keep one format in an edge-list folder"
+            )
 
 
 def _counting(edges: Iterator[tuple[np.ndarray, np.ndarray]], counts: dict) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -165,7 +194,9 @@ def _edge_chunks(files: list[Path], fmt: EdgeFormat, config, counts: dict, total
         if not problems and config.ids == "integers":
             ids, bad = parse_integers(text, fields[..., 0].ravel(), fields[..., 1].ravel())
             bad = bad.reshape(-1, 2)
-            problems = _bad_fields(path, before, text, np.repeat(lines, 2), fields.reshape(-1, 2), bad.ravel(), "node id", INTEGER_WORDS)
+            problems = _bad_fields(
+                path, before, text, np.repeat(lines, 2), fields.reshape(-1, 2), bad.ravel(), "node id", INTEGER_WORDS
+            )
             fields = ids.reshape(-1, 2)
         return path, len(data), problems, text, fields, dropped
 
@@ -187,10 +218,21 @@ def _edge_chunks(files: list[Path], fmt: EdgeFormat, config, counts: dict, total
         raise_line_problems(last, problems, fmt)
 
 
-INTEGER_WORDS = "a whole number 0 .. 10^18 (dataset.edges.ids is 'integers'; set it to 'names' to read any text as a node's name)"
+INTEGER_WORDS = (
+    "a whole number 0 .. 10^18 (dataset.edges.ids is 'integers'; set it to 'names' to read any text as a node's name)"
+)
 
 
-def _bad_fields(path: Path, before: int, text: np.ndarray, lines: np.ndarray, fields: np.ndarray, bad: np.ndarray, what: str, expected: str) -> list[str]:
+def _bad_fields(
+    path: Path,
+    before: int,
+    text: np.ndarray,
+    lines: np.ndarray,
+    fields: np.ndarray,
+    bad: np.ndarray,
+    what: str,
+    expected: str,
+) -> list[str]:
     """``path:line: ...`` for each field marked ``bad`` (``lines``: each field's line index in the chunk)."""
     return [
         f"{path}:{before + int(i) + 1}: line has {what} {bytes(text[s : s + n]).decode(errors='replace')!r}, not {expected}"
@@ -205,7 +247,9 @@ def _label_format(path: Path) -> tuple[EdgeFormat, bool]:
         head = f.read(1 << 16)
     lines = [line for line in head.split(b"\n") if line.strip() and not line.startswith(b"#")]
     if not lines:
-        raise DatasetError(f"labels file '{path}' has no lines", hint="write node<TAB>label lines, or leave dataset.labels out")
+        raise DatasetError(
+            f"labels file '{path}' has no lines", hint="write node<TAB>label lines, or leave dataset.labels out"
+        )
     delimiter = "\t" if b"\t" in lines[0] else WHITESPACE
     first = lines[0].rstrip(b"\r").split(b"\t") if delimiter == "\t" else lines[0].split()
     if len(first) not in (2, 3):
@@ -230,9 +274,13 @@ def _label_chunks(path: Path, label_rows: _LabelRows, done: int, total: int, *, 
         if not problems and fmt.width == 3:
             words = fingerprints(text, fields[:, 2, 0], fields[:, 2, 1])[:, 0]
             for word, code in SPLIT_WORDS.items():
-                split[words == fingerprints(np.frombuffer(word, np.uint8), np.array([0]), np.array([len(word)]))[0, 0]] = code
-            problems = [f"{path}:{before + int(i) + 1}: line's split {bytes(text[s : s + n]).decode(errors='replace')!r} is not train, valid or test"
-                        for i, (s, n) in zip(lines[split < 0][:MAX_REPORTED + 1], fields[split < 0, 2])]  # fmt: skip
+                split[
+                    words == fingerprints(np.frombuffer(word, np.uint8), np.array([0]), np.array([len(word)]))[0, 0]
+                ] = code
+            problems = [
+                f"{path}:{before + int(i) + 1}: line's split {bytes(text[s : s + n]).decode(errors='replace')!r} is not train, valid or test"
+                for i, (s, n) in zip(lines[split < 0][: MAX_REPORTED + 1], fields[split < 0, 2])
+            ]
         nodes = fields[:, 0]
         if not problems and integers:
             nodes, bad = parse_integers(text, fields[:, 0, 0], fields[:, 0, 1])
@@ -320,7 +368,9 @@ def _named(writer, scratch, chunks, labels, label_rows, text_bytes, done, total,
             parts.write(chunk)
         edge_positions = position
         if labels is not None:
-            for chunk in prepared(((t, f[:, None, :]) for t, f in _label_chunks(labels, label_rows, done, total, integers=False))):
+            for chunk in prepared(
+                ((t, f[:, None, :]) for t, f in _label_chunks(labels, label_rows, done, total, integers=False))
+            ):
                 parts.write(chunk)
     finally:
         parts.close()
@@ -421,4 +471,3 @@ def edge_sources(config) -> dict:
     from dataclasses import asdict
 
     return json.loads(json.dumps(asdict(config)))
-

@@ -26,9 +26,32 @@ from .tsv import MAX_REPORTED, _chunks
 WHITESPACE = " "  # the delimiter that means runs of spaces and tabs
 #: Header words that mark a first line as a header even above names.
 HEADER_WORDS = {
-    "source", "target", "src", "dst", "from", "to", "node1", "node2", "node_1", "node_2", "u", "v", "head", "tail",
-    "weight", "id1", "id2", "source_id", "target_id", "src_id", "dst_id", "start", "end", "from_id", "to_id",
-}  # fmt: skip
+    "source",
+    "target",
+    "src",
+    "dst",
+    "from",
+    "to",
+    "node1",
+    "node2",
+    "node_1",
+    "node_2",
+    "u",
+    "v",
+    "head",
+    "tail",
+    "weight",
+    "id1",
+    "id2",
+    "source_id",
+    "target_id",
+    "src_id",
+    "dst_id",
+    "start",
+    "end",
+    "from_id",
+    "to_id",
+}
 SNIFF_BYTES = 1 << 16
 
 
@@ -46,11 +69,19 @@ class EdgeFormat:
 
     def describe(self) -> str:
         """One line for the user: what was read, what was detected, how to change it."""
-        delimiter = {WHITESPACE: "runs of spaces and tabs", "\t": "tab", ",": "comma"}.get(self.delimiter, repr(self.delimiter))
+        delimiter = {WHITESPACE: "runs of spaces and tabs", "\t": "tab", ",": "comma"}.get(
+            self.delimiter, repr(self.delimiter)
+        )
         what = {0: "source", 1: "target", 2: "weight"}
-        columns = ", ".join(f"{what[i]} = {self.names[c] if self.names else f'column {c}'}" for i, c in enumerate(self.columns))
+        columns = ", ".join(
+            f"{what[i]} = {self.names[c] if self.names else f'column {c}'}" for i, c in enumerate(self.columns)
+        )
         header = f"a header ({', '.join(self.names)})" if self.header else "no header"
-        found = f"; detected: {', '.join(self.detected)} (set dataset.edges.<setting> to change it)" if self.detected else ""
+        found = (
+            f"; detected: {', '.join(self.detected)} (set dataset.edges.<setting> to change it)"
+            if self.detected
+            else ""
+        )
         return f"{delimiter} between {self.width} columns, {header}, {columns}{found}"
 
 
@@ -61,7 +92,10 @@ def edge_format(path: Path, *, delimiter, comment: str, header, source, target, 
     numbered = _first_lines(path, comment)
     numbers, lines = [n for n, _ in numbered], [line for _, line in numbered]
     if not lines:
-        raise DatasetError(f"edge list '{path}' has no edges (only comments or blank lines, or nothing)", hint="check the file, or point dataset.path at another")
+        raise DatasetError(
+            f"edge list '{path}' has no edges (only comments or blank lines, or nothing)",
+            hint="check the file, or point dataset.path at another",
+        )
     detected = []
     if delimiter is None:
         delimiter, _ = _sniff_delimiter(lines[0]), detected.append("delimiter")
@@ -71,7 +105,11 @@ def edge_format(path: Path, *, delimiter, comment: str, header, source, target, 
         header = named or _looks_like_header(fields, [c for c in (source, target) if isinstance(c, int)])
         detected.append("header")
     elif named and not header:
-        raise ConfigError([f"dataset.edges: columns named {[c for c in (source, target, weight) if isinstance(c, str)]} need a header; set header: true or give positions"])
+        raise ConfigError(
+            [
+                f"dataset.edges: columns named {[c for c in (source, target, weight) if isinstance(c, str)]} need a header; set header: true or give positions"
+            ]
+        )
     names = tuple(fields[0]) if header else ()
     width = len(fields[0])
     if width < 2:
@@ -92,7 +130,9 @@ def edge_format(path: Path, *, delimiter, comment: str, header, source, target, 
             column = names.index(column)
         elif column >= width:
             raise ConfigError(
-                [f"dataset.edges.{what}: column {column} is past the {width} columns of {path}:{numbers[0]} ({lines[0][:200]!r})"],
+                [
+                    f"dataset.edges.{what}: column {column} is past the {width} columns of {path}:{numbers[0]} ({lines[0][:200]!r})"
+                ],
                 hint="positions count from 0; check dataset.edges.delimiter",
             )
         columns.append(column)
@@ -157,7 +197,7 @@ def file_chunks(files: list[Path]) -> Iterator[tuple[Path, bytes, int, bool]]:
 
 def split_chunk(
     data: bytes, fmt: EdgeFormat, columns: tuple[int, ...], *, skip_header: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, str]]]:  # fmt: skip
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[tuple[int, str]]]:
     """The chunk's bytes, the ``(lines, len(columns), 2)`` ``(start, length)`` of the wanted
     fields of each data line, each data line's index in the chunk, and ``(line index,
     problem)`` for each bad line (then no fields). ``skip_header``: the chunk's first data
@@ -180,7 +220,12 @@ def split_chunk(
     problems = []
     bad = data_lines[counts[data_lines] != fmt.width]
     for index in bad[: MAX_REPORTED + 1].tolist():
-        problems.append((index, f"has {counts[index]} fields, expected {fmt.width} ({_delimiter_words(fmt.delimiter)}; the first line had {fmt.width})"))
+        problems.append(
+            (
+                index,
+                f"has {counts[index]} fields, expected {fmt.width} ({_delimiter_words(fmt.delimiter)}; the first line had {fmt.width})",
+            )
+        )
     if len(bad):
         data_lines = data_lines[counts[data_lines] == fmt.width]
     cells = first[data_lines][:, None] + np.asarray(columns, np.int64)[None, :]
@@ -273,7 +318,12 @@ def _utf8_problems(data: bytes, newlines: np.ndarray) -> list[tuple[int, str]]:
             break
         except UnicodeDecodeError as e:
             line = int(np.searchsorted(newlines, at + e.start))
-            problems.append((line, f"is not valid UTF-8 ({e.reason} at byte {at + e.start - (int(newlines[line - 1]) + 1 if line else 0) + 1})"))
+            problems.append(
+                (
+                    line,
+                    f"is not valid UTF-8 ({e.reason} at byte {at + e.start - (int(newlines[line - 1]) + 1 if line else 0) + 1})",
+                )
+            )
             at = int(newlines[line]) + 1 if line < len(newlines) else len(data)
     return problems
 
@@ -283,10 +333,18 @@ def raise_line_problems(path: Path, problems: list[str], fmt: EdgeFormat | None 
     (``fmt``: the edge list's format; ``None``: a labels file's lines)."""
     shown = problems[:MAX_REPORTED] + (["... (more after these)"] if len(problems) > MAX_REPORTED else [])
     if fmt is not None:
-        what, hint = "edges", f"the file was read as: {fmt.describe()}; fix those lines, or declare the format under dataset.edges"
+        what, hint = (
+            "edges",
+            f"the file was read as: {fmt.describe()}; fix those lines, or declare the format under dataset.edges",
+        )
     else:
-        what, hint = "labels", "each line must be node<TAB>label, with an optional third column train, valid or test on every line"
-    raise DatasetError(f"'{path}' has lines that cannot be read as {what}:\n" + "\n".join(f"  {p}" for p in shown), hint=hint)
+        what, hint = (
+            "labels",
+            "each line must be node<TAB>label, with an optional third column train, valid or test on every line",
+        )
+    raise DatasetError(
+        f"'{path}' has lines that cannot be read as {what}:\n" + "\n".join(f"  {p}" for p in shown), hint=hint
+    )
 
 
 # -- numbers -------------------------------------------------------------------------------------

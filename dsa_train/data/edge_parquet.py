@@ -42,7 +42,8 @@ def _pyarrow():
         import pyarrow.parquet as pq
     except ImportError:
         raise DatasetError(
-            "reading a parquet edge list needs pyarrow, which is not installed", hint='pip install "dsa-train[parquet]" (or pip install pyarrow)'
+            "reading a parquet edge list needs pyarrow, which is not installed",
+            hint='pip install "dsa-train[parquet]" (or pip install pyarrow)',
         ) from None
     return pa, pc, pq
 
@@ -57,7 +58,9 @@ class ParquetEdges:
 
     def describe(self) -> str:
         """One line for the user: what is read."""
-        read = ", ".join(f"{role} = column {name!r} ({kind})" for role, name, kind in zip(ROLES, self.columns, self.types))
+        read = ", ".join(
+            f"{role} = column {name!r} ({kind})" for role, name, kind in zip(ROLES, self.columns, self.types)
+        )
         return f"parquet, {self.rows:,} rows: {read} (set dataset.edges.source/target/weight to change them)"
 
 
@@ -66,15 +69,20 @@ def parquet_format(files: list[Path], config) -> ParquetEdges:
     Raises ``ConfigError`` (a text-only setting, a column a file lacks) or ``DatasetError``
     (a file that is not parquet, a column of the wrong type, no rows)."""
     pa, _, pq = _pyarrow()
-    text_only = [f"dataset.edges.{key}: applies to text edge lists, not to parquet ({files[0]}); leave it out"
-                 for key in ("delimiter", "header") if getattr(config, key) is not None]  # fmt: skip
+    text_only = [
+        f"dataset.edges.{key}: applies to text edge lists, not to parquet ({files[0]}); leave it out"
+        for key in ("delimiter", "header")
+        if getattr(config, key) is not None
+    ]
     if text_only:
         raise ConfigError(text_only)
     wanted = [(role, getattr(config, role)) for role in ROLES if getattr(config, role) is not None]
     names, types, rows = None, None, 0
     for path in files:
         if not is_parquet(path):
-            raise DatasetError(f"'{path}' is not a parquet file, but '{files[0]}' is", hint="keep one format in an edge-list folder")
+            raise DatasetError(
+                f"'{path}' is not a parquet file, but '{files[0]}' is", hint="keep one format in an edge-list folder"
+            )
         parquet = pq.ParquetFile(path)
         schema = parquet.schema_arrow
         if names is None:
@@ -91,12 +99,19 @@ def parquet_format(files: list[Path], config) -> ParquetEdges:
             fits = _is_number(pa, kind) if role == "weight" else _is_id(pa, kind)
             if not fits:
                 expected = "numbers" if role == "weight" else "integers or strings"
-                raise DatasetError(f"'{path}': column {name!r} ({role}) holds {kind}, not {expected}", hint=f"point dataset.edges.{role} at a column of {expected}")
+                raise DatasetError(
+                    f"'{path}': column {name!r} ({role}) holds {kind}, not {expected}",
+                    hint=f"point dataset.edges.{role} at a column of {expected}",
+                )
         if types is None:
             types = tuple(str(schema.field(name).type) for name in names)
         rows += parquet.metadata.num_rows
     if not rows:
-        raise DatasetError(f"parquet edge list '{files[0]}' has no rows" + (f" (nor the {len(files) - 1} other files)" if len(files) > 1 else ""), hint="check the file, or point dataset.path at another")
+        raise DatasetError(
+            f"parquet edge list '{files[0]}' has no rows"
+            + (f" (nor the {len(files) - 1} other files)" if len(files) > 1 else ""),
+            hint="check the file, or point dataset.path at another",
+        )
     return ParquetEdges(tuple(names), types, rows)
 
 
@@ -105,21 +120,30 @@ def _column_name(path: Path, columns: list[str], role: str, column: int | str) -
         return column
     if column >= len(columns):
         raise ConfigError(
-            [f"dataset.edges.{role}: column {column} is past the {len(columns)} columns of '{path}' ({', '.join(columns)})"],
+            [
+                f"dataset.edges.{role}: column {column} is past the {len(columns)} columns of '{path}' ({', '.join(columns)})"
+            ],
             hint="positions count from 0; or name the column",
         )
     return columns[column]
 
 
 def _is_id(pa, kind) -> bool:
-    return pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"
+    return (
+        pa.types.is_integer(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or str(kind) == "string_view"
+    )
 
 
 def _is_number(pa, kind) -> bool:
     return pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
 
 
-def parquet_chunks(files: list[Path], fmt: ParquetEdges, config, counts: dict, total: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def parquet_chunks(
+    files: list[Path], fmt: ParquetEdges, config, counts: dict, total: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Every batch's edges as :mod:`.edge_import`'s text reader yields them: ``(text, (n, 2,
     2) start and length of each source and target name)``, or with ``ids: integers`` ``(text,
     (n, 2) ids)``; edges below ``min_weight`` left out and counted in ``counts``."""
@@ -141,7 +165,9 @@ def parquet_chunks(files: list[Path], fmt: ParquetEdges, config, counts: dict, t
                 text = np.zeros(0, np.uint8)
                 fields = out if keep is None else out[keep]
             else:
-                (a, a_starts, a_lengths), (b, b_starts, b_lengths) = (_strings(pa, path, name, column, row) for name, column in zip(fmt.columns, ids))
+                (a, a_starts, a_lengths), (b, b_starts, b_lengths) = (
+                    _strings(pa, path, name, column, row) for name, column in zip(fmt.columns, ids)
+                )
                 text = np.concatenate([a, b])
                 fields = np.stack([np.stack([a_starts, a_lengths], 1), np.stack([b_starts + len(a), b_lengths], 1)], 1)
                 if keep is not None:
@@ -156,7 +182,7 @@ def parquet_chunks(files: list[Path], fmt: ParquetEdges, config, counts: dict, t
 def _nulls(path: Path, name: str, column, first_row: int, what: str) -> None:
     """A ``DatasetError`` naming the rows where ``column`` is null."""
     if column.null_count:
-        rows = np.flatnonzero(np.asarray(column.is_null()))[: MAX_REPORTED] + first_row
+        rows = np.flatnonzero(np.asarray(column.is_null()))[:MAX_REPORTED] + first_row
         raise DatasetError(
             f"'{path}': column {name!r} is null in row{'s' if len(rows) > 1 else ''} {', '.join(map(str, rows.tolist()))} (counting from 0)"
             + (" and more" if column.null_count > len(rows) else ""),
@@ -167,8 +193,13 @@ def _nulls(path: Path, name: str, column, first_row: int, what: str) -> None:
 def _bad_rows(path: Path, name: str, bad: np.ndarray, first_row: int, problem: str, hint: str) -> None:
     if bad.any():
         rows = np.flatnonzero(bad)
-        shown = ", ".join(map(str, (rows[:MAX_REPORTED] + first_row).tolist())) + (" and more" if len(rows) > MAX_REPORTED else "")
-        raise DatasetError(f"'{path}': column {name!r} {problem} in row{'s' if len(rows) > 1 else ''} {shown} (counting from 0)", hint=hint)
+        shown = ", ".join(map(str, (rows[:MAX_REPORTED] + first_row).tolist())) + (
+            " and more" if len(rows) > MAX_REPORTED else ""
+        )
+        raise DatasetError(
+            f"'{path}': column {name!r} {problem} in row{'s' if len(rows) > 1 else ''} {shown} (counting from 0)",
+            hint=hint,
+        )
 
 
 def _strings(pa, path: Path, name: str, column, first_row: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -193,12 +224,25 @@ def _integers(pa, path: Path, name: str, column, first_row: int) -> np.ndarray:
         column = column.dictionary_decode()
     if pa.types.is_integer(column.type):
         values = column.to_numpy(zero_copy_only=False).astype(np.int64)
-        _bad_rows(path, name, values < 0, first_row, "holds a negative id", "ids: integers reads rows 0 .. N-1; set dataset.edges.ids to 'names' to read any value as a name")
+        _bad_rows(
+            path,
+            name,
+            values < 0,
+            first_row,
+            "holds a negative id",
+            "ids: integers reads rows 0 .. N-1; set dataset.edges.ids to 'names' to read any value as a name",
+        )
         return values
     text, starts, lengths = _strings(pa, path, name, column, first_row)
     values, bad = parse_integers(text, starts, lengths)
-    _bad_rows(path, name, bad, first_row, "holds a value that is not a whole number 0 .. 10^18",
-              "dataset.edges.ids is 'integers'; set it to 'names' to read any text as a node's name")  # fmt: skip
+    _bad_rows(
+        path,
+        name,
+        bad,
+        first_row,
+        "holds a value that is not a whole number 0 .. 10^18",
+        "dataset.edges.ids is 'integers'; set it to 'names' to read any text as a node's name",
+    )
     return values
 
 

@@ -52,7 +52,10 @@ def _absorb(words: np.ndarray, start: np.ndarray, length: np.ndarray, out: np.nd
     counts = (length + 7) // 8
     tail_bits = (length - 8 * (counts - 1)).astype(np.uint64) * np.uint64(8)  # of the last word, the string's own
     last_mask = np.where(tail_bits >= 64, ~np.uint64(0), (np.uint64(1) << (tail_bits & np.uint64(63))) - np.uint64(1))
-    lanes = [np.full(len(start), seed, dtype=np.uint64) ^ (length.astype(np.uint64) * m) for seed, m in zip(_SEEDS, _MULTIPLIERS)]
+    lanes = [
+        np.full(len(start), seed, dtype=np.uint64) ^ (length.astype(np.uint64) * m)
+        for seed, m in zip(_SEEDS, _MULTIPLIERS)
+    ]
     for i in range(int(counts.max(initial=0))):
         active = counts > i
         rows = slice(None) if active.all() else np.flatnonzero(active)

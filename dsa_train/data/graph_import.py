@@ -134,7 +134,9 @@ def write_csr(
             source, target = keys // n + low, keys % n
             if holding:
                 priority = hash_columns([source, target], seed) if directed else edge_priority(source, target, seed)
-                upper = np.ones(len(source), bool) if directed else source < target  # an undirected edge is written once, as u < v
+                upper = (
+                    np.ones(len(source), bool) if directed else source < target
+                )  # an undirected edge is written once, as u < v
                 valid, test = priority < valid_bound, (priority >= valid_bound) & (priority < test_bound)
                 for name, chosen in (("valid", valid), ("test", test)):
                     chosen &= upper
@@ -237,7 +239,10 @@ def _blocks(path: Path, rows: int) -> Iterator[np.ndarray]:
 
 
 def write_nodes(
-    writer: DatasetWriter, num_nodes: int, num_classes: int | None, blocks: Iterable[tuple[np.ndarray, np.ndarray | None, np.ndarray]]
+    writer: DatasetWriter,
+    num_nodes: int,
+    num_classes: int | None,
+    blocks: Iterable[tuple[np.ndarray, np.ndarray | None, np.ndarray]],
 ) -> None:
     """Write ``labels`` (when ``num_classes`` is given) and the three node lists from
     ``blocks`` of ``(node ids ascending, their labels, their split: 0 train, 1 valid, 2 test,

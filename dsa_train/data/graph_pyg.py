@@ -40,15 +40,23 @@ def write_karate(writer: DatasetWriter, *, link_split: tuple[float, float], seed
 def planetoid_files(name: str, root: Path) -> list[Path]:
     """The raw files of a Planetoid dataset, downloaded (by PyG) if any is missing."""
     raw = root / name / "raw"
-    files = [raw / f"ind.{name.lower()}.{part}" for part in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")]
+    files = [
+        raw / f"ind.{name.lower()}.{part}" for part in ("x", "tx", "allx", "y", "ty", "ally", "graph", "test.index")
+    ]
     if any(not f.is_file() for f in files):
         _planetoid(name, root, files)
     return files
 
 
 def write_planetoid(
-    writer: DatasetWriter, *, name: str, root: Path, files: list[Path], link_split: tuple[float, float], seed: int,
-) -> None:  # fmt: skip
+    writer: DatasetWriter,
+    *,
+    name: str,
+    root: Path,
+    files: list[Path],
+    link_split: tuple[float, float],
+    seed: int,
+) -> None:
     """Write a Planetoid dataset (``files``: its :func:`planetoid_files`) with its own node split."""
     data = _planetoid(name, root, files)
     masks = {"train": data.train_mask, "valid": data.val_mask, "test": data.test_mask}
@@ -77,8 +85,13 @@ def _planetoid(name: str, root: Path, files: list[Path]):
 
 
 def write_pyg_graph(
-    writer: DatasetWriter, data, masks: dict[str, torch.Tensor | None], *, link_split: tuple[float, float], seed: int,
-) -> None:  # fmt: skip
+    writer: DatasetWriter,
+    data,
+    masks: dict[str, torch.Tensor | None],
+    *,
+    link_split: tuple[float, float],
+    seed: int,
+) -> None:
     """Write a (small) PyG ``Data`` graph: its ``edge_index``, its labels ``y`` and the
     nodes of each split's mask (``masks``: ``train``, ``valid``, ``test``; ``None``: none)."""
     n = int(data.num_nodes)

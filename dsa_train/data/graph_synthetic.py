@@ -38,9 +38,12 @@ def node_priority(nodes: np.ndarray, seed: int) -> np.ndarray:
 
 
 def write_synthetic_graph(
-    writer: DatasetWriter, *, config: GraphSyntheticConfig, link_split: tuple[float, float],
+    writer: DatasetWriter,
+    *,
+    config: GraphSyntheticConfig,
+    link_split: tuple[float, float],
     memory_bytes: int = 256 << 20,
-) -> None:  # fmt: skip
+) -> None:
     r"""Generate the graph into ``writer`` (see the module docstring).
 
     Edge :math:`i` joins :math:`u_i` (power-law popular, see
@@ -52,9 +55,15 @@ def write_synthetic_graph(
     n, k = config.nodes, min(config.communities, config.nodes)
     draws = n * config.average_degree // 2
     write_csr(
-        writer, _synthetic_edges(config), n, edges_bound=draws, link_split=link_split, seed=config.seed,
-        memory_bytes=memory_bytes, what="generating edges",
-    )  # fmt: skip
+        writer,
+        _synthetic_edges(config),
+        n,
+        edges_bound=draws,
+        link_split=link_split,
+        seed=config.seed,
+        memory_bytes=memory_bytes,
+        what="generating edges",
+    )
     write_nodes(writer, n, k, _synthetic_nodes(n, k, config.seed))
 
 

@@ -73,13 +73,17 @@ class Graph:
         gathered ``rows`` nodes at a time: the only O(E) array this class makes (undirected
         graphs only)."""
         if self.directed:
-            raise ValueError("upper_edges reads an undirected graph's edges (each once as u < v); this graph is directed")
+            raise ValueError(
+                "upper_edges reads an undirected graph's edges (each once as u < v); this graph is directed"
+            )
         out = torch.empty(self.num_edges, 2, dtype=self.col.dtype)
         filled = 0
         for low in range(0, self.num_nodes, rows):
             high = min(self.num_nodes, low + rows)
             begin, end = int(self.rowptr[low]), int(self.rowptr[high])
-            source = torch.repeat_interleave(torch.arange(low, high), self.rowptr[low + 1 : high + 1] - self.rowptr[low:high])
+            source = torch.repeat_interleave(
+                torch.arange(low, high), self.rowptr[low + 1 : high + 1] - self.rowptr[low:high]
+            )
             target = self.col[begin:end].long()
             upper = source < target
             count = int(upper.sum())
@@ -91,12 +95,19 @@ class Graph:
     def of(cls, dataset: Dataset) -> Graph:
         meta = dataset.meta
         return cls(
-            dataset.name, meta["num_nodes"], dataset.tensor("rowptr"), dataset.tensor("col"), meta["max_degree"],
-            labels=dataset.tensor("labels") if dataset.has("labels") else None, num_classes=meta["num_classes"],
+            dataset.name,
+            meta["num_nodes"],
+            dataset.tensor("rowptr"),
+            dataset.tensor("col"),
+            meta["max_degree"],
+            labels=dataset.tensor("labels") if dataset.has("labels") else None,
+            num_classes=meta["num_classes"],
             splits={split: dataset.tensor(f"{split}_nodes") for split in SPLITS},
-            valid_edges=dataset.tensor("valid_edges"), test_edges=dataset.tensor("test_edges"), dataset=dataset,
+            valid_edges=dataset.tensor("valid_edges"),
+            test_edges=dataset.tensor("test_edges"),
+            dataset=dataset,
             directed=bool(meta.get("directed", False)),
-        )  # fmt: skip
+        )
 
     def __str__(self) -> str:
         parts = [f"{self.name}: {self.num_nodes:,} nodes, {self.num_edges:,} training edges"]

@@ -48,7 +48,9 @@ class KnowledgeGraph:
     def filter_index(self) -> TripleIndex:
         """Every true triple of every split, on disk: what filtered ranking filters out."""
         if self.dataset is None:
-            return TripleIndex.from_triples(torch.cat([self.train, self.valid, self.test]).long(), self.num_entities, self.num_relations)
+            return TripleIndex.from_triples(
+                torch.cat([self.train, self.valid, self.test]).long(), self.num_entities, self.num_relations
+            )
         return TripleIndex.open(self.dataset.subfolder(FILTER_INDEX))
 
     def entity_names(self, ids) -> list[str]:
@@ -92,7 +94,10 @@ def names_in(dataset: Dataset | None, space: str, ids) -> list[str]:
 def ids_in(dataset: Dataset | None, space: str, names) -> list[int | None]:
     """The ids of these names of a name space (``None`` for a name it does not have), by the sorted fingerprints."""
     if dataset is None or not dataset.has(f"{space}.fingerprints"):
-        raise DatasetError(f"this graph has no names for its {space} (their ids are their names)", hint="look names up in a graph imported from TSV files")
+        raise DatasetError(
+            f"this graph has no names for its {space} (their ids are their names)",
+            hint="look names up in a graph imported from TSV files",
+        )
     prints = dataset.array(f"{space}.fingerprints")
     found = []
     for name in names:

@@ -60,4 +60,10 @@ class DistinctQueries:
             label_query.append(query + offset)
             label_entity.append(entity)
             offset += len(key)
-        return QueryBatch(torch.cat(anchors), torch.cat(relations), len(chosen["tail"]), torch.cat(label_query), torch.cat(label_entity))
+        return QueryBatch(
+            torch.cat(anchors),
+            torch.cat(relations),
+            len(chosen["tail"]),
+            torch.cat(label_query),
+            torch.cat(label_entity),
+        )

@@ -23,7 +23,18 @@ from functools import partial
 from ..errors import DatasetError
 from ..progress import work
 from ..recipe import DatasetConfig
-from . import clicks_import, clicks_synthetic, edge_import, graph_import, graph_pyg, graph_synthetic, pyg, synthetic, tsv, tsv_import
+from . import (
+    clicks_import,
+    clicks_synthetic,
+    edge_import,
+    graph_import,
+    graph_pyg,
+    graph_synthetic,
+    pyg,
+    synthetic,
+    tsv,
+    tsv_import,
+)
 from .clicks import ClickLog
 from .graphs import Graph
 from .kg import FILTER_INDEX, LAYOUT, KnowledgeGraph
@@ -63,8 +74,12 @@ def _knowledge_graph_source(config: DatasetConfig):
     if config.kind == "tsv":
         folder = dataset_path(config, config.path)
         files = tsv.tsv_files(folder, looked=places_looked(config, config.path))
-        delimiter, header = tsv.triple_format(files[0], delimiter=config.triples.delimiter, header=config.triples.header)
-        form = {} if (delimiter, header) == ("\t", False) else {"delimiter": delimiter, "header": header}  # the plain form's sources as before
+        delimiter, header = tsv.triple_format(
+            files[0], delimiter=config.triples.delimiter, header=config.triples.header
+        )
+        form = (
+            {} if (delimiter, header) == ("\t", False) else {"delimiter": delimiter, "header": header}
+        )  # the plain form's sources as before
         sources = file_sources(files, importer=f"tsv-{tsv_import.IMPORTER_VERSION}", **form)
         write = partial(tsv_import.write_knowledge_graph, files=files, delimiter=delimiter, header=header)
         return folder.name, import_target(config, f"tsv-{folder.name}", str(folder.resolve())), sources, write
@@ -85,12 +100,24 @@ def _graph_source(config: DatasetConfig):
     """The graph's name, import folder, sources, and the function that writes it. The held-out
     edges depend on ``link_split`` and the seed: they are sources too (a new split re-imports
     into the same folder)."""
-    split = {"link_split": [float(f) for f in config.link_split], "split_seed": config.graph.seed, "importer": f"graph-{graph_import.IMPORTER_VERSION}"}
+    split = {
+        "link_split": [float(f) for f in config.link_split],
+        "split_seed": config.graph.seed,
+        "importer": f"graph-{graph_import.IMPORTER_VERSION}",
+    }
     link = {"link_split": tuple(config.link_split), "seed": config.graph.seed}
     if config.kind == "synthetic_graph":
-        identity = {"generator": f"synthetic_graph-{graph_synthetic.GENERATOR_VERSION}", "settings": asdict(config.graph)}
+        identity = {
+            "generator": f"synthetic_graph-{graph_synthetic.GENERATOR_VERSION}",
+            "settings": asdict(config.graph),
+        }
         write = partial(graph_synthetic.write_synthetic_graph, config=config.graph, link_split=link["link_split"])
-        return f"sbm-{config.graph.nodes}", import_target(config, "synthetic-graph", identity), {**identity, **split}, write
+        return (
+            f"sbm-{config.graph.nodes}",
+            import_target(config, "synthetic-graph", identity),
+            {**identity, **split},
+            write,
+        )
     if config.kind == "karate":
         sources = {"dataset": "KarateClub", "torch_geometric": graph_pyg.torch_geometric_version(), **split}
         return "KarateClub", import_target(config, "karate", "karate"), sources, partial(graph_pyg.write_karate, **link)
@@ -107,9 +134,12 @@ def _graph_source(config: DatasetConfig):
                     hint="check dataset.labels (node<TAB>label lines), or leave it out",
                 )
         sources = file_sources(
-            files + ([labels] if labels else []), **split, edge_importer=f"edge_list-{edge_import.IMPORTER_VERSION}",
-            edges=edge_import.edge_sources(config.edges), labels=str(labels.resolve()) if labels else None,
-        )  # fmt: skip
+            files + ([labels] if labels else []),
+            **split,
+            edge_importer=f"edge_list-{edge_import.IMPORTER_VERSION}",
+            edges=edge_import.edge_sources(config.edges),
+            labels=str(labels.resolve()) if labels else None,
+        )
         write = partial(edge_import.write_edge_list, files=files, labels=labels, config=config.edges, **link)
         return path.stem, import_target(config, f"edges-{path.stem}", str(path.resolve())), sources, write
     files = graph_pyg.planetoid_files(config.name, root)
@@ -123,11 +153,16 @@ def load_click_log(config: DatasetConfig) -> ClickLog:
     not been, or if its sources changed (the file, the generator's or the columns' settings).
     Raises ``DatasetError``."""
     if config.kind == "synthetic_clicks":
-        sources = {"generator": f"synthetic_clicks-{clicks_synthetic.GENERATOR_VERSION}", "settings": asdict(config.clicks)}
+        sources = {
+            "generator": f"synthetic_clicks-{clicks_synthetic.GENERATOR_VERSION}",
+            "settings": asdict(config.clicks),
+        }
         write = partial(clicks_synthetic.write_synthetic_clicks, config=config.clicks)
         name, target = f"clicks-{config.clicks.samples}", import_target(config, "synthetic-clicks", sources)
     else:
-        path = clicks_import.click_log_file(dataset_path(config, config.path), looked=places_looked(config, config.path))
+        path = clicks_import.click_log_file(
+            dataset_path(config, config.path), looked=places_looked(config, config.path)
+        )
         columns = clicks_import.click_columns(config)
         described = json.loads(json.dumps(asdict(columns)))  # as the manifest holds it (lists, not tuples)
         sources = file_sources([path], importer=f"clicks-{clicks_import.IMPORTER_VERSION}", columns=described)

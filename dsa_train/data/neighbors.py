@@ -40,7 +40,9 @@ class NeighbourSampler:
             deg = degree[degree > 0]
             picks = (torch.rand(len(reachable), k) * deg[:, None]).long()  # uniform in [0, degree)
             neighbours = col[rowptr[reachable][:, None] + picks].long()
-            pairs = torch.unique(torch.stack([reachable[:, None].expand(-1, k).reshape(-1), neighbours.reshape(-1)], 1), dim=0)
+            pairs = torch.unique(
+                torch.stack([reachable[:, None].expand(-1, k).reshape(-1), neighbours.reshape(-1)], 1), dim=0
+            )
             targets.append(pairs[:, 0])
             sources.append(pairs[:, 1])
             new = torch.unique(pairs[:, 1])

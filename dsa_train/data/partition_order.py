@@ -67,11 +67,17 @@ class PartitionedOrder:
 
     def __init__(self, buckets: Buckets, capacity: int, seed: int, epoch_seed: int, *, reverse: bool = False) -> None:
         parts = buckets.partitions.partitions
-        relabel = np.arange(parts) if parts == 1 else np.random.default_rng([seed % 2**63, epoch_seed % 2**63]).permutation(parts)
+        relabel = (
+            np.arange(parts)
+            if parts == 1
+            else np.random.default_rng([seed % 2**63, epoch_seed % 2**63]).permutation(parts)
+        )
         offsets = buckets.offsets.numpy()
         self.states: list[tuple[int, ...]] = []  # the buffer of each state, as partitions
         self._starts: list[int] = []  # each state's first position in the epoch
-        self._ranges: list[tuple[np.ndarray, np.ndarray]] = []  # per state: its buckets' first rows and cumulative sizes
+        self._ranges: list[
+            tuple[np.ndarray, np.ndarray]
+        ] = []  # per state: its buckets' first rows and cumulative sizes
         self._shuffles: list[Shuffle] = []
         position = 0
         schedule = buffer_schedule(parts, capacity)

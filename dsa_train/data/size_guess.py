@@ -47,11 +47,20 @@ def edge_list_guess(config: DatasetConfig) -> Guess:
     total = sum(f.stat().st_size for f in files)
     if edge_parquet.is_parquet(files[0]):
         fmt = edge_parquet.parquet_format(files, edges_config)
-        text, fields = next(edge_parquet.parquet_chunks(files[:1], fmt, edges_config, {"input_edges": 0, "below_min_weight": 0}, total))
+        text, fields = next(
+            edge_parquet.parquet_chunks(files[:1], fmt, edges_config, {"input_edges": 0, "below_min_weight": 0}, total)
+        )
         edges, how = fmt.rows, f"estimated from {fmt.rows:,} rows in the parquet metadata and its first batch"
     else:
-        fmt = edge_format(files[0], delimiter=edges_config.delimiter, comment=edges_config.comment, header=edges_config.header,
-                          source=edges_config.source, target=edges_config.target, weight=edges_config.weight)  # fmt: skip
+        fmt = edge_format(
+            files[0],
+            delimiter=edges_config.delimiter,
+            comment=edges_config.comment,
+            header=edges_config.header,
+            source=edges_config.source,
+            target=edges_config.target,
+            weight=edges_config.weight,
+        )
         with open(files[0], "rb") as f:
             data = f.read(SAMPLE_BYTES)
         whole = len(data) == total
@@ -61,8 +70,14 @@ def edge_list_guess(config: DatasetConfig) -> Guess:
         if problems or not len(fields):
             raise ValueError("the sample's lines do not read as edges")
         edges = len(fields) if whole else round(total * len(fields) / len(data))
-        how = (f"estimated from {len(fields):,} edges in its first {len(data):,} bytes, {total:,} bytes in all; "
-               "nodes on the high side: the first lines repeat fewer nodes than the whole file") if not whole else "counted in the whole file"  # fmt: skip
+        how = (
+            (
+                f"estimated from {len(fields):,} edges in its first {len(data):,} bytes, {total:,} bytes in all; "
+                "nodes on the high side: the first lines repeat fewer nodes than the whole file"
+            )
+            if not whole
+            else "counted in the whole file"
+        )
         if edges_config.ids == "integers":
             fields, _ = parse_integers(text, fields[..., 0].ravel(), fields[..., 1].ravel())
             fields = fields.reshape(-1, 2)
@@ -95,4 +110,8 @@ def click_log_guess(path: Path) -> Guess:
     if not lines:
         raise ValueError("no whole line in the sample")
     impressions = lines if whole else round(size * scale * lines / len(data))
-    return Guess(impressions, 0, "counted in the whole file" if whole else f"estimated from its first {lines:,} lines and its size")
+    return Guess(
+        impressions,
+        0,
+        "counted in the whole file" if whole else f"estimated from its first {lines:,} lines and its size",
+    )

@@ -56,7 +56,6 @@ SPLITS = ("train", "valid", "test")  # the splits of every dataset (arrays, file
 MAX_PARTITIONS = 256  # scratch partitions of one import step: each keeps a few files open
 
 
-
 def partition_count(work_bytes: int, memory_bytes: int) -> int:
     """The power of two of scratch partitions (at most :data:`MAX_PARTITIONS`) that cuts
     ``work_bytes`` of an import step into pieces of at most ``memory_bytes`` each."""
@@ -175,9 +174,14 @@ class DatasetWriter:
             self._finish(name)
         fsync_all(sorted(self.partial.rglob("*")))
         manifest = {
-            "format": FORMAT, "version": VERSION, "kind": self.kind, "name": self.name,
-            "meta": self.meta, "sources": self.sources, "arrays": self.arrays,
-        }  # fmt: skip
+            "format": FORMAT,
+            "version": VERSION,
+            "kind": self.kind,
+            "name": self.name,
+            "meta": self.meta,
+            "sources": self.sources,
+            "arrays": self.arrays,
+        }
         with open(self.partial / MANIFEST, "x") as f:
             f.write(json.dumps(manifest, indent=2))
             f.flush()
@@ -293,7 +297,9 @@ def _map(folder: Path, fd: int, name: str, spec: dict) -> np.ndarray:
         shape, dtype = tuple(int(n) for n in spec["shape"]), np.dtype(spec["dtype"])
         file_fd = os.open(f"{name}.npy", os.O_RDONLY | os.O_NOFOLLOW, dir_fd=fd)
     except (KeyError, TypeError, ValueError):
-        raise DatasetError(f"imported dataset '{folder}' describes array '{name}' badly in its {MANIFEST}", hint=REIMPORT) from None
+        raise DatasetError(
+            f"imported dataset '{folder}' describes array '{name}' badly in its {MANIFEST}", hint=REIMPORT
+        ) from None
     except OSError as e:
         raise DatasetError(f"'{path}' cannot be opened: {e.strerror}", hint=REIMPORT) from None
     with os.fdopen(file_fd, "rb") as f:
@@ -332,8 +338,13 @@ def _import_failed(e: OSError, what: str) -> DatasetError:
             hint="copy the dataset's folder into a writable folder and set DSA_DATA_ROOT (or dataset.root) to that folder",
         )
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return DatasetError(f"{what}: {e.strerror}{where}", hint="free space on that disk (or set DSA_DATA_ROOT to a bigger one) and run again")
-    return DatasetError(f"{what}: {e.strerror or e}{where}", hint="check that folder and run again (the import starts afresh)")
+        return DatasetError(
+            f"{what}: {e.strerror}{where}",
+            hint="free space on that disk (or set DSA_DATA_ROOT to a bigger one) and run again",
+        )
+    return DatasetError(
+        f"{what}: {e.strerror or e}{where}", hint="check that folder and run again (the import starts afresh)"
+    )
 
 
 def import_folder(

@@ -73,7 +73,9 @@ def write_synthetic_knowledge_graph(
             noisy = torch.rand(size, generator=generator) < config.noise
             tail[noisy] = torch.randint(0, n, (int(noisy.sum()),), generator=generator)
             triples = torch.stack([head, relation, tail], 1).numpy()
-            partition = (_priority(triples, 0) >> np.uint64(64 - bits)).astype(np.uint16) if bits else np.zeros(size, np.uint16)
+            partition = (
+                (_priority(triples, 0) >> np.uint64(64 - bits)).astype(np.uint16) if bits else np.zeros(size, np.uint16)
+            )
             order = np.argsort(partition, kind="stable")
             bounds = np.searchsorted(partition[order], np.arange(count + 1))
             for p in np.flatnonzero(np.diff(bounds)).tolist():
@@ -116,6 +118,8 @@ def write_synthetic_knowledge_graph(
         train.append(rows[held_out:])
     scratch.rmdir()
     writer.meta.update(num_entities=n, num_relations=config.relations, names=False)
+
+
 def _into_cluster(ids: torch.Tensor, cluster: torch.Tensor, clusters: int, n: int) -> torch.Tensor:
     """Move each id to the given cluster (id mod clusters), keeping it near its popularity."""
     moved = ids - ids % clusters + cluster

@@ -88,7 +88,9 @@ def check_sizes(num_entities: int, num_relations: int) -> None:
     """Refuse sizes whose query ``anchor * R + relation`` could overflow int64."""
     for name, value in (("num_entities", num_entities), ("num_relations", num_relations)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise DatasetError(f"the filter index needs a positive integer {name}, got {value!r}", hint="pass the dataset's counts")
+            raise DatasetError(
+                f"the filter index needs a positive integer {name}, got {value!r}", hint="pass the dataset's counts"
+            )
     if num_entities * num_relations >= KEY_LIMIT:
         raise DatasetError(
             f"the filter index cannot key {num_entities:,} entities x {num_relations:,} relations: "
@@ -181,7 +183,7 @@ class TripleIndex:
             columns[side] = tuple(
                 _map_column(directory / FILES[side][column], np.dtype(manifest["dtypes"][column]), manifest["rows"])
                 for column in COLUMNS
-            )  # fmt: skip
+            )
         index._attach(manifest["num_entities"], manifest["num_relations"], columns)
         return index
 
@@ -238,7 +240,9 @@ def _read_manifest(directory: Path) -> dict:
     if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in counts.values()) or not (
         0 < counts["num_entities"] * counts["num_relations"] < KEY_LIMIT
     ):
-        raise DatasetError(f"'{path}' has counts {counts}, not those of an index (integers, E * R in [1, 2^63))", hint=rebuild)
+        raise DatasetError(
+            f"'{path}' has counts {counts}, not those of an index (integers, E * R in [1, 2^63))", hint=rebuild
+        )
     expected = {"query": QUERY_DTYPE.str, "answer": answer_dtype(counts["num_entities"]).str}
     if manifest.get("dtypes") != expected or manifest.get("files") != FILES:
         raise DatasetError(
@@ -312,7 +316,9 @@ class _Range:
     def part(self, first_bin: int, end_bin: int, shift: int) -> _Range:
         """The sub-range of bins ``[first_bin, end_bin)``."""
         if self.by_answer:
-            return _Range(self.q_lo, self.q_hi, self.a_lo + (first_bin << shift), min(self.a_lo + (end_bin << shift), self.a_hi))
+            return _Range(
+                self.q_lo, self.q_hi, self.a_lo + (first_bin << shift), min(self.a_lo + (end_bin << shift), self.a_hi)
+            )
         q_lo, q_hi = self.q_lo + (first_bin << shift), min(self.q_lo + (end_bin << shift), self.q_hi)
         return _Range(q_lo, q_hi, self.a_lo, self.a_hi)
 
@@ -351,7 +357,9 @@ class _Builder:
         for triples in self._slices(chunks()):
             total += len(triples)
             for side in SIDES:
-                histograms[side] += np.bincount(root.bins(self._side(triples, side), shift), minlength=len(histograms[side]))
+                histograms[side] += np.bincount(
+                    root.bins(self._side(triples, side), shift), minlength=len(histograms[side])
+                )
         buckets = {side: self._plan(root, histograms[side], shift, total) for side in SIDES}
         del histograms
         for triples in self._slices(chunks()):

@@ -23,8 +23,32 @@ MAX_REPORTED = 10
 CHUNK_BYTES = 8 << 20  # text read and parsed at once
 SUFFIXES = ("txt", "tsv", "csv")  # a split's file: train.txt, else train.tsv, else train.csv
 #: Words that make a first line a header (``head<TAB>relation<TAB>tail``, RDF's names, ...).
-HEADER_WORDS = {"head", "relation", "tail", "h", "r", "t", "subject", "predicate", "object", "s", "p", "o",
-                "source", "target", "head_id", "tail_id", "relation_id", "rel", "src", "dst", "from", "to", "edge", "type"}  # fmt: skip
+HEADER_WORDS = {
+    "head",
+    "relation",
+    "tail",
+    "h",
+    "r",
+    "t",
+    "subject",
+    "predicate",
+    "object",
+    "s",
+    "p",
+    "o",
+    "source",
+    "target",
+    "head_id",
+    "tail_id",
+    "relation_id",
+    "rel",
+    "src",
+    "dst",
+    "from",
+    "to",
+    "edge",
+    "type",
+}
 
 
 def triple_format(path: Path, *, delimiter: str | None, header: bool | None) -> tuple[str, bool]:
@@ -44,7 +68,10 @@ def triple_format(path: Path, *, delimiter: str | None, header: bool | None) -> 
 def tsv_files(folder: Path, looked: str | None = None) -> list[Path]:
     """The folder's three split files; a ``DatasetError`` names the missing ones (``looked``:
     where a missing folder was looked for)."""
-    files = [next((p for p in (folder / f"{split}.{ext}" for ext in SUFFIXES) if p.is_file()), folder / f"{split}.txt") for split in SPLITS]
+    files = [
+        next((p for p in (folder / f"{split}.{ext}" for ext in SUFFIXES) if p.is_file()), folder / f"{split}.txt")
+        for split in SPLITS
+    ]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         source = KNOWN_SOURCES.get(folder.name.lower())
@@ -131,7 +158,9 @@ def _chunks(path: Path) -> Iterator[tuple[bytes, int, int]]:
         yield rest, lines_before, 1
 
 
-def parse_chunk(data: bytes, *, final_newline: bool, delimiter: str = "\t") -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
+def parse_chunk(
+    data: bytes, *, final_newline: bool, delimiter: str = "\t"
+) -> tuple[np.ndarray, np.ndarray, list[tuple[int, str]]]:
     """The chunk's bytes and its ``(lines, 3, 2)`` column ``(start, length)`` pairs; or, when
     any line is malformed, ``(line index, problem)`` for each bad line (and no columns).
     ``delimiter``: the character between the columns (a tab, or a comma for the CSV form)."""
@@ -168,7 +197,10 @@ def parse_chunk(data: bytes, *, final_newline: bool, delimiter: str = "\t") -> t
             if problem is not None:
                 problems.append((index, problem))
         return text, np.empty((0, 3, 2), np.int64), problems
-    columns = np.stack([np.stack([starts, t1 - starts], 1), np.stack([t1 + 1, t2 - t1 - 1], 1), np.stack([t2 + 1, ends - t2 - 1], 1)], 1)
+    columns = np.stack(
+        [np.stack([starts, t1 - starts], 1), np.stack([t1 + 1, t2 - t1 - 1], 1), np.stack([t2 + 1, ends - t2 - 1], 1)],
+        1,
+    )
     return text, columns, []
 
 

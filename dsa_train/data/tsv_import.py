@@ -63,7 +63,9 @@ class _Partitions:
         self.folder, self.count, self.positions = folder, count, positions
         self.bits = count.bit_length() - 1
         # the smallest h1 of each partition (its top bits), and an end: h1 order is partition order
-        self.first_keys = np.array([p << (64 - self.bits) if self.bits else 0 for p in range(count)] + [2**64 - 1], np.uint64)
+        self.first_keys = np.array(
+            [p << (64 - self.bits) if self.bits else 0 for p in range(count)] + [2**64 - 1], np.uint64
+        )
         folder.mkdir()
         self.tokens = [open(folder / f"tokens-{p}", "wb") for p in range(count)]
         self.names = [open(folder / f"names-{p}", "wb") for p in range(count)]
@@ -71,7 +73,9 @@ class _Partitions:
         self.sequence = None if positions else open(folder / "sequence", "wb")
         self.written = [0] * count  # tokens in each token file so far
 
-    def prepare(self, text: np.ndarray, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray | None = None) -> tuple[list[tuple[int, bytes, bytes, bytes]], bytes]:
+    def prepare(
+        self, text: np.ndarray, starts: np.ndarray, lengths: np.ndarray, positions: np.ndarray | None = None
+    ) -> tuple[list[tuple[int, bytes, bytes, bytes]], bytes]:
         """A chunk's tokens as ``(partition, token records, name records, name bytes)``:
         token records ``(h1, h2, position)`` (``(h1, h2)`` without positions) in position
         order, and the chunk's distinct names ``(h1, h2, length)`` with their bytes; and,
@@ -82,7 +86,11 @@ class _Partitions:
             tokens[:, :2], tokens[:, 2] = prints, positions
         else:
             tokens = prints
-        partition = (prints[:, 0] >> np.uint64(64 - self.bits)).astype(np.uint16) if self.bits else np.zeros(len(starts), np.uint16)
+        partition = (
+            (prints[:, 0] >> np.uint64(64 - self.bits)).astype(np.uint16)
+            if self.bits
+            else np.zeros(len(starts), np.uint16)
+        )
         order = np.argsort(partition, kind="stable")  # a radix sort: cheap, and positions stay in order
         token_bounds = np.searchsorted(partition[order], np.arange(self.count + 1))
         tokens = np.take(tokens, order, axis=0)  # a gather of rows: several times faster than tokens[order]
@@ -138,7 +146,9 @@ def _distinct(prints: np.ndarray) -> np.ndarray:
         top = key >> low
         same = top[1:] == top[:-1]
         a, b = h1[rows], prints[:, 1][rows]
-        if not (same & ((a[1:] != a[:-1]) | (b[1:] != b[:-1]))).any():  # each run of equal top bits is one name: in h1 order
+        if not (
+            same & ((a[1:] != a[:-1]) | (b[1:] != b[:-1]))
+        ).any():  # each run of equal top bits is one name: in h1 order
             return rows[np.concatenate([[True], ~same])]
         # else two names share h1's top bits (a few chunks in a hundred): the exact way below
     if few:
@@ -198,8 +208,14 @@ def partitions_for(total_bytes: int, memory_bytes: int) -> int:
 
 
 def write_knowledge_graph(
-    writer: DatasetWriter, *, files: list[Path], memory_bytes: int = 256 << 20, final_newline: bool = False, delimiter: str = "\t", header: bool = False,
-) -> None:  # fmt: skip
+    writer: DatasetWriter,
+    *,
+    files: list[Path],
+    memory_bytes: int = 256 << 20,
+    final_newline: bool = False,
+    delimiter: str = "\t",
+    header: bool = False,
+) -> None:
     """Import the split files (train, valid, test) into ``writer`` (see the module docstring);
     ``delimiter`` between the columns, ``header``: each file's first line names them."""
     scratch = writer.path(".scratch")
@@ -209,6 +225,7 @@ def write_knowledge_graph(
         "entities": _Partitions(scratch / "entities", partitions_for(total, memory_bytes)),
         "relations": _Partitions(scratch / "relations", 1),
     }
+
     def read(item):
         path, data, before, row = item
         text, columns, found = parse_chunk(data, final_newline=final_newline, delimiter=delimiter)
@@ -250,9 +267,11 @@ def write_knowledge_graph(
     _assemble(writer, [(spaces[space], first_ids[space]) for space in spaces], split_rows, dtype)
     shutil.rmtree(scratch)
     writer.meta.update(
-        num_entities=counts["entities"], num_relations=counts["relations"],
-        splits={split: rows for split, rows in zip(SPLITS, split_rows)}, names=True,
-    )  # fmt: skip
+        num_entities=counts["entities"],
+        num_relations=counts["relations"],
+        splits={split: rows for split, rows in zip(SPLITS, split_rows)},
+        names=True,
+    )
 
 
 def _number(writer: DatasetWriter, space: str, parts: _Partitions) -> list[int]:

@@ -37,9 +37,15 @@ class WalkSampler:
     """Samples walks of ``walk_length`` steps from a graph's CSR adjacency."""
 
     def __init__(
-        self, rowptr: Tensor, col: Tensor, *, p: float = 1.0, q: float = 1.0, use_pyg_lib: bool | None = None,
+        self,
+        rowptr: Tensor,
+        col: Tensor,
+        *,
+        p: float = 1.0,
+        q: float = 1.0,
+        use_pyg_lib: bool | None = None,
         max_degree: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``rowptr`` and ``col`` may be memory-mapped and read-only: a step reads only the rows
         its walks visit (degrees come from ``rowptr`` per step, never for every node).
         ``max_degree`` (a dataset's meta has it) bounds the binary search; if not given it is
@@ -96,7 +102,9 @@ class WalkSampler:
             first = self.rowptr[current]
             degree = (self.rowptr[current + 1] - first).repeat_interleave(PROPOSALS)
             t = previous[pending].repeat_interleave(PROPOSALS)
-            x = self._uniform_neighbour(current.repeat_interleave(PROPOSALS), first.repeat_interleave(PROPOSALS), degree)
+            x = self._uniform_neighbour(
+                current.repeat_interleave(PROPOSALS), first.repeat_interleave(PROPOSALS), degree
+            )
             weight = torch.where(x == t, weight_back, torch.where(self._is_neighbour(t, x), 1.0, weight_out))
             accept = ((torch.rand(len(x)) * bound < weight) | (degree == 0)).view(-1, PROPOSALS)
             done = accept.any(1)

@@ -71,10 +71,14 @@ class RowExchange:
     def fetch(self, request: Request, shard: Tensor | Callable[[Tensor], Tensor]) -> Tensor:
         """The rows of the lookups, in their order, from the owners' ``shard``: a tensor of
         local rows, or a function from local rows to their values (a DiskEmbedding)."""
-        served = (shard.index_select(0, request.asked) if isinstance(shard, Tensor) else shard(request.asked)).contiguous()
+        served = (
+            shard.index_select(0, request.asked) if isinstance(shard, Tensor) else shard(request.asked)
+        ).contiguous()
         back = served.new_empty((sum(request.send_counts), *served.shape[1:]))
         dist.all_to_all_single(back, served, request.send_counts, request.recv_counts, group=self.group)
-        self._count(request.recv_counts, request.send_counts, served[0].numel() * served.element_size() if len(served) else 0)
+        self._count(
+            request.recv_counts, request.send_counts, served[0].numel() * served.element_size() if len(served) else 0
+        )
         rows = torch.empty_like(back)
         rows[request.order] = back
         return rows
@@ -87,14 +91,29 @@ class RowExchange:
         received = values.new_empty((len(request.asked), *values.shape[1:]))
         dist.all_to_all_single(received, values, request.recv_counts, request.send_counts, group=self.group)
         where = torch.empty(len(request.asked), dtype=torch.int64)
-        dist.all_to_all_single(where, positions.reshape(-1)[request.order].contiguous(), request.recv_counts, request.send_counts, group=self.group)
-        self._count(request.send_counts, request.recv_counts, values[0].numel() * values.element_size() + 8 if len(values) else 8)
+        dist.all_to_all_single(
+            where,
+            positions.reshape(-1)[request.order].contiguous(),
+            request.recv_counts,
+            request.send_counts,
+            group=self.group,
+        )
+        self._count(
+            request.send_counts,
+            request.recv_counts,
+            values[0].numel() * values.element_size() + 8 if len(values) else 8,
+        )
         in_batch_order = torch.argsort(where)
         return sum_in_batch_order(request.asked[in_batch_order], received[in_batch_order], shard_shape)
 
 
 def gather_everywhere(
-    rows: Tensor, values: Tensor, positions: Tensor, group: dist.ProcessGroup | None = None, *, counter: RowExchange | None = None
+    rows: Tensor,
+    values: Tensor,
+    positions: Tensor,
+    group: dist.ProcessGroup | None = None,
+    *,
+    counter: RowExchange | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Every rank's ``(rows, values)`` lookups on every rank, in global-batch order (by their
     ``positions``, unique over ranks): how a replicated table's gradient reaches all copies.

@@ -43,7 +43,9 @@ class World:
         (tables and moments live on the host), so ``"auto"`` is gloo; ``"nccl"`` adds NCCL
         for CUDA tensors beside gloo for host ones (``cpu:gloo,cuda:nccl``)."""
         if backend == "nccl" and device.type != "cuda":
-            raise ConfigError([f"distributed.backend: 'nccl' needs train.device cuda, the run computes on {device.type}"])
+            raise ConfigError(
+                [f"distributed.backend: 'nccl' needs train.device cuda, the run computes on {device.type}"]
+            )
         backend = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
         if torch.cuda.is_available():  # each rank of a machine on its own GPU
             torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
@@ -74,7 +76,8 @@ class World:
 def _is_peer_failure(error: BaseException) -> bool:
     text = str(error).lower()
     return isinstance(error, dist.DistError) or any(
-        word in text for word in ("connection", "timed out", "timeout", "broken pipe", "closed", "gloo", "nccl", "socket")
+        word in text
+        for word in ("connection", "timed out", "timeout", "broken pipe", "closed", "gloo", "nccl", "socket")
     )
 
 
@@ -91,7 +94,10 @@ def from_environment() -> World | None:
         rank = world = local = -1
     if missing or not 0 <= rank < world:
         raise ConfigError(
-            [f"the environment says WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} but " + (f"lacks {', '.join(missing)}" if missing else f"RANK={os.environ.get('RANK')!r}")],
+            [
+                f"the environment says WORLD_SIZE={os.environ.get('WORLD_SIZE')!r} but "
+                + (f"lacks {', '.join(missing)}" if missing else f"RANK={os.environ.get('RANK')!r}")
+            ],
             source="the launch environment",
             hint="launch with torchrun (for example torchrun --nproc-per-node 2 -m dsa_train run RECIPE), or unset WORLD_SIZE for one process",
         )

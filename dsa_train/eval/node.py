@@ -30,7 +30,9 @@ SCORED_PAIRS = 1 << 18
 
 
 @torch.no_grad()
-def probe_accuracy(embeddings: Tensor, labels: Tensor, train_mask: Tensor, masks: dict[str, Tensor], *, max_iter: int = 150) -> dict[str, float]:
+def probe_accuracy(
+    embeddings: Tensor, labels: Tensor, train_mask: Tensor, masks: dict[str, Tensor], *, max_iter: int = 150
+) -> dict[str, float]:
     x = embeddings.double()
     y = labels.long()
     classes = int(y.max()) + 1
@@ -48,11 +50,17 @@ def probe_accuracy(embeddings: Tensor, labels: Tensor, train_mask: Tensor, masks
 
     optimizer.step(objective)
     predicted = (x @ weight + bias).argmax(1)
-    return {name: float((predicted[m] == y[m]).double().mean()) for name, m in {"train": train_mask, **masks}.items() if m is not None and m.any()}
+    return {
+        name: float((predicted[m] == y[m]).double().mean())
+        for name, m in {"train": train_mask, **masks}.items()
+        if m is not None and m.any()
+    }
 
 
 @torch.no_grad()
-def link_prediction(score: Callable[[Tensor, Tensor], Tensor], edges: Tensor, num_nodes: int, *, negatives: int = 100, seed: int = 0) -> dict[str, float]:
+def link_prediction(
+    score: Callable[[Tensor, Tensor], Tensor], edges: Tensor, num_nodes: int, *, negatives: int = 100, seed: int = 0
+) -> dict[str, float]:
     """``score(u, v)``: scores of node pairs. AUC, MRR and Hits@10 of the held-out ``edges``."""
     generator = torch.Generator().manual_seed(seed)
     u, v = edges[:, 0], edges[:, 1]
@@ -67,7 +75,12 @@ def link_prediction(score: Callable[[Tensor, Tensor], Tensor], edges: Tensor, nu
         pairs = score(u[start:end, None].expand(-1, negatives).reshape(-1), rivals[start:end].reshape(-1))
         rival_scores, target = pairs.view(end - start, negatives), positive[start:end, None]
         rank[start:end] = 1 + ((rival_scores > target).sum(1) + (rival_scores >= target).sum(1)).double() / 2
-    return {"auc": auc, "mrr": float((1 / rank).mean()), "hits_at_10": float((rank <= 10).double().mean()), "edges": len(edges)}
+    return {
+        "auc": auc,
+        "mrr": float((1 / rank).mean()),
+        "hits_at_10": float((rank <= 10).double().mean()),
+        "edges": len(edges),
+    }
 
 
 def _auc(positive: Tensor, negative: Tensor) -> float:

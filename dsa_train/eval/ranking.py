@@ -102,6 +102,7 @@ def query_ranks(
 
         def chunks():
             yield candidates, sample_mask
+
     true = torch.full((len(anchor),), float("-inf"))
     for chunk, _ in chunks():  # the answer's score, from the matrix its competitors come from
         scores = _scores(score_fn, anchor, relation, chunk, side)
@@ -202,9 +203,17 @@ def evaluate_link_prediction(
                 sampled = torch.randint(0, num_entities, (sampled_negatives,), generator=generator)
             found.append(
                 query_ranks(
-                    score_fn, anchor[window], triples[window, 1], answer[window], side, index,
-                    num_entities=num_entities, entity_chunk=entity_chunk, sampled=sampled, scope=scope,
-                )  # fmt: skip
+                    score_fn,
+                    anchor[window],
+                    triples[window, 1],
+                    answer[window],
+                    side,
+                    index,
+                    num_entities=num_entities,
+                    entity_chunk=entity_chunk,
+                    sampled=sampled,
+                    scope=scope,
+                )
             )
             if progress is not None:
                 progress(len(found[-1]))

@@ -122,7 +122,9 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
     def score_entities(self, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
         """``(B, K)`` scores of queries given by ids against candidate entity ids (evaluation)."""
         device = self.rel_emb.weight.device
-        return self.score_candidates(self.entities(anchor.to(device)), relation.to(device), self.entities(candidates.to(device)), side)
+        return self.score_candidates(
+            self.entities(anchor.to(device)), relation.to(device), self.entities(candidates.to(device)), side
+        )
 
     def answer_scores(self, anchor: Tensor, rel: Tensor, answer: Tensor, side: str) -> Tensor:
         """``(B,)`` scores of answers given the queries' relation embeddings ``rel`` and the side

@@ -44,7 +44,11 @@ def ranking_loss(
     if kind == "cross_entropy":
         logits = torch.cat([positive[:, None], negative.masked_fill(masked, float("-inf"))], dim=1)
         target = torch.zeros(len(positive), dtype=torch.long, device=positive.device)
-        return reduce(F.cross_entropy(logits, target, reduction="none")) if total is not None else F.cross_entropy(logits, target)
+        return (
+            reduce(F.cross_entropy(logits, target, reduction="none"))
+            if total is not None
+            else F.cross_entropy(logits, target)
+        )
     keep = (~masked).to(negative.dtype)
     count = keep.sum(1).clamp_min(1)
     if kind == "softplus":
@@ -103,9 +107,14 @@ def every_entity_loss(
     if kind == "cross_entropy":
         top = zeros.scatter_reduce(0, label_query, answer_scores.detach(), "amax", include_self=False)
         answers_lse = zeros.index_add(0, label_query, (answer_scores - top[label_query]).exp()).log() + top
-        per_query = torch.logaddexp(negative.logsumexp(1), answers_lse) - zeros.index_add(0, label_query, answer_scores) / answers
+        per_query = (
+            torch.logaddexp(negative.logsumexp(1), answers_lse)
+            - zeros.index_add(0, label_query, answer_scores) / answers
+        )
     elif kind == "softplus":
-        per_query = zeros.index_add(0, label_query, F.softplus(-answer_scores)) / answers + negative.sum(1) / (num_entities - answers).clamp_min(1)
+        per_query = zeros.index_add(0, label_query, F.softplus(-answer_scores)) / answers + negative.sum(1) / (
+            num_entities - answers
+        ).clamp_min(1)
     else:
         per_query = negative.sum(1) / max(num_entities - 1, 1)
     return per_query.mean()

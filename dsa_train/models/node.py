@@ -110,9 +110,16 @@ class SageOverEmbeddings(nn.Module):
     INIT_STD = 0.1
 
     def __init__(
-        self, num_nodes: int, dim: int, hidden: int, layers: int, *, dropout: float = 0.0, num_classes: int = 0,
+        self,
+        num_nodes: int,
+        dim: int,
+        hidden: int,
+        layers: int,
+        *,
+        dropout: float = 0.0,
+        num_classes: int = 0,
         embedding: nn.Module | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         if embedding is None:
             embedding = nn.Embedding(num_nodes, dim, sparse=True)
@@ -129,7 +136,9 @@ class SageOverEmbeddings(nn.Module):
         """Logistic loss of ``(E, 2)`` local-id pairs: true edges up, random pairs down."""
         pos = (rows(z, positive[:, 0]) * rows(z, positive[:, 1])).sum(-1)
         neg = (rows(z, negative[:, 0]) * rows(z, negative[:, 1])).sum(-1)
-        return F.binary_cross_entropy_with_logits(torch.cat([pos, neg]), torch.cat([torch.ones_like(pos), torch.zeros_like(neg)]))
+        return F.binary_cross_entropy_with_logits(
+            torch.cat([pos, neg]), torch.cat([torch.ones_like(pos), torch.zeros_like(neg)])
+        )
 
     def node_loss(self, z: Tensor, labels: Tensor) -> Tensor:
         return F.cross_entropy(self.head(z), labels)

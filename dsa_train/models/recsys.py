@@ -59,9 +59,19 @@ class DLRM(nn.Module):
     that maps row ids to rows), instead of a new ``nn.EmbeddingBag``."""
 
     def __init__(
-        self, num_rows: int, dim: int, *, features: int, dense: int, bottom: list[int], top: list[int],
-        interaction: str = "dot", mode: str = "sum", init_std: float = 0.01, table: nn.Module | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        num_rows: int,
+        dim: int,
+        *,
+        features: int,
+        dense: int,
+        bottom: list[int],
+        top: list[int],
+        interaction: str = "dot",
+        mode: str = "sum",
+        init_std: float = 0.01,
+        table: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         if table is None:
             table = nn.EmbeddingBag(num_rows, dim, mode=mode, sparse=True)
@@ -81,7 +91,9 @@ class DLRM(nn.Module):
         if hasattr(self.table, "mode"):  # nn.EmbeddingBag, DiskEmbeddingBag
             return self.table(rows, offsets, per_sample_weights=weights)
         distinct, local = torch.unique(rows, return_inverse=True)
-        return F.embedding_bag(local, self.table(distinct), offsets.to(local.device), mode=self.mode, per_sample_weights=weights)
+        return F.embedding_bag(
+            local, self.table(distinct), offsets.to(local.device), mode=self.mode, per_sample_weights=weights
+        )
 
     def forward(self, dense: Tensor, rows: Tensor, offsets: Tensor, weights: Tensor | None = None) -> Tensor:
         """Click logits ``(B,)`` of ``B`` impressions: ``dense`` ``(B, D)``, bag ``b`` of

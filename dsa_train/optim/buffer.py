@@ -40,7 +40,15 @@ class PartitionBuffer:
         self._loads: dict[int, Future] = {}  # partition -> its read (done or in flight)
         self._drops: dict[int, Future] = {}
         self._resident: set[int] = set()  # read in (or being read) and not written back: the IO thread's own
-        self.stats = {"read_bytes": 0, "read_seconds": 0.0, "written_bytes": 0, "write_seconds": 0.0, "wait_seconds": 0.0, "loads": 0, "peak_partitions": 0}
+        self.stats = {
+            "read_bytes": 0,
+            "read_seconds": 0.0,
+            "written_bytes": 0,
+            "write_seconds": 0.0,
+            "wait_seconds": 0.0,
+            "loads": 0,
+            "peak_partitions": 0,
+        }
 
     @property
     def held(self) -> set[int]:

@@ -171,7 +171,9 @@ def read_delta_header(path: Path) -> dict:
         raise StateError(f"delta '{path}' is corrupt: a header field is missing or has the wrong type", hint=_RESTORE)
     expected = INDEX_OFFSET + meta["rows"] * (8 + meta["row_bytes"])
     if size != expected:
-        raise StateError(f"delta '{path}' is {size} bytes, its header says {expected}: it was truncated or extended", hint=_RESTORE)
+        raise StateError(
+            f"delta '{path}' is {size} bytes, its header says {expected}: it was truncated or extended", hint=_RESTORE
+        )
     return meta
 
 
@@ -185,7 +187,12 @@ def _is_snapshot(parent: dict) -> bool:
 
 def _is_virtual(parent: dict, meta: dict) -> bool:
     """A parent ``{"virtual": kind}``: only the first delta of a chain has one."""
-    return set(parent) == {"virtual"} and parent["virtual"] in VIRTUAL and meta.get("base") == parent["virtual"] and meta.get("links") == 1
+    return (
+        set(parent) == {"virtual"}
+        and parent["virtual"] in VIRTUAL
+        and meta.get("base") == parent["virtual"]
+        and meta.get("links") == 1
+    )
 
 
 def is_virtual(parent: dict) -> bool:
@@ -201,7 +208,13 @@ class VirtualBase:
     draws what the table was made with is checked when its rows are first drawn."""
 
     def __init__(self, kind: str, header: bytes, file_bytes: int, row_bytes: int, where: Path) -> None:
-        self.kind, self.header, self.file_bytes, self.row_bytes, self.where = kind, header, file_bytes, row_bytes, Path(where)
+        self.kind, self.header, self.file_bytes, self.row_bytes, self.where = (
+            kind,
+            header,
+            file_bytes,
+            row_bytes,
+            Path(where),
+        )
         self.num_rows = (file_bytes - HEADER_BYTES) // row_bytes
         self._initial = None
         if kind == "initial":
@@ -216,7 +229,9 @@ class VirtualBase:
     @property
     def name(self) -> str:
         """How listings show it."""
-        return "initial (drawn again from the table's seed)" if self.kind == "initial" else "zeros (a row file as created)"
+        return (
+            "initial (drawn again from the table's seed)" if self.kind == "initial" else "zeros (a row file as created)"
+        )
 
     def records(self, rows: np.ndarray) -> np.ndarray:
         """The ``(len(rows), row_bytes)`` uint8 records of ``rows`` (sorted, unique)."""
@@ -276,7 +291,9 @@ def chain_of(path: Path) -> list:
                 header = os.pread(fd, HEADER_BYTES, HEADER_BYTES)
             finally:
                 os.close(fd)
-            chain.append(VirtualBase(meta["parent"]["virtual"], header, meta["file_bytes"], meta["row_bytes"], chain[-1]))
+            chain.append(
+                VirtualBase(meta["parent"]["virtual"], header, meta["file_bytes"], meta["row_bytes"], chain[-1])
+            )
             break
         snapshot_dir = chain[-1]
         for _ in meta["file"].split("/"):
@@ -304,7 +321,10 @@ def materialise(chain: list, target: Path) -> None:
         for delta in chain[1:]:
             meta = read_delta_header(delta)
             if meta["file_bytes"] != out.size:
-                raise StateError(f"delta '{delta}' is for a file of {meta['file_bytes']} bytes, its base has {out.size}", hint=_RESTORE)
+                raise StateError(
+                    f"delta '{delta}' is for a file of {meta['file_bytes']} bytes, its base has {out.size}",
+                    hint=_RESTORE,
+                )
             records = out.records(meta["row_bytes"], (out.size - HEADER_BYTES) // meta["row_bytes"])
             with _Mapped(delta) as d:
                 index, values = d.delta_arrays(meta)
@@ -334,7 +354,9 @@ class ChainReader:
             for path in self.chain[1:]:
                 meta = read_delta_header(path)
                 if meta["file_bytes"] != self.size or meta["row_bytes"] != row_bytes:
-                    raise StateError(f"delta '{path}' does not fit its base '{self.chain[0]}' (size or record)", hint=_RESTORE)
+                    raise StateError(
+                        f"delta '{path}' does not fit its base '{self.chain[0]}' (size or record)", hint=_RESTORE
+                    )
                 mapped = _Mapped(path)
                 index, values = mapped.delta_arrays(meta)
                 _check_index(index, self.num_rows, path)
@@ -407,7 +429,9 @@ class ChainReader:
         for _, index, _ in self._deltas:
             breaks = np.flatnonzero(np.diff(index) != 1) + 1
             ranges[0] = np.concatenate([ranges[0], index[np.r_[0, breaks]] if len(index) else index])
-            ranges[1] = np.concatenate([ranges[1], index[np.r_[breaks - 1, len(index) - 1]] + 1 if len(index) else index])
+            ranges[1] = np.concatenate(
+                [ranges[1], index[np.r_[breaks - 1, len(index) - 1]] + 1 if len(index) else index]
+            )
         order = np.argsort(ranges[0], kind="stable")
         merged: list[tuple[int, int]] = []
         for lo, hi in zip(ranges[0][order].tolist(), ranges[1][order].tolist()):
@@ -454,13 +478,17 @@ def _open_regular(path: Path, flags: int = os.O_RDONLY) -> int:
 
 def _row_geometry(size: int, row_bytes: int, path: Path) -> tuple[int, int]:
     if row_bytes <= 0 or size < HEADER_BYTES or (size - HEADER_BYTES) % row_bytes:
-        raise StateError(f"row file '{path}' is {size} bytes, not a header and whole records of {row_bytes} bytes", hint=_RESTORE)
+        raise StateError(
+            f"row file '{path}' is {size} bytes, not a header and whole records of {row_bytes} bytes", hint=_RESTORE
+        )
     return row_bytes, (size - HEADER_BYTES) // row_bytes
 
 
 def _check_index(index: np.ndarray, num_rows: int, path: Path) -> None:
     if len(index) and (index[0] < 0 or index[-1] >= num_rows or np.any(np.diff(index) <= 0)):
-        raise StateError(f"delta '{path}' is corrupt: its row indices are not sorted, unique rows of its file", hint=_RESTORE)
+        raise StateError(
+            f"delta '{path}' is corrupt: its row indices are not sorted, unique rows of its file", hint=_RESTORE
+        )
 
 
 class _Mapped:
@@ -469,7 +497,11 @@ class _Mapped:
     def __init__(self, path: Path, *, writable: bool = False) -> None:
         self._fd = _open_regular(path, os.O_RDWR if writable else os.O_RDONLY)
         self.size = os.fstat(self._fd).st_size
-        self._map = mmap.mmap(self._fd, self.size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ) if self.size else None
+        self._map = (
+            mmap.mmap(self._fd, self.size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+            if self.size
+            else None
+        )
         self.bytes = np.frombuffer(self._map, dtype=np.uint8) if self._map is not None else np.zeros(0, np.uint8)
         if not writable:
             self.bytes = self.bytes.view()

@@ -50,6 +50,8 @@ class Slot:
     @property
     def nbytes(self) -> int:
         return self.count * ITEMSIZE[self.dtype]
+
+
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 STATE_FORMAT = "dsa-train/disk-sparse-adam-state"

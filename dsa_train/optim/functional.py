@@ -220,15 +220,38 @@ def fused_sparse_adam_rows_(
         for begin in range(bounds[part], bounds[part + 1], chunk):
             end = min(begin + chunk, bounds[part + 1])
             kernel.moments(
-                dtype, moments.data_ptr(), rows, starts, order, values, begin, end, width, moments.stride(0),
-                1 - adam.beta1, 1 - adam.beta2, int(adam.maximize), new_m.data_ptr(), new_v.data_ptr(),
-            )  # fmt: skip
+                dtype,
+                moments.data_ptr(),
+                rows,
+                starts,
+                order,
+                values,
+                begin,
+                end,
+                width,
+                moments.stride(0),
+                1 - adam.beta1,
+                1 - adam.beta2,
+                int(adam.maximize),
+                new_m.data_ptr(),
+                new_v.data_ptr(),
+            )
             sqrt_v = new_v[: (end - begin) * width]
             torch.sqrt(sqrt_v, out=sqrt_v)
             kernel.apply(
-                dtype, target, target_stride, out_ptr, rows, begin, end, width,
-                new_m.data_ptr(), new_v.data_ptr(), adam.eps, neg_step_size,
-            )  # fmt: skip
+                dtype,
+                target,
+                target_stride,
+                out_ptr,
+                rows,
+                begin,
+                end,
+                width,
+                new_m.data_ptr(),
+                new_v.data_ptr(),
+                adam.eps,
+                neg_step_size,
+            )
 
     workspace.run(run, parts)
 
@@ -332,7 +355,9 @@ def self_test(kernel) -> str:
 
             workspace = Workspace()
             sparse_adam_rows_(expected_moments, *coalesce_rows(grad), add, adam, workspace)
-            fused_sparse_adam_rows_(kernel, moments, RowGroups.from_sparse(grad), adam, workspace, param=param, out=None)
+            fused_sparse_adam_rows_(
+                kernel, moments, RowGroups.from_sparse(grad), adam, workspace, param=param, out=None
+            )
             workspace.close_pool()
             if not (torch.equal(moments, expected_moments) and torch.equal(param, expected_param)):
                 return f"{dtype}, maximize={maximize}"

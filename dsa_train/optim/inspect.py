@@ -30,7 +30,16 @@ import numpy as np
 from ..errors import StateError
 from ..fsutil import lock_holder as live_holder  # noqa: F401  (re-exported: the CLI asks who holds a directory)
 from .deltas import DELTA_SUFFIX, ChainReader, VirtualBase, chain_of
-from .format import LAYOUT, MANIFEST, TABLE_LAYOUT, RowSpec, load_manifest, moments_file, parse_row_header, read_row_header
+from .format import (
+    LAYOUT,
+    MANIFEST,
+    TABLE_LAYOUT,
+    RowSpec,
+    load_manifest,
+    moments_file,
+    parse_row_header,
+    read_row_header,
+)
 
 _NUMPY = {"float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": np.uint16}
 SAMPLE_SEED = 20_261_202  # not 0: a table trained with seed-0 lookups must not match its own sample
@@ -94,7 +103,9 @@ class StateInspector:
 
     def _entry(self, name: str) -> dict:
         if name not in self.params:
-            raise StateError(f"state directory '{self.path}' has no parameter '{name}'", hint=f"it has {', '.join(self.params)}")
+            raise StateError(
+                f"state directory '{self.path}' has no parameter '{name}'", hint=f"it has {', '.join(self.params)}"
+            )
         return self.params[name]
 
     def spec(self, name: str) -> RowSpec:
@@ -130,7 +141,9 @@ class StateInspector:
             except FileNotFoundError:
                 raise StateError(f"row file '{path}' of parameter '{name}' is missing", hint=restore) from None
             except OSError as e:
-                raise StateError(f"cannot read row file '{path}' of parameter '{name}': {e.strerror}", hint=restore) from e
+                raise StateError(
+                    f"cannot read row file '{path}' of parameter '{name}': {e.strerror}", hint=restore
+                ) from e
             size, allocated = info.st_size, info.st_blocks * 512
         if size != spec.file_bytes:
             raise StateError(
@@ -218,7 +231,9 @@ class StateInspector:
             allocated_bytes=allocated,
             touched_rows_fraction=touched,
             sampled_rows=len(rows),
-            chain=[{"file": str(p), "bytes": 0 if isinstance(p, VirtualBase) else os.stat(p).st_size} for p in chain] if len(chain) > 1 else None,
+            chain=[{"file": str(p), "bytes": 0 if isinstance(p, VirtualBase) else os.stat(p).st_size} for p in chain]
+            if len(chain) > 1
+            else None,
         )
 
     def statistics(self, name: str, *, sample: int = 10_000) -> dict:

@@ -62,7 +62,9 @@ class RowKernel:
     def apply(self, dtype, *args) -> None:
         self._apply[dtype](*args)
 
-    def touch_rows(self, base: int, rows: torch.Tensor, record_stride: int, record_bytes: int, page_bytes: int, claim: bool) -> None:
+    def touch_rows(
+        self, base: int, rows: torch.Tensor, record_stride: int, record_bytes: int, page_bytes: int, claim: bool
+    ) -> None:
         """Fault in the pages of the records at ``rows`` (int64, contiguous) of the mapping at
         ``base``: read, or with ``claim`` made writable without changing a byte."""
         self._touch(base, rows.data_ptr(), rows.numel(), record_stride, record_bytes, page_bytes, int(claim))
@@ -266,7 +268,9 @@ def _unsafe(info: os.stat_result, is_kind, kind: str) -> str | None:
     if info.st_uid != os.getuid():
         return f"owned by uid {info.st_uid}, not by this user (uid {os.getuid()})"
     if info.st_mode & 0o022:
-        return f"writable by {'others' if info.st_mode & 0o002 else 'its group'} (mode {stat.S_IMODE(info.st_mode):04o})"
+        return (
+            f"writable by {'others' if info.st_mode & 0o002 else 'its group'} (mode {stat.S_IMODE(info.st_mode):04o})"
+        )
     return None
 
 

@@ -44,7 +44,9 @@ WRITE_CHUNK = 8 << 20
 MADV_DONTNEED = 4
 MADV_POPULATE_WRITE = 23
 DEFAULT_BUDGET = "75%"
-BUDGET_FORMS = "give bytes such as 2147483648, a size such as '2GiB' or '512MB', or a share of free memory such as '50%'"
+BUDGET_FORMS = (
+    "give bytes such as 2147483648, a size such as '2GiB' or '512MB', or a share of free memory such as '50%'"
+)
 _PRESENT, _SWAPPED, _FILE = 1 << 63, 1 << 62, 1 << 61
 FREE_FLOOR_SHARE, FREE_FLOOR_MIN = 0.05, 256 << 20  # free memory the budget gives way to keep
 
@@ -65,7 +67,17 @@ def pagemap_readable() -> bool:
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
 
 
 def resolve_budget(budget: int | str | None) -> int:

@@ -79,23 +79,34 @@ class RowFile:
                 # MAP_NORESERVE: the kernel would otherwise charge the whole file to the commit
                 # limit, and refuse a table larger than RAM; the memory budget bounds our copies.
                 try:
-                    self._map = mmap.mmap(self._fd, spec.file_bytes, flags=mmap.MAP_PRIVATE | MAP_NORESERVE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+                    self._map = mmap.mmap(
+                        self._fd,
+                        spec.file_bytes,
+                        flags=mmap.MAP_PRIVATE | MAP_NORESERVE,
+                        prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                    )
                 except OSError as e:
                     if e.errno != errno.ENOMEM:
                         raise
                     private = False  # strict overcommit (vm.overcommit_memory=2): the kernel's write-back, as before
             if not private:
-                self._map = mmap.mmap(self._fd, spec.file_bytes, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+                self._map = mmap.mmap(
+                    self._fd, spec.file_bytes, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+                )
             self._map.madvise(mmap.MADV_RANDOM)
             with warnings.catch_warnings():  # a read-only mapping gives a read-only tensor: fine
                 warnings.simplefilter("ignore", UserWarning)
-                flat = torch.frombuffer(self._map, dtype=torch.uint8, count=spec.num_rows * spec.row_bytes, offset=HEADER_BYTES)
+                flat = torch.frombuffer(
+                    self._map, dtype=torch.uint8, count=spec.num_rows * spec.row_bytes, offset=HEADER_BYTES
+                )
             raw = flat.view(spec.num_rows, spec.row_bytes)
             self._base = flat.data_ptr() - HEADER_BYTES
             if private:
                 self.residency = PageResidency(self._base, spec.file_bytes, self._fd)
         self._raw = raw
-        fields = {slot.name: raw[:, slot.offset : slot.offset + slot.nbytes].view(DTYPES[slot.dtype]) for slot in spec.fields}
+        fields = {
+            slot.name: raw[:, slot.offset : slot.offset + slot.nbytes].view(DTYPES[slot.dtype]) for slot in spec.fields
+        }
         self.m, self.v = fields["m"], fields["v"]
         self.records = self.moments = None
         if spec.layout in (LAYOUT, TABLE_LAYOUT):
@@ -236,7 +247,12 @@ class RowFile:
             return
         with self._lock:
             changed = self.residency.changed_pages()
-            copy_sparse(self.path, target, replaced=self.residency.byte_runs(changed), fill=lambda fd: self.residency.copy_pages(changed, fd))
+            copy_sparse(
+                self.path,
+                target,
+                replaced=self.residency.byte_runs(changed),
+                fill=lambda fd: self.residency.copy_pages(changed, fd),
+            )
 
     @property
     def record_bytes(self) -> np.ndarray:
@@ -320,7 +336,9 @@ class RowFile:
             with self._lock:
                 self.residency.release(start // mmap.PAGESIZE, end // mmap.PAGESIZE)
         elif self._map is not None:
-            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)  # our page tables go; their dirty bits pass to the cache
+            self._map.madvise(
+                mmap.MADV_DONTNEED, start, end - start
+            )  # our page tables go; their dirty bits pass to the cache
         if self.writable:
             write_back(self._fd, start, end - start)
         drop_cached(self._fd, start, end - start)
@@ -329,7 +347,9 @@ class RowFile:
     def close(self) -> None:
         if self._fd < 0:
             return
-        if self.residency is not None and os.getpid() == self._owner:  # changed rows reach the file as a shared mapping's would
+        if (
+            self.residency is not None and os.getpid() == self._owner
+        ):  # changed rows reach the file as a shared mapping's would
             with self._lock:
                 self.residency.write_out()
         # Drop our views and the map, but never unmap by hand: tensors made from the mapping

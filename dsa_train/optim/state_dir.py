@@ -43,7 +43,6 @@ from .row_file import RowFile
 from .table import Table
 
 
-
 class StateDirectory:
     """An open, locked state directory with one :class:`RowFile` per parameter."""
 
@@ -188,18 +187,32 @@ class StateDirectory:
         return RowFile(path, spec)
 
     def _create(self, params: Mapping[str, tuple[tuple[int, ...], str, Table | None, str]]) -> dict[str, RowFile]:
-        specs = {key: RowSpec(key, tuple(shape), dtype, self.state_id, layout) for key, (shape, dtype, _, layout) in params.items()}
+        specs = {
+            key: RowSpec(key, tuple(shape), dtype, self.state_id, layout)
+            for key, (shape, dtype, _, layout) in params.items()
+        }
         tables = {key: table for key, (_, _, table, _) in params.items() if table is not None}
         own = [key for key in specs if key not in tables]
         for key in own:
             create_row_file(self.path / (key + PENDING_SUFFIX), specs[key])
         for key, spec in specs.items():
-            entry = {"shape": list(spec.shape), "dtype": spec.dtype, "layout": spec.layout, "row_bytes": spec.row_bytes,
-                     "step": 0, "file": key + ROWS_SUFFIX}  # fmt: skip
+            entry = {
+                "shape": list(spec.shape),
+                "dtype": spec.dtype,
+                "layout": spec.layout,
+                "row_bytes": spec.row_bytes,
+                "step": 0,
+                "file": key + ROWS_SUFFIX,
+            }
             if key in tables:
                 table = tables[key]
-                entry.update(layout=TABLE_LAYOUT, row_bytes=table.spec.row_bytes, file=table.path.name,
-                             table=str(table.path.resolve()), table_id=table.table_id)  # fmt: skip
+                entry.update(
+                    layout=TABLE_LAYOUT,
+                    row_bytes=table.spec.row_bytes,
+                    file=table.path.name,
+                    table=str(table.path.resolve()),
+                    table_id=table.table_id,
+                )
             self._manifest["params"][key] = entry
         # The table names this state before the manifest names the table: a crash in between
         # leaves a table that a fresh state refuses, never moments continued by a stranger.
@@ -239,8 +252,17 @@ class StateDirectory:
 
     def _committed(self) -> dict:
         """The manifest as a flush commits it now: the live step counters, clean."""
-        params = {key: {**entry, "step": self.steps[key]} if key in self.steps else entry for key, entry in self._manifest["params"].items()}
-        manifest = {**self._manifest, "params": params, "groups": self.groups, "clean": True, "last_writer": this_process()}
+        params = {
+            key: {**entry, "step": self.steps[key]} if key in self.steps else entry
+            for key, entry in self._manifest["params"].items()
+        }
+        manifest = {
+            **self._manifest,
+            "params": params,
+            "groups": self.groups,
+            "clean": True,
+            "last_writer": this_process(),
+        }
         manifest.pop("checksum", None)
         return manifest
 
@@ -280,9 +302,7 @@ class StateDirectory:
 def _refuse_foreign_files(path: Path) -> None:
     """A directory without a manifest may hold only our own leftovers, never a user's files."""
     stray = [
-        p.name
-        for p in path.iterdir()
-        if p.name != DirectoryLock.FILE_NAME and not p.name.endswith(PENDING_SUFFIX)
+        p.name for p in path.iterdir() if p.name != DirectoryLock.FILE_NAME and not p.name.endswith(PENDING_SUFFIX)
     ]
     if stray:
         shown = ", ".join(sorted(stray)[:5]) + (" ..." if len(stray) > 5 else "")
@@ -309,12 +329,10 @@ def _prepare_directory(path: Path) -> None:
     except OSError as e:
         raise StateError(
             f"state_dir '{path}' is not writable: {e.strerror}",
-            hint="pick a directory on a writable disk with room for the moments "
-            "(2 x the size of the embedding tables)",
+            hint="pick a directory on a writable disk with room for the moments (2 x the size of the embedding tables)",
         ) from e
 
 
 def _steps_text(manifest: dict) -> str:
     steps = {k: e["step"] for k, e in manifest["params"].items()}
     return ", ".join(f"{k}: {s}" for k, s in steps.items()) or "no parameters"
-

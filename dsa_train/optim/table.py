@@ -61,7 +61,9 @@ INITS = ("normal", "uniform", "xavier_uniform", "zeros")
 CACHED_CHUNKS = 4  # initial weight chunks an InitialTable keeps (8 MiB each at 32 float32 columns)
 
 
-def init_chunk(init: str, chunk: torch.Tensor, generator: torch.Generator, *, std: float, bound: float, num_rows: int) -> None:
+def init_chunk(
+    init: str, chunk: torch.Tensor, generator: torch.Generator, *, std: float, bound: float, num_rows: int
+) -> None:
     """Fill ``chunk`` (rows of an ``N x D`` weight) in place.
 
     ``normal``: N(0, std^2); ``uniform``: U(-bound, bound); ``xavier_uniform``:
@@ -98,7 +100,13 @@ class Table:
 
     @classmethod
     def open(
-        cls, path: str | Path, shape: tuple[int, ...], dtype: torch.dtype, *, writable: bool = True, keep_cache: bool = False
+        cls,
+        path: str | Path,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        *,
+        writable: bool = True,
+        keep_cache: bool = False,
     ) -> Table:
         """Open the table at ``path``; a :class:`StateError` if it has another shape or dtype.
         ``keep_cache``: see :class:`~dsa_train.optim.row_file.RowFile`."""
@@ -257,7 +265,9 @@ def _write_initial(
             part = weights[start : min(start + WRITE_ROWS, hi)]
             records[: len(part), 0] = part
             raw = records[: len(part)].view(torch.int16 if dtype == torch.bfloat16 else dtype).numpy()
-            _pwrite_all(fd, memoryview(raw).cast("B"), HEADER_BYTES + (begin + start - lo) * spec.row_bytes, by_page=by_page)
+            _pwrite_all(
+                fd, memoryview(raw).cast("B"), HEADER_BYTES + (begin + start - lo) * spec.row_bytes, by_page=by_page
+            )
         if progress is not None:
             progress(begin + hi - lo, num_rows)
     return digest
@@ -280,7 +290,9 @@ class InitialTable:
             if creation["init"] not in INITS or creation["chunk_rows"] <= 0:
                 raise ValueError(creation["init"])
             self.first_row, self.drawn = creation.get("first_row", 0), drawn_shape(creation, self.spec.shape)
-            first = _chunk_digest(initial_weights(creation, self.drawn, self.dtype, self.first_row // creation["chunk_rows"]))
+            first = _chunk_digest(
+                initial_weights(creation, self.drawn, self.dtype, self.first_row // creation["chunk_rows"])
+            )
         except (KeyError, TypeError, ValueError):
             raise StateError(f"{where} has malformed creation parameters: {creation}", hint=_DAMAGED) from None
         if first != creation.get("first_chunk_digest"):

@@ -57,11 +57,39 @@ from .schema import (
 )
 
 __all__ = [
-    "CLICK_DATASETS", "GRAPH_DATASETS", "GRAPH_MODELS", "KG_DATASETS", "MAX_DEPTH", "MAX_NAME_BYTES", "MAX_RECIPE_BYTES", "MAX_VALUES",
-    "RECSYS_MODELS", "SEED_MAX", "ClickColumnsConfig", "ClicksSyntheticConfig", "DatasetConfig", "DistributedConfig", "EdgeListConfig", "EvalConfig", "GraphSyntheticConfig",
-    "ModelConfig", "Node2VecConfig", "OptimizerConfig", "OutputConfig", "Recipe", "RecsysConfig", "SageConfig", "SyntheticConfig", "TrainConfig", "TriplesConfig",
-    "load_recipe", "parse_recipe", "recipe_differences", "recipe_to_yaml", "with_data_root",
-]  # fmt: skip
+    "CLICK_DATASETS",
+    "GRAPH_DATASETS",
+    "GRAPH_MODELS",
+    "KG_DATASETS",
+    "MAX_DEPTH",
+    "MAX_NAME_BYTES",
+    "MAX_RECIPE_BYTES",
+    "MAX_VALUES",
+    "RECSYS_MODELS",
+    "SEED_MAX",
+    "ClickColumnsConfig",
+    "ClicksSyntheticConfig",
+    "DatasetConfig",
+    "DistributedConfig",
+    "EdgeListConfig",
+    "EvalConfig",
+    "GraphSyntheticConfig",
+    "ModelConfig",
+    "Node2VecConfig",
+    "OptimizerConfig",
+    "OutputConfig",
+    "Recipe",
+    "RecsysConfig",
+    "SageConfig",
+    "SyntheticConfig",
+    "TrainConfig",
+    "TriplesConfig",
+    "load_recipe",
+    "parse_recipe",
+    "recipe_differences",
+    "recipe_to_yaml",
+    "with_data_root",
+]
 
 logger = logging.getLogger(__name__)
 

@@ -37,22 +37,30 @@ MAX_VALUES = 10_000  # values once aliases are expanded; a 400-byte "billion lau
 def decode(raw: bytes, source: str) -> str:
     """The file's text: UTF-8 (a byte-order mark is fine), else a ConfigError saying where it is not."""
     hint = "save it as UTF-8 (in most editors: File > Save with Encoding > UTF-8)"
-    for bom, name in ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
-                      (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16")):  # fmt: skip
+    for bom, name in (
+        (codecs.BOM_UTF32_LE, "UTF-32"),
+        (codecs.BOM_UTF32_BE, "UTF-32"),
+        (codecs.BOM_UTF16_LE, "UTF-16"),
+        (codecs.BOM_UTF16_BE, "UTF-16"),
+    ):
         if raw.startswith(bom):
             problem = f"the file is {name} (it starts with a {name} byte-order mark), not UTF-8; save it as UTF-8"
             raise ConfigError([problem], source=source, hint=hint)
     nul = raw.find(b"\0")
     if nul >= 0:  # valid UTF-8, but YAML refuses it: a binary file, or UTF-16 without a byte-order mark
         line = raw.count(b"\n", 0, nul) + 1
-        problem = f"NUL byte at offset {nul} (line {line}): the file is binary or UTF-16, not UTF-8 text; save it as UTF-8"
+        problem = (
+            f"NUL byte at offset {nul} (line {line}): the file is binary or UTF-16, not UTF-8 text; save it as UTF-8"
+        )
         raise ConfigError([problem], source=source, hint=hint)
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         offset = e.start + (len(codecs.BOM_UTF8) if raw.startswith(codecs.BOM_UTF8) else 0)
         line = raw.count(b"\n", 0, offset) + 1
-        problem = f"not UTF-8: byte 0x{raw[offset]:02x} at offset {offset} (line {line}) cannot be decoded; save it as UTF-8"
+        problem = (
+            f"not UTF-8: byte 0x{raw[offset]:02x} at offset {offset} (line {line}) cannot be decoded; save it as UTF-8"
+        )
         raise ConfigError([problem], source=source, hint=hint) from None
 
 
@@ -67,7 +75,9 @@ def parse_yaml(text: str, source: str) -> tuple[dict, dict[tuple, Any], list[str
     """The data, the line of every key, and the problems of the YAML itself (duplicate keys)."""
     too_big = _size_problem(text, "the recipe")
     if too_big:
-        raise ConfigError([too_big], source=source, hint="a recipe is a short YAML file; check that this is the right one")
+        raise ConfigError(
+            [too_big], source=source, hint="a recipe is a short YAML file; check that this is the right one"
+        )
     try:
         data, lines, duplicates = _load_bounded(text)
     except _Refused as e:
@@ -78,7 +88,10 @@ def parse_yaml(text: str, source: str) -> tuple[dict, dict[tuple, Any], list[str
         data = {}
     if not isinstance(data, dict):
         raise ConfigError([f"the top level must be a mapping of sections, got {_kind(data)}"], source=source)
-    problems = [f"{_dotted(key)} (line {line}): duplicate key, first at line {first}; keep one" for key, line, first in duplicates]
+    problems = [
+        f"{_dotted(key)} (line {line}): duplicate key, first at line {first}; keep one"
+        for key, line, first in duplicates
+    ]
     return data, lines, problems
 
 
@@ -168,11 +181,17 @@ class _BoundedLoader(yaml.SafeLoader):
             if isinstance(event, yaml.AliasEvent):
                 target = self.anchors.get(event.anchor)
                 if target is not None and id(target) not in self._shape:
-                    self._refuse(f"an alias refers to itself: *{event.anchor} is inside &{event.anchor}; write the values out", event)
+                    self._refuse(
+                        f"an alias refers to itself: *{event.anchor} is inside &{event.anchor}; write the values out",
+                        event,
+                    )
                 node = super().compose_node(parent, index)  # the anchored node (or PyYAML's error)
                 values, depth = self._shape[id(node)]
                 if self._level + depth > MAX_DEPTH:
-                    self._refuse(f"nested deeper than {MAX_DEPTH} levels (counting what aliases bring in); a recipe needs 4", event)
+                    self._refuse(
+                        f"nested deeper than {MAX_DEPTH} levels (counting what aliases bring in); a recipe needs 4",
+                        event,
+                    )
                 self._count(values, event)
                 return node
             collection = isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent))
@@ -191,7 +210,10 @@ class _BoundedLoader(yaml.SafeLoader):
                 children = [self._shape[id(n)] for n in node.value]
             else:
                 children = []
-            self._shape[id(node)] = (1 + sum(v for v, _ in children), collection + max((d for _, d in children), default=0))
+            self._shape[id(node)] = (
+                1 + sum(v for v, _ in children),
+                collection + max((d for _, d in children), default=0),
+            )
             return node
         finally:
             if parent is not None:
@@ -280,7 +302,9 @@ def apply_override(data: dict, lines: dict, override: str, problems: list[str]) 
         return
     parts = key.split(".")
     if len(parts) > MAX_DEPTH:
-        problems.append(f"--set {_short(key)}: a key of {len(parts)} parts is deeper than any recipe key (at most {MAX_DEPTH})")
+        problems.append(
+            f"--set {_short(key)}: a key of {len(parts)} parts is deeper than any recipe key (at most {MAX_DEPTH})"
+        )
         return
     try:
         value, _, duplicates = _load_bounded(raw, "the value") if raw.strip() else ("", {}, [])
@@ -314,7 +338,9 @@ def _part(part) -> str:
 
 
 def _dotted(path: tuple) -> str:
-    return ".".join(_part(p) if not isinstance(p, int) or isinstance(p, bool) else str(p) for p in path) or "(top level)"
+    return (
+        ".".join(_part(p) if not isinstance(p, int) or isinstance(p, bool) else str(p) for p in path) or "(top level)"
+    )
 
 
 def _line(path: tuple, lines: dict):
@@ -393,7 +419,11 @@ def _placeholder(tp):
     """A stand-in for an invalid or missing value, so validation can go on to the next one."""
     if not dataclasses.is_dataclass(tp):
         return None
-    required = [f for f in dataclasses.fields(tp) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    required = [
+        f
+        for f in dataclasses.fields(tp)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     hints = typing.get_type_hints(tp)
     return tp(**{f.name: _placeholder(hints[f.name]) for f in required})
 
@@ -438,7 +468,9 @@ def _convert(tp, value, path: tuple, lines: dict, problems: list[str]) -> Any:
         for a in inner:  # int | str: the first type the value has as it is
             if isinstance(value, a) and not isinstance(value, bool):
                 return value
-        problems.append(f"{where}: expected {' or '.join(_TYPE_WORDS.get(a, a.__name__) for a in inner)}, got {_kind(value)}")
+        problems.append(
+            f"{where}: expected {' or '.join(_TYPE_WORDS.get(a, a.__name__) for a in inner)}, got {_kind(value)}"
+        )
         return _MISSING
     if dataclasses.is_dataclass(tp):
         return build(tp, value, path, lines, problems)

@@ -52,13 +52,17 @@ def _betas(v):
 
 
 def _seed(v):
-    return None if 0 <= v <= SEED_MAX else "must be a whole number in [0, 2**63 - 1] (torch and numpy take 64-bit seeds)"
+    return (
+        None if 0 <= v <= SEED_MAX else "must be a whole number in [0, 2**63 - 1] (torch and numpy take 64-bit seeds)"
+    )
 
 
 def _folder_name(v):
     """A name that becomes one folder: nothing that climbs out of, or hides in, its parent."""
     if not v or v.startswith(".") or any(c in "/\\" or c < " " for c in v):
-        return "must be a plain folder name (no '/', '\\', NUL or control characters; not '.', '..' or starting with '.')"
+        return (
+            "must be a plain folder name (no '/', '\\', NUL or control characters; not '.', '..' or starting with '.')"
+        )
     try:
         size = len(v.encode())
     except UnicodeEncodeError:
@@ -107,7 +111,9 @@ class SyntheticConfig:
         if self.valid + self.test >= self.triples:
             found.append(("triples", f"must exceed valid + test ({self.valid + self.test})"))
         if self.relations * self.entities >= 2**63:  # the filter index's query column is entity * R + relation
-            found.append(("relations", f"times entities must stay below 2^63 (at most {(2**63 - 1) // self.entities:,})"))
+            found.append(
+                ("relations", f"times entities must stay below 2^63 (at most {(2**63 - 1) // self.entities:,})")
+            )
         return found
 
 
@@ -137,9 +143,13 @@ class ClicksSyntheticConfig:
     ids: int = _help("distinct ids of each categorical feature", _positive, default=100_000)
     dense: int = _help("dense (numeric) features", _non_negative, default=4)
     max_hot: int = _help("ids per feature and sample: 1 to max_hot, uniformly (1: one-hot)", _positive, default=1)
-    weighted: bool = _help("give each id of a bag a weight in (0, 1] (per-sample weights, as in the TSV's id:weight)", default=False)
+    weighted: bool = _help(
+        "give each id of a bag a weight in (0, 1] (per-sample weights, as in the TSV's id:weight)", default=False
+    )
     zipf: float = _help("power-law exponent of id popularity (0: uniform)", _non_negative, default=1.1)
-    signal: float = _help("strength of the planted signal (0: clicks are coin flips at the base rate)", _non_negative, default=2.0)
+    signal: float = _help(
+        "strength of the planted signal (0: clicks are coin flips at the base rate)", _non_negative, default=2.0
+    )
     click_rate: float = _help("base click rate (of a sample with no signal)", _fraction, default=0.25)
     seed: int = _help("random seed of the generator", _seed, default=0)
 
@@ -157,21 +167,39 @@ class ClickColumnsConfig:
     features (defaults: the Criteo layout, ``label``, ``I1``... and ``C1``...)."""
 
     label: str = _help("the click column (0 or 1)", default="label")
-    dense: list[str] | None = _help("dense columns, numbers (empty: none); default: every column named I<number>", default=None)
+    dense: list[str] | None = _help(
+        "dense columns, numbers (empty: none); default: every column named I<number>", default=None
+    )
     sparse: list[str] | None = _help(
         "categorical columns, raw values hashed into table rows; default: every column but the label, the dense ones and one named 'id' "
-        "(the import lists them)", default=None,
-    )  # fmt: skip
-    delimiter: str | None = _help("the character between cells; default: read from the first line (a tab if it holds one, else a comma)", _one_character, default=None)
-    header: bool | None = _help("the first line names the columns; default: it does when it holds the label's name, or when `names` is not set", default=None)
-    names: list[str] | None = _help("the columns in order, for a file without a header (dataset.layout: criteo sets Criteo's)", default=None)
+        "(the import lists them)",
+        default=None,
+    )
+    delimiter: str | None = _help(
+        "the character between cells; default: read from the first line (a tab if it holds one, else a comma)",
+        _one_character,
+        default=None,
+    )
+    header: bool | None = _help(
+        "the first line names the columns; default: it does when it holds the label's name, or when `names` is not set",
+        default=None,
+    )
+    names: list[str] | None = _help(
+        "the columns in order, for a file without a header (dataset.layout: criteo sets Criteo's)", default=None
+    )
     multi_hot: str = _help("separator of several ids in one categorical cell (a bag)", _one_character, default="|")
-    weights: bool = _help("categorical cells hold value:weight pairs (a value without :weight weighs 1; per-sample weights, pooled with model.recsys.mode: sum)", default=False)
-    dense_log: bool = _help("read a dense value x as log(1 + max(x, 0)), as DLRM reads Criteo's counts (false: as it is)", default=True)
+    weights: bool = _help(
+        "categorical cells hold value:weight pairs (a value without :weight weighs 1; per-sample weights, pooled with model.recsys.mode: sum)",
+        default=False,
+    )
+    dense_log: bool = _help(
+        "read a dense value x as log(1 + max(x, 0)), as DLRM reads Criteo's counts (false: as it is)", default=True
+    )
     holdout: tuple[float, float] = _help(
         "fractions of the file's last lines held out as (valid, test), in file order (a click log is in time order)",
-        _split, default=(0.05, 0.05),
-    )  # fmt: skip
+        _split,
+        default=(0.05, 0.05),
+    )
 
 
 def _column(v):
@@ -181,15 +209,26 @@ def _column(v):
 
 
 def _delimiter(v):
-    return None if len(v) == 1 and v not in "\r\n\"" else "must be one character (' ' means runs of spaces and tabs; not a line break or a quote)"
+    return (
+        None
+        if len(v) == 1 and v not in '\r\n"'
+        else "must be one character (' ' means runs of spaces and tabs; not a line break or a quote)"
+    )
 
 
 @dataclass
 class TriplesConfig:
     """tsv: how the split files' lines read."""
 
-    delimiter: str | None = _help("the character between head, relation and tail; default: a tab if the first line holds one, else a comma", _one_character, default=None)
-    header: bool | None = _help("each file's first line names the columns; default: detected (head, relation, tail and such words)", default=None)
+    delimiter: str | None = _help(
+        "the character between head, relation and tail; default: a tab if the first line holds one, else a comma",
+        _one_character,
+        default=None,
+    )
+    header: bool | None = _help(
+        "each file's first line names the columns; default: detected (head, relation, tail and such words)",
+        default=None,
+    )
 
 
 @dataclass
@@ -200,18 +239,28 @@ class EdgeListConfig:
 
     delimiter: str | None = _help(
         "one character between the columns; ' ' means runs of spaces and tabs (SNAP); "
-        "default: ',' if the first line holds one, else tab if names hold spaces, else runs of spaces and tabs", _delimiter, default=None,
-    )  # fmt: skip
+        "default: ',' if the first line holds one, else tab if names hold spaces, else runs of spaces and tabs",
+        _delimiter,
+        default=None,
+    )
     comment: str = _help("lines starting with it are skipped (blank lines are too); '' for none", default="#")
-    header: bool | None = _help("the first line (after comments) names the columns; default: detected (names such as source, target, or words above numbers)", default=None)
-    source: int | str = _help("the source column: its position (0 is the first) or its name in the header", _column, default=0)
+    header: bool | None = _help(
+        "the first line (after comments) names the columns; default: detected (names such as source, target, or words above numbers)",
+        default=None,
+    )
+    source: int | str = _help(
+        "the source column: its position (0 is the first) or its name in the header", _column, default=0
+    )
     target: int | str = _help("the target column: position or name", _column, default=1)
-    weight: int | str | None = _help("a weight column (position or name), read as numbers; used by min_weight (walks are unweighted)", default=None)
+    weight: int | str | None = _help(
+        "a weight column (position or name), read as numbers; used by min_weight (walks are unweighted)", default=None
+    )
     min_weight: float | None = _help("keep only the edges whose weight is at least this (needs weight)", default=None)
     directed: bool = _help(
         "false: an edge joins both ends; true: an edge 'u v' is u -> v only: node2vec's walks follow out-edges "
-        "(a node without one ends the walk, as in PyG), held-out edges keep their direction; graphsage reads undirected graphs only", default=False,
-    )  # fmt: skip
+        "(a node without one ends the walk, as in PyG), held-out edges keep their direction; graphsage reads undirected graphs only",
+        default=False,
+    )
     ids: Literal["names", "integers"] = _help(
         "names: any text, numbered in fingerprint order (row i is not the i-th name of the file: see export's names file); "
         "integers: ids 0 .. N-1 written as numbers, which are the rows themselves",
@@ -219,8 +268,10 @@ class EdgeListConfig:
     )
     node_split: tuple[float, float] = _help(
         "labels: fractions of the labelled nodes held out for the probe (valid, test), by a seeded hash, "
-        "where the labels file has no third column naming each node's split", _split, default=(0.1, 0.1),
-    )  # fmt: skip
+        "where the labels file has no third column naming each node's split",
+        _split,
+        default=(0.1, 0.1),
+    )
 
     def problems(self) -> list[tuple[str, str]]:
         if self.min_weight is not None and self.weight is None:
@@ -239,30 +290,54 @@ CLICK_DATASETS = ("click_log", "synthetic_clicks")
 class DatasetConfig:
     """Where the triples (knowledge graphs) or the graph (node embeddings) come from."""
 
-    kind: Literal["tsv", "fb15k237", "wn18rr", "synthetic", "planetoid", "karate", "synthetic_graph", "edge_list", "click_log", "synthetic_clicks"] = _help(
+    kind: Literal[
+        "tsv",
+        "fb15k237",
+        "wn18rr",
+        "synthetic",
+        "planetoid",
+        "karate",
+        "synthetic_graph",
+        "edge_list",
+        "click_log",
+        "synthetic_clicks",
+    ] = _help(
         "knowledge graphs: tsv (a folder of train/valid/test.txt), fb15k237, wn18rr (PyG), synthetic; "
         "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph, edge_list (your own text or parquet file, or folder); "
         "click logs: click_log (a TSV or CSV file, with a header or dataset.columns.names or dataset.layout), synthetic_clicks"
     )
     path: str | None = _help(
         "tsv: the folder; edge_list: the file or a folder of files; click_log: the file (.gz: gzip); "
-        "absolute, or relative: from the current folder where it exists there, else under the data root", _inside_data_root, default=None,
-    )  # fmt: skip
+        "absolute, or relative: from the current folder where it exists there, else under the data root",
+        _inside_data_root,
+        default=None,
+    )
     labels: str | None = _help(
         "edge_list: a file of node<TAB>label lines (a third column train/valid/test may name the node's split) for the probe; "
-        "found as dataset.path is", _inside_data_root, default=None,
-    )  # fmt: skip
+        "found as dataset.path is",
+        _inside_data_root,
+        default=None,
+    )
     edges: EdgeListConfig = _help("edge_list: how the file's lines read", default_factory=EdgeListConfig)
     triples: TriplesConfig = _help("tsv: how the split files' lines read", default_factory=TriplesConfig)
     name: str | None = _help("planetoid: Cora, CiteSeer or PubMed", default=None)
     root: str | None = _help("data root (default: $DSA_DATA_ROOT, else ./datasets)", default=None)
-    synthetic: SyntheticConfig = _help("synthetic: the knowledge-graph generator's settings", default_factory=SyntheticConfig)
-    graph: GraphSyntheticConfig = _help("synthetic_graph: the graph generator's settings", default_factory=GraphSyntheticConfig)
-    clicks: ClicksSyntheticConfig = _help("synthetic_clicks: the click-log generator's settings", default_factory=ClicksSyntheticConfig)
-    columns: ClickColumnsConfig = _help("click_log: the file's columns and held-out lines", default_factory=ClickColumnsConfig)
+    synthetic: SyntheticConfig = _help(
+        "synthetic: the knowledge-graph generator's settings", default_factory=SyntheticConfig
+    )
+    graph: GraphSyntheticConfig = _help(
+        "synthetic_graph: the graph generator's settings", default_factory=GraphSyntheticConfig
+    )
+    clicks: ClicksSyntheticConfig = _help(
+        "synthetic_clicks: the click-log generator's settings", default_factory=ClicksSyntheticConfig
+    )
+    columns: ClickColumnsConfig = _help(
+        "click_log: the file's columns and held-out lines", default_factory=ClickColumnsConfig
+    )
     layout: Literal["criteo"] | None = _help(
-        "click_log: a named layout; criteo: Kaggle's train.txt and the Terabyte day_N files (no header, tabs: label, I1..I13, C1..C26)", default=None,
-    )  # fmt: skip
+        "click_log: a named layout; criteo: Kaggle's train.txt and the Terabyte day_N files (no header, tabs: label, I1..I13, C1..C26)",
+        default=None,
+    )
     link_split: tuple[float, float] = _help(
         "graphs: fractions of the edges held out for link prediction (valid, test)", _split, default=(0.0, 0.0)
     )
@@ -304,10 +379,14 @@ class Node2VecConfig:
 class SageConfig:
     """GraphSAGE over the learnable node embeddings, trained on sampled neighbourhoods."""
 
-    task: Literal["link", "node"] = _help("link: predict held-out edges; node: classify the labelled nodes", default="link")
+    task: Literal["link", "node"] = _help(
+        "link: predict held-out edges; node: classify the labelled nodes", default="link"
+    )
     layers: int = _help("SAGE layers", _positive, default=2)
     hidden: int = _help("width of the SAGE layers and of the output", _positive, default=128)
-    fanout: list[int] = _help("neighbours sampled per node at each layer, outermost last", default_factory=lambda: [10, 10])
+    fanout: list[int] = _help(
+        "neighbours sampled per node at each layer, outermost last", default_factory=lambda: [10, 10]
+    )
     dropout: float = _help("dropout between layers", _fraction, default=0.0)
 
     def problems(self) -> list[tuple[str, str]]:
@@ -327,14 +406,23 @@ class RecsysConfig:
         default="per_feature",
     )
     rows: int = _help(
-        "per_feature: rows of each feature (ids beyond it share rows by hashing); shared: rows of the one table", _positive, default=1_000_000
+        "per_feature: rows of each feature (ids beyond it share rows by hashing); shared: rows of the one table",
+        _positive,
+        default=1_000_000,
     )
-    mode: Literal["sum", "mean"] = _help("how a multi-hot bag's rows are pooled (sum with the ids' weights, if any)", default="sum")
+    mode: Literal["sum", "mean"] = _help(
+        "how a multi-hot bag's rows are pooled (sum with the ids' weights, if any)", default="sum"
+    )
     interaction: Literal["dot", "cat"] = _help(
-        "dot: pairwise dot products of the pooled features and the bottom MLP's output (DLRM); cat: their concatenation", default="dot"
+        "dot: pairwise dot products of the pooled features and the bottom MLP's output (DLRM); cat: their concatenation",
+        default="dot",
     )
-    bottom: list[int] = _help("hidden widths of the bottom MLP on the dense features (its output has model.dim)", default_factory=lambda: [64])
-    top: list[int] = _help("hidden widths of the top MLP (its output is the click logit)", default_factory=lambda: [64, 32])
+    bottom: list[int] = _help(
+        "hidden widths of the bottom MLP on the dense features (its output has model.dim)", default_factory=lambda: [64]
+    )
+    top: list[int] = _help(
+        "hidden widths of the top MLP (its output is the click logit)", default_factory=lambda: [64, 32]
+    )
 
     def problems(self) -> list[tuple[str, str]]:
         found = []
@@ -370,7 +458,11 @@ class ModelConfig:
         "complex: Re<h, r, conj(t)>, rotate: gamma - ||h o r - t||, ...); graphs: node2vec, sage; click logs: dlrm",
         choices=model_kinds,
     )
-    dim: int = _help("embedding dimension, in reals (complex, rotate: dim / 2 complex coordinates, so dim is even)", _positive, default=128)
+    dim: int = _help(
+        "embedding dimension, in reals (complex, rotate: dim / 2 complex coordinates, so dim is even)",
+        _positive,
+        default=128,
+    )
     p_norm: Literal[1, 2] = _help("transe: the norm of the distance", default=2)
     gamma: float = _help("rotate: the offset gamma of every score (only the softplus loss sees it)", default=1.0)
     reciprocal: bool = _help("learn an inverse relation per relation and predict heads as tails", default=True)
@@ -379,8 +471,9 @@ class ModelConfig:
     relation_dropout: float = _help(
         "knowledge graphs: dropout on the relation embeddings during training, one mask per query shared by its answer "
         "and its candidates (LibKGE's best FB15k-237 models use 0.2-0.4)",
-        _fraction, default=0.0,
-    )  # fmt: skip
+        _fraction,
+        default=0.0,
+    )
     normalize_entities: bool = _help(
         "knowledge graphs: score entity rows scaled to unit L2 norm (the TransE paper's constraint), in training and evaluation",
         default=False,
@@ -408,8 +501,12 @@ class TrainConfig:
     epochs: int = _help("passes over the training triples", _non_negative, default=10)
     max_steps: int | None = _help("stop after this many steps (default: run all epochs)", _positive, default=None)
     batch_size: int = _help("positive triples per step (each gives a head and a tail query)", _positive, default=1024)
-    negatives: int = _help("uniformly sampled negative entities per step, shared by all its queries", _positive, default=1024)
-    batch_negatives: bool = _help("also use the step's other answers as negatives (popular entities, harder)", default=True)
+    negatives: int = _help(
+        "uniformly sampled negative entities per step, shared by all its queries", _positive, default=1024
+    )
+    batch_negatives: bool = _help(
+        "also use the step's other answers as negatives (popular entities, harder)", default=True
+    )
     candidates: Literal["sampled", "all"] = _help(
         "sampled: a step's queries are scored against train.negatives uniform entities (and the step's answers with "
         "batch_negatives); all: against every entity (1-vs-all, as LibKGE trains its best WN18RR models; every entity row "
@@ -449,10 +546,17 @@ class TrainConfig:
         "RAM is read and written whole partitions at a time (docs/partitioned.md)",
         default="random",
     )
-    partitions: int = _help("partitioned order: entity partitions (1: one partition, the random order itself)", _positive, default=16)
-    buffer: int = _help("partitioned order: partitions in memory at once (at least 2; partitions or more: all of them)", _positive, default=4)
+    partitions: int = _help(
+        "partitioned order: entity partitions (1: one partition, the random order itself)", _positive, default=16
+    )
+    buffer: int = _help(
+        "partitioned order: partitions in memory at once (at least 2; partitions or more: all of them)",
+        _positive,
+        default=4,
+    )
     negatives_from: Literal["buffer", "table"] = _help(
-        "partitioned order: uniform negatives from the buffer's partitions (no disk reads) or from the whole table", default="buffer"
+        "partitioned order: uniform negatives from the buffer's partitions (no disk reads) or from the whole table",
+        default="buffer",
     )
     pool_pairs: int = _help(
         "partitioned node2vec: positive walk pairs drawn, bucketed and trained per pool (8 bytes each in memory, 40 while the next pool is drawn); "
@@ -460,7 +564,9 @@ class TrainConfig:
         _positive,
         default=1 << 25,
     )
-    device: Literal["auto", "cpu", "cuda"] = _help("where the model computes (the optimizer state stays on disk)", default="auto")
+    device: Literal["auto", "cpu", "cuda"] = _help(
+        "where the model computes (the optimizer state stays on disk)", default="auto"
+    )
     log_every: int = _help("log the loss to metrics.jsonl every this many steps", _positive, default=50)
     checkpoint_every: int = _help("checkpoint every this many steps (0: at the end only)", _non_negative, default=0)
     keep_checkpoints: int = _help("complete checkpoints to keep (the newest)", _positive, default=2)
@@ -488,14 +594,22 @@ class OptimizerConfig:
     )
     final_lr_ratio: float = _help(
         "cosine, linear: the rate at the last step as a fraction of `lr`; step: the rate after decay_after_epochs",
-        _fraction, default=0.0,
-    )  # fmt: skip
+        _fraction,
+        default=0.0,
+    )
     decay_after_epochs: int = _help(
         "step: the epochs run at `lr`; every later step runs at `lr * final_lr_ratio` (none if train.epochs is not more)",
-        _non_negative, default=0,
-    )  # fmt: skip
-    state_dir: str | None = _help("dsa: state directory (default: <run>/optimizer_state); put it on a local SSD", default=None)
-    dense_lr: float = _help("sage, dlrm: learning rate of the dense layers (SAGE's, the MLPs), trained with torch's Adam", _positive, default=0.01)
+        _non_negative,
+        default=0,
+    )
+    state_dir: str | None = _help(
+        "dsa: state directory (default: <run>/optimizer_state); put it on a local SSD", default=None
+    )
+    dense_lr: float = _help(
+        "sage, dlrm: learning rate of the dense layers (SAGE's, the MLPs), trained with torch's Adam",
+        _positive,
+        default=0.01,
+    )
     nonfinite: Literal["error", "skip"] = _help(
         "dsa: a NaN or Inf gradient stops the run (error) or skips its step (skip); found before anything is written",
         default="error",
@@ -504,34 +618,47 @@ class OptimizerConfig:
         "dsa: store m in the parameter's dtype (full, exact SparseAdam) or in bfloat16 (half the bytes)", default="full"
     )
     second_moment: Literal["full", "row"] = _help(
-        "dsa: one v per element (full, exact SparseAdam) or one per row, the mean of the squared gradient", default="full"
+        "dsa: one v per element (full, exact SparseAdam) or one per row, the mean of the squared gradient",
+        default="full",
     )
     memory_budget: str = _help(
         "dsa: memory the rows changed since the last checkpoint may hold (a size such as 4GiB, or a share of the free "
         "memory at start such as 75%); within it nothing is written to disk between checkpoints, past it the least "
         "recently written rows are written out once and leave memory",
-        _memory_budget, default=DEFAULT_BUDGET,
-    )  # fmt: skip
+        _memory_budget,
+        default=DEFAULT_BUDGET,
+    )
 
     def problems(self) -> list[tuple[str, str]]:
         found = []
         if self.schedule == "constant" and self.final_lr_ratio != 0:
-            found.append(("final_lr_ratio", "has no effect with schedule 'constant'; set optimizer.schedule to cosine, linear or step"))
+            found.append(
+                (
+                    "final_lr_ratio",
+                    "has no effect with schedule 'constant'; set optimizer.schedule to cosine, linear or step",
+                )
+            )
         if self.schedule != "step" and self.decay_after_epochs:
-            found.append(("decay_after_epochs", f"has no effect with schedule {self.schedule!r}; set optimizer.schedule: step"))
+            found.append(
+                ("decay_after_epochs", f"has no effect with schedule {self.schedule!r}; set optimizer.schedule: step")
+            )
         if self.schedule == "step":
             if not self.decay_after_epochs:
-                found.append((
-                    "decay_after_epochs",
-                    "schedule 'step' lowers the rate after this many epochs at `lr`: set it to 1 or more (e.g. 5 fewer than "
-                    "train.epochs); a whole run at the lower rate is optimizer.lr = lr * final_lr_ratio with schedule 'constant'",
-                ))  # fmt: skip
+                found.append(
+                    (
+                        "decay_after_epochs",
+                        "schedule 'step' lowers the rate after this many epochs at `lr`: set it to 1 or more (e.g. 5 fewer than "
+                        "train.epochs); a whole run at the lower rate is optimizer.lr = lr * final_lr_ratio with schedule 'constant'",
+                    )
+                )
             if not 0 < self.final_lr_ratio < 1:
-                found.append((
-                    "final_lr_ratio",
-                    f"schedule 'step' runs the epochs after decay_after_epochs at lr * final_lr_ratio, which must be above 0 and below 1, "
-                    f"got {self.final_lr_ratio:g}; e.g. 0.1",
-                ))  # fmt: skip
+                found.append(
+                    (
+                        "final_lr_ratio",
+                        f"schedule 'step' runs the epochs after decay_after_epochs at lr * final_lr_ratio, which must be above 0 and below 1, "
+                        f"got {self.final_lr_ratio:g}; e.g. 0.1",
+                    )
+                )
         if self.nonfinite == "skip" and self.kind != "dsa":
             found.append(("nonfinite", "'skip' needs kind 'dsa' (torch's SparseAdam has no such check)"))
         for key in ("first_moment", "second_moment"):
@@ -546,17 +673,25 @@ class OptimizerConfig:
 class EvalConfig:
     """Filtered link-prediction evaluation (MR, MRR, Hits@1/3/10 for heads and tails)."""
 
-    every_epochs: int = _help("evaluate on `split` every this many epochs (0: never during training)", _non_negative, default=0)
+    every_epochs: int = _help(
+        "evaluate on `split` every this many epochs (0: never during training)", _non_negative, default=0
+    )
     split: Literal["valid", "test"] = _help("the split evaluated during training", default="valid")
-    final_splits: list[Literal["valid", "test"]] = _help("splits evaluated when training ends", default_factory=lambda: ["valid", "test"])
+    final_splits: list[Literal["valid", "test"]] = _help(
+        "splits evaluated when training ends", default_factory=lambda: ["valid", "test"]
+    )
     batch_size: int = _help("queries scored at once", _positive, default=256)
     entity_chunk: int = _help("entities scored at once (bounds memory for huge tables)", _positive, default=65_536)
     sampled_negatives: int | None = _help(
         "rank against this many sampled entities instead of all (OGB-style), for huge tables", _positive, default=None
     )
-    link_negatives: int = _help("graphs: sampled non-edges each held-out edge is ranked against (MRR)", _positive, default=100)
+    link_negatives: int = _help(
+        "graphs: sampled non-edges each held-out edge is ranked against (MRR)", _positive, default=100
+    )
     max_queries: int | None = _help(
-        "during training, rank at most this many triples (a seeded sample); final evaluations rank all", _positive, default=None
+        "during training, rank at most this many triples (a seeded sample); final evaluations rank all",
+        _positive,
+        default=None,
     )
 
 
@@ -565,10 +700,13 @@ class DistributedConfig:
     """Scale-out under ``torchrun``: read only by a process torchrun started (see docs/distributed.md)."""
 
     backend: Literal["auto", "gloo", "nccl"] = _help(
-        "torch.distributed backend: rows travel as host tensors, so auto is gloo; nccl adds NCCL for CUDA tensors beside it", default="auto"
+        "torch.distributed backend: rows travel as host tensors, so auto is gloo; nccl adds NCCL for CUDA tensors beside it",
+        default="auto",
     )
     timeout: float = _help(
-        "seconds a rank waits for the others at any exchange before it stops with an error naming the step", _positive, default=300.0
+        "seconds a rank waits for the others at any exchange before it stops with an error naming the step",
+        _positive,
+        default=300.0,
     )
     slices: int = _help(
         "a step's batch is cut into this many slices, each computed whole by one rank; the result depends on slices, "
@@ -602,7 +740,9 @@ class Recipe:
 
     dataset: DatasetConfig = _help("the knowledge graph")
     model: ModelConfig = _help("the embedding model")
-    name: str = _help("the recipe's name (default: its file name), the run folders' prefix", _folder_name, default="recipe")
+    name: str = _help(
+        "the recipe's name (default: its file name), the run folders' prefix", _folder_name, default="recipe"
+    )
     description: str = _help("one line saying what the recipe is for", default="")
     train: TrainConfig = _help("the training loop", default_factory=TrainConfig)
     optimizer: OptimizerConfig = _help("the optimizer", default_factory=OptimizerConfig)
@@ -626,46 +766,102 @@ class Recipe:
         else:
             family, kinds = "a graph", GRAPH_DATASETS
         if self.dataset.kind not in kinds:
-            return [("model.kind", f"{self.model.kind!r} trains on {family} ({', '.join(kinds)}), not dataset kind {self.dataset.kind!r}")]
+            return [
+                (
+                    "model.kind",
+                    f"{self.model.kind!r} trains on {family} ({', '.join(kinds)}), not dataset kind {self.dataset.kind!r}",
+                )
+            ]
         if self.optimizer.kind == "sparse_adam" and self.model.embedding_storage == "disk":
-            return [(
-                "optimizer.kind",
-                "'sparse_adam' cannot train a disk table: torch's SparseAdam updates the weight in place, and a disk table's "
-                "weight is a view of its file; use 'dsa' (DiskSparseAdam), or model.embedding_storage: memory",
-            )]  # fmt: skip
+            return [
+                (
+                    "optimizer.kind",
+                    "'sparse_adam' cannot train a disk table: torch's SparseAdam updates the weight in place, and a disk table's "
+                    "weight is a view of its file; use 'dsa' (DiskSparseAdam), or model.embedding_storage: memory",
+                )
+            ]
         if self.is_recsys and self.model.init_from:
-            return [("model.init_from", "starts knowledge-graph and node-embedding models from a run, not 'dlrm' yet; leave it out")]
+            return [
+                (
+                    "model.init_from",
+                    "starts knowledge-graph and node-embedding models from a run, not 'dlrm' yet; leave it out",
+                )
+            ]
         if self.is_recsys and self.train.order == "partitioned":
-            return [("train.order", "'partitioned' trains knowledge-graph models and node2vec, not 'dlrm'; use 'random'")]
+            return [
+                ("train.order", "'partitioned' trains knowledge-graph models and node2vec, not 'dlrm'; use 'random'")
+            ]
         if self.model.kind == "sage" and self.dataset.kind == "edge_list" and self.dataset.edges.directed:
-            return [("dataset.edges.directed", "graphsage aggregates over undirected neighbourhoods here; set it to false, or train node2vec on the directed graph")]
+            return [
+                (
+                    "dataset.edges.directed",
+                    "graphsage aggregates over undirected neighbourhoods here; set it to false, or train node2vec on the directed graph",
+                )
+            ]
         if self.model.kind == "sage" and self.model.sage.task == "link" and not self.dataset.link_split[1]:
             return [("dataset.link_split", "sage with task 'link' needs held-out test edges, e.g. [0.05, 0.1]")]
         scoring = scoring_functions().get(self.model.kind)
         if scoring is not None and scoring.get("halves") and self.model.dim % 2:
             return [("model.dim", f"must be even for {self.model.kind!r} ({scoring['halves']}), got {self.model.dim}")]
         if self.model.relation_dropout and (scoring is None or scoring.get("relation_dropout_unsupported")):
-            dropped = [name for name, declared in scoring_functions().items() if not declared.get("relation_dropout_unsupported")]
-            why = scoring["relation_dropout_unsupported"] if scoring is not None else "it is not a knowledge-graph model"
-            return [(
-                "model.relation_dropout",
-                f"drops coordinates of {', '.join(dropped[:-1])} and {dropped[-1]} relation vectors; {self.model.kind!r} has no relation "
-                f"vectors ({why}): set it to 0",
-            )]  # fmt: skip
+            dropped = [
+                name
+                for name, declared in scoring_functions().items()
+                if not declared.get("relation_dropout_unsupported")
+            ]
+            why = (
+                scoring["relation_dropout_unsupported"] if scoring is not None else "it is not a knowledge-graph model"
+            )
+            return [
+                (
+                    "model.relation_dropout",
+                    f"drops coordinates of {', '.join(dropped[:-1])} and {dropped[-1]} relation vectors; {self.model.kind!r} has no relation "
+                    f"vectors ({why}): set it to 0",
+                )
+            ]
         t = self.train
         if t.labels == "all" and t.candidates != "all":
-            return [("train.labels", "'all' (k-vs-all) scores each query against every entity: set train.candidates: all")]
+            return [
+                ("train.labels", "'all' (k-vs-all) scores each query against every entity: set train.candidates: all")
+            ]
         if t.query_chunk is not None and t.candidates == "all":
-            return [("train.query_chunk", "slices the queries of train.candidates: sampled; with 'all' a step holds train.entity_chunk entities' scores: lower that")]
+            return [
+                (
+                    "train.query_chunk",
+                    "slices the queries of train.candidates: sampled; with 'all' a step holds train.entity_chunk entities' scores: lower that",
+                )
+            ]
         if t.labels == "all" and t.loss == "margin":
-            return [("train.loss", "'margin' compares one answer with the other entities; k-vs-all has several: use cross_entropy or softplus")]
+            return [
+                (
+                    "train.loss",
+                    "'margin' compares one answer with the other entities; k-vs-all has several: use cross_entropy or softplus",
+                )
+            ]
         if t.order == "partitioned":
             if not self.is_kge and self.model.kind != "node2vec":
-                return [("train.order", f"'partitioned' trains knowledge-graph models and node2vec, not {self.model.kind!r}; use 'random'")]
+                return [
+                    (
+                        "train.order",
+                        f"'partitioned' trains knowledge-graph models and node2vec, not {self.model.kind!r}; use 'random'",
+                    )
+                ]
             if self.model.embedding_storage != "disk":
-                return [("train.order", "'partitioned' moves a disk table's partitions: set model.embedding_storage: disk")]
+                return [
+                    ("train.order", "'partitioned' moves a disk table's partitions: set model.embedding_storage: disk")
+                ]
             if t.candidates == "all":
-                return [("train.candidates", "'all' scores every entity, which partition order keeps out of memory; use 'sampled'")]
+                return [
+                    (
+                        "train.candidates",
+                        "'all' scores every entity, which partition order keeps out of memory; use 'sampled'",
+                    )
+                ]
             if t.partitions > 1 and t.buffer < 2:
-                return [("train.buffer", f"must be at least 2 with train.partitions {t.partitions} (a bucket joins two partitions), got {t.buffer}")]
+                return [
+                    (
+                        "train.buffer",
+                        f"must be at least 2 with train.partitions {t.partitions} (a bucket joins two partitions), got {t.buffer}",
+                    )
+                ]
         return []

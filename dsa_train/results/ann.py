@@ -53,7 +53,8 @@ def faiss_module():
         import faiss
     except ImportError:
         raise DsaError(
-            "approximate search needs faiss, which is not installed", hint='pip install "dsa-train[faiss]" (faiss-cpu), or leave out --approximate'
+            "approximate search needs faiss, which is not installed",
+            hint='pip install "dsa-train[faiss]" (faiss-cpu), or leave out --approximate',
         ) from None
     return faiss
 
@@ -85,8 +86,14 @@ class AnnIndex:
 
 
 def open_index(
-    run: TrainedRun, table: str, metric: str, *, kind: str | None = None, folder: Path | None = None, effort: int | None = None,
-) -> AnnIndex:  # fmt: skip
+    run: TrainedRun,
+    table: str,
+    metric: str,
+    *,
+    kind: str | None = None,
+    folder: Path | None = None,
+    effort: int | None = None,
+) -> AnnIndex:
     """The saved index of ``run``'s ``table`` in ``metric`` under ``folder`` (default: the run
     folder's ``ann/``), built and saved first if there is none or it is stale. ``kind``:
     ``flat`` (exact), ``ivf`` (IVF-Flat) or ``hnsw``; default ``flat`` below 20,000 rows,
@@ -100,19 +107,32 @@ def open_index(
     and its recall@10, is logged."""
     faiss = faiss_module()
     if effort is not None and effort < 1:
-        raise DsaError(f"the search effort must be at least 1, got {effort}", hint=f"e.g. {HNSW_SEARCH} (hnsw's default); higher finds more of the true neighbours, slower")
+        raise DsaError(
+            f"the search effort must be at least 1, got {effort}",
+            hint=f"e.g. {HNSW_SEARCH} (hnsw's default); higher finds more of the true neighbours, slower",
+        )
     if metric not in ANN_METRICS:
         raise DsaError(
             f"approximate search supports the metrics {', '.join(ANN_METRICS)}, not {metric!r}",
             hint="pass --metric cosine, dot or l2, or search exactly (leave out --approximate)",
         )
     if kind is not None and kind not in KINDS:
-        raise DsaError(f"index type must be one of {', '.join(KINDS)}, got {kind!r}", hint="hnsw (the default above 20,000 rows), ivf (smaller, faster to build), flat (exact)")
+        raise DsaError(
+            f"index type must be one of {', '.join(KINDS)}, got {kind!r}",
+            hint="hnsw (the default above 20,000 rows), ivf (smaller, faster to build), flat (exact)",
+        )
     folder = Path(folder) if folder is not None else run.run.path / "ann"
     path = folder / f"{table}.{metric}.ann"
     rows, dim = run.tables[table]
-    wanted = {"run": str(run.run.path.resolve()), "checkpoint": run.step, "table": table, "rows": rows, "dim": dim, "metric": metric,
-              "fingerprint": _fingerprint(run, table, rows)}  # fmt: skip
+    wanted = {
+        "run": str(run.run.path.resolve()),
+        "checkpoint": run.step,
+        "table": table,
+        "rows": rows,
+        "dim": dim,
+        "metric": metric,
+        "fingerprint": _fingerprint(run, table, rows),
+    }
     _refuse_links(folder, path)
     saved = _read_manifest(path)
     if saved is not None:
@@ -132,15 +152,23 @@ def open_index(
         _refuse_links(folder, path)
         _write(faiss, path, manifest, index)
     except OSError as e:
-        raise DsaError(f"cannot save the index to '{path}': {e}", hint="give a writable folder with free space with --index-dir (folder=)") from None
-    logger.info(f"built a {kind} index of {table} ({rows:,} rows, {metric}): recall@10 {manifest['recall_at_10']:.3f} against the exact answer "
-         f"on {manifest['recall_queries']} rows; saved to {path}")  # fmt: skip
+        raise DsaError(
+            f"cannot save the index to '{path}': {e}",
+            hint="give a writable folder with free space with --index-dir (folder=)",
+        ) from None
+    logger.info(
+        f"built a {kind} index of {table} ({rows:,} rows, {metric}): recall@10 {manifest['recall_at_10']:.3f} against the exact answer "
+        f"on {manifest['recall_queries']} rows; saved to {path}"
+    )
     return _at_effort(run, table, found, effort)
 
 
 def _refuse_effort_on_flat(kind: str, effort: int | None) -> None:
     if effort is not None and kind == "flat":
-        raise DsaError("a flat index compares every row: a search effort applies to ivf and hnsw indexes", hint="leave out the effort, or choose --index-type hnsw or ivf")
+        raise DsaError(
+            "a flat index compares every row: a search effort applies to ivf and hnsw indexes",
+            hint="leave out the effort, or choose --index-type hnsw or ivf",
+        )
 
 
 def _at_effort(run: TrainedRun, table: str, found: AnnIndex, effort: int | None) -> AnnIndex:
@@ -155,7 +183,9 @@ def _at_effort(run: TrainedRun, table: str, found: AnnIndex, effort: int | None)
         found.index.nprobe = effort
     at_effort = AnnIndex(found.index, {**found.manifest, setting: effort}, found.path, found.built)
     at_effort.manifest["recall_at_10"] = _recall(run, table, at_effort)
-    logger.info(f"searching with {setting} {effort}: recall@10 {at_effort.recall:.3f} against the exact answer on {at_effort.manifest['recall_queries']} rows")
+    logger.info(
+        f"searching with {setting} {effort}: recall@10 {at_effort.recall:.3f} against the exact answer on {at_effort.manifest['recall_queries']} rows"
+    )
     return at_effort
 
 
@@ -201,7 +231,9 @@ def _recall(run: TrainedRun, table: str, found: AnnIndex) -> float:
     return hits / (k * len(sample))
 
 
-def exact_top_k(run: TrainedRun, table: str, queries: torch.Tensor, own: torch.Tensor, k: int, metric: str) -> torch.Tensor:
+def exact_top_k(
+    run: TrainedRun, table: str, queries: torch.Tensor, own: torch.Tensor, k: int, metric: str
+) -> torch.Tensor:
     """``(B, k)`` ids of the exact nearest rows of ``B`` query rows, row ``own[b]`` left out,
     with a running top-k over the table read a chunk at a time."""
     queries = F.normalize(queries, dim=1) if metric == "cosine" else queries
@@ -243,7 +275,10 @@ def _describe(manifest: dict) -> str:
 def _refuse_links(folder: Path, path: Path) -> None:
     for where in (folder, path):
         if where.is_symlink():
-            raise DsaError(f"'{where}' is a symbolic link; an index is never written or read through one", hint="give a real folder with --index-dir")
+            raise DsaError(
+                f"'{where}' is a symbolic link; an index is never written or read through one",
+                hint="give a real folder with --index-dir",
+            )
     if folder.exists() and not folder.is_dir():
         raise DsaError(f"index folder '{folder}' is not a folder", hint="give a folder with --index-dir")
 
@@ -263,7 +298,10 @@ def _read_manifest(path: Path) -> dict | None:
     except ValueError:
         manifest = None
     if not isinstance(manifest, dict):
-        raise DsaError(f"'{path}' is not an index dsa-train saved", hint="move it away or give another --index-dir; nothing was changed")
+        raise DsaError(
+            f"'{path}' is not an index dsa-train saved",
+            hint="move it away or give another --index-dir; nothing was changed",
+        )
     return manifest
 
 
@@ -278,4 +316,8 @@ def _read_index(faiss, path: Path):
 
 def _write(faiss, path: Path, manifest: dict, index) -> None:
     """``path`` replaced whole: the header line, the manifest and the index (temporary name, fsync, rename)."""
-    atomic_write_bytes(path, MAGIC + json.dumps(manifest, ensure_ascii=False).encode() + b"\n", memoryview(faiss.serialize_index(index)))
+    atomic_write_bytes(
+        path,
+        MAGIC + json.dumps(manifest, ensure_ascii=False).encode() + b"\n",
+        memoryview(faiss.serialize_index(index)),
+    )

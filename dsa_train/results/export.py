@@ -32,13 +32,21 @@ PARTIAL = ".partial-export-"
 MEANINGS = {
     ("node2vec", "nodes"): "node vectors (skip-gram input embeddings)",
     ("sage", "nodes"): "the learnable node features GraphSAGE aggregates",
-    ("dlrm", "features"): "rows of hashed categorical values (with model.recsys.tables: per_feature, feature f owns rows f x rows ... (f + 1) x rows - 1)",
+    (
+        "dlrm",
+        "features",
+    ): "rows of hashed categorical values (with model.recsys.tables: per_feature, feature f owns rows f x rows ... (f + 1) x rows - 1)",
 }
 
 
 def export_run(
-    trained: TrainedRun, out: Path, fmt: str, *, force: bool = False, chunk_rows: int = CHUNK_ROWS,
-) -> dict:  # fmt: skip
+    trained: TrainedRun,
+    out: Path,
+    fmt: str,
+    *,
+    force: bool = False,
+    chunk_rows: int = CHUNK_ROWS,
+) -> dict:
     """Write every table of ``trained`` to folder ``out`` in format ``fmt`` and return the
     manifest. ``force`` replaces ``out`` only if it is an earlier export (its ``export.json``
     says so); anything else there is refused. Each table's progress is reported as the work
@@ -53,15 +61,25 @@ def export_run(
         tables = {}
         for table, (rows, dim) in trained.tables.items():
             tables[table] = _export_table(trained, table, partial, fmt, chunk_rows)
-            meaning = trained.scoring.meanings.get(table, "embedding rows") if trained.scoring else MEANINGS.get((trained.kind, table), "embedding rows")
+            meaning = (
+                trained.scoring.meanings.get(table, "embedding rows")
+                if trained.scoring
+                else MEANINGS.get((trained.kind, table), "embedding rows")
+            )
             if table == "relations" and rows > trained.task.kg.num_relations:
                 meaning += f"; rows {trained.task.kg.num_relations:,} on are the inverse relations head queries use, named {INVERSE}<name>"
             tables[table].update(rows=rows, dim=dim, dtype="float32", meaning=meaning)
         manifest = {
-            "format": EXPORT_FORMAT, "version": 1, "run": str(trained.run.path.resolve()), "checkpoint": trained.step,
-            "model": trained.kind, "settings": trained.settings, "dataset": trained.recipe.dataset.kind, "file_format": fmt,
+            "format": EXPORT_FORMAT,
+            "version": 1,
+            "run": str(trained.run.path.resolve()),
+            "checkpoint": trained.step,
+            "model": trained.kind,
+            "settings": trained.settings,
+            "dataset": trained.recipe.dataset.kind,
+            "file_format": fmt,
             "tables": tables,
-        }  # fmt: skip
+        }
         _write_file(partial / MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
         fsync_directory(partial)
         _commit(partial, out)
@@ -73,12 +91,19 @@ def export_run(
 
 def _check_target(out: Path, force: bool) -> None:
     if out.is_symlink():
-        raise DsaError(f"output '{out}' is a symbolic link: export never writes through one", hint="give a real folder path with -o")
+        raise DsaError(
+            f"output '{out}' is a symbolic link: export never writes through one",
+            hint="give a real folder path with -o",
+        )
     if not out.parent.is_dir():
-        raise DsaError(f"the folder of output '{out}' does not exist", hint=f"create {out.parent} first, or pick another -o")
+        raise DsaError(
+            f"the folder of output '{out}' does not exist", hint=f"create {out.parent} first, or pick another -o"
+        )
     if out.exists():
         if not force:
-            raise DsaError(f"output '{out}' already exists", hint="pick a new folder, or pass --force to replace an earlier export")
+            raise DsaError(
+                f"output '{out}' already exists", hint="pick a new folder, or pass --force to replace an earlier export"
+            )
         if not _is_export(out):
             raise DsaError(
                 f"output '{out}' exists and is not an earlier export (no {MANIFEST} of format {EXPORT_FORMAT}): --force replaces only those",
@@ -110,13 +135,20 @@ def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk
     if fmt == "parquet":
         return _export_parquet(trained, table, folder, chunk_rows)
     rows, dim = trained.tables[table]
-    names_file, weights_file = f"{table}.names.tsv", {"npy": f"{table}.npy", "tsv": f"{table}.tsv", "word2vec": f"{table}.w2v.txt"}[fmt]
+    names_file, weights_file = (
+        f"{table}.names.tsv",
+        {"npy": f"{table}.npy", "tsv": f"{table}.tsv", "word2vec": f"{table}.w2v.txt"}[fmt],
+    )
     names, weights = _open_new(folder / names_file), _open_new(folder / weights_file)
     try:
         if fmt == "word2vec":
             weights.write(f"{rows} {dim}\n".encode())
         elif fmt == "npy":  # numpy's own header, then the rows in order: written, not faulted in through a mapping
-            header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False, "shape": (rows, dim)}
+            header = {
+                "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+                "fortran_order": False,
+                "shape": (rows, dim),
+            }
             np.lib.format.write_array_header_1_0(weights, header)
         for start, block in trained.chunks(table, chunk_rows):
             names.write(_names_lines(start, _names_of(trained, table, start, start + len(block))))
@@ -152,7 +184,10 @@ def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: i
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise DsaError("--format parquet needs pyarrow, which is not installed", hint='pip install "dsa-train[parquet]" (or pip install pyarrow)') from None
+        raise DsaError(
+            "--format parquet needs pyarrow, which is not installed",
+            hint='pip install "dsa-train[parquet]" (or pip install pyarrow)',
+        ) from None
     rows, dim = trained.tables[table]
     names_file, weights_file = f"{table}.names.tsv", f"{table}.parquet"
     schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("vector", pa.list_(pa.float32(), dim))])
@@ -163,7 +198,9 @@ def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: i
             for start, block in trained.chunks(table, chunk_rows):
                 blob, offsets = _names_of(trained, table, start, start + len(block))
                 names.write(_names_lines(start, (blob, offsets)))
-                labels = pa.LargeStringArray.from_buffers(len(block), pa.py_buffer(offsets), pa.py_buffer(blob)).cast(pa.string())
+                labels = pa.LargeStringArray.from_buffers(len(block), pa.py_buffer(offsets), pa.py_buffer(blob)).cast(
+                    pa.string()
+                )
                 vectors = pa.FixedSizeListArray.from_arrays(pa.array(block.numpy().reshape(-1)), dim)
                 ids = pa.array(np.arange(start, start + len(block), dtype=np.int64))
                 writer.write_table(pa.Table.from_arrays([ids, labels, vectors], schema=schema))
@@ -183,7 +220,10 @@ def _names_of(trained: TrainedRun, table: str, start: int, stop: int) -> tuple[n
     blob, offsets = trained.name_bytes(table, start, stop)
     if holds_tab_or_line_break(blob):
         bad = next(n for n in trained.names(table, range(start, stop)) if "\t" in n or "\n" in n or "\r" in n)
-        raise DsaError(f"{table} name {bad!r} holds a tab or a line break, which a names file cannot hold", hint="rename it in the dataset")
+        raise DsaError(
+            f"{table} name {bad!r} holds a tab or a line break, which a names file cannot hold",
+            hint="rename it in the dataset",
+        )
     return blob, offsets
 
 

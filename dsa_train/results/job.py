@@ -62,7 +62,10 @@ def open_job(run: RunFolder, recipe: Recipe, checkpoint: int | None) -> tuple[li
     world, steps = listed
     step = steps[-1] if checkpoint is None else checkpoint
     if step not in steps:
-        raise DsaError(f"step {step} is not a checkpoint every rank of '{run.path}' completed", hint=f"its complete steps: {', '.join(map(str, steps))}")
+        raise DsaError(
+            f"step {step} is not a checkpoint every rank of '{run.path}' completed",
+            hint=f"its complete steps: {', '.join(map(str, steps))}",
+        )
     paths = []
     for rank in range(world):
         rank_run = RunFolder.find(run.path / RANKS / rank_folder_name(rank, world))
@@ -78,7 +81,10 @@ def open_job(run: RunFolder, recipe: Recipe, checkpoint: int | None) -> tuple[li
                 getattr(model, name).weight.copy_(rank_zero[f"{name}.weight"])
         return paths, step, SimpleNamespace(kg=kg, model=model)
     if recipe.model.kind != "node2vec":
-        raise DsaError(f"'{run.path}' trained {recipe.model.kind!r} over several processes, which open_run cannot read", hint="dsa-train eval scores it")
+        raise DsaError(
+            f"'{run.path}' trained {recipe.model.kind!r} over several processes, which open_run cannot read",
+            hint="dsa-train eval scores it",
+        )
     graph = load_graph(recipe.dataset)
     table = _sharded(recipe, paths, "nodes", "embedding.weight", graph.num_nodes)
     return paths, step, SimpleNamespace(graph=graph, model=SkipGram(graph.num_nodes, recipe.model.dim, embedding=table))
@@ -89,9 +95,23 @@ def _sharded(recipe: Recipe, paths: list[Path], name: str, key: str, num_rows: i
     shards = []
     for rank, path in enumerate(paths):
         if recipe.model.embedding_storage == "disk":  # the rank's version: whole, or a chain of deltas
-            site = TableSite(CheckpointStore.get_tables_dir(path), writable=False, versions=CheckpointStore.table_versions(path))
+            site = TableSite(
+                CheckpointStore.get_tables_dir(path), writable=False, versions=CheckpointStore.table_versions(path)
+            )
             std = recipe.model.init_std if recipe.is_kge else SkipGram.INIT_STD
-            shards.append(disk_table(recipe, site, name, sharding.rows_of(rank), std=std, first_row=rank * sharding.block, total_rows=num_rows))
+            shards.append(
+                disk_table(
+                    recipe,
+                    site,
+                    name,
+                    sharding.rows_of(rank),
+                    std=std,
+                    first_row=rank * sharding.block,
+                    total_rows=num_rows,
+                )
+            )
         else:
-            shards.append(nn.Embedding.from_pretrained(load_tensors(CheckpointStore.get_model_file(path))[key], freeze=True))
+            shards.append(
+                nn.Embedding.from_pretrained(load_tensors(CheckpointStore.get_model_file(path))[key], freeze=True)
+            )
     return ShardedTable(sharding, shards, recipe.model.dim)

@@ -75,7 +75,11 @@ class TableNames:
         if self.graph is None:
             return _numbered(names, self.rows[table])
         if table == "entities":
-            return self.graph.entity_ids([str(n) for n in names]) if self._named(table) else _numbered(names, self.rows[table])
+            return (
+                self.graph.entity_ids([str(n) for n in names])
+                if self._named(table)
+                else _numbered(names, self.rows[table])
+            )
         base = self.graph.num_relations
         inverse = [str(n).startswith(INVERSE) and self.rows[table] > base for n in names]
         bare = [str(n)[len(INVERSE) :] if flip else str(n) for n, flip in zip(names, inverse)]

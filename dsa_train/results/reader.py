@@ -148,7 +148,10 @@ class TrainedRun:
         found = self._names.lookup(table, names)
         for name, row in zip(names, found):
             if row is None:
-                raise DsaError(f"{SINGULAR.get(table, 'row')} {name!r} is not in this run's {table}", hint=self._closest(table, name))
+                raise DsaError(
+                    f"{SINGULAR.get(table, 'row')} {name!r} is not in this run's {table}",
+                    hint=self._closest(table, name),
+                )
         return [int(row) for row in found]
 
     def gather(self, table: str, ids: Tensor) -> Tensor:
@@ -163,17 +166,29 @@ class TrainedRun:
         :math:`\\langle h, r, t \\rangle`, ComplEx :math:`\\mathrm{Re}\\langle h, r, \\bar t \\rangle`,
         RotatE :math:`-\\lVert h \\circ r - t \\rVert`)."""
         self._require_kg("score")
-        h, r, t = (self._as_ids(table, values) for table, values in (("entities", heads), ("relations", relations), ("entities", tails)))
+        h, r, t = (
+            self._as_ids(table, values)
+            for table, values in (("entities", heads), ("relations", relations), ("entities", tails))
+        )
         if not len(h) == len(r) == len(t):
-            raise DsaError(f"score needs as many heads, relations and tails; got {len(h)}, {len(r)} and {len(t)}", hint="pass three lists of one length")
+            raise DsaError(
+                f"score needs as many heads, relations and tails; got {len(h)}, {len(r)} and {len(t)}",
+                hint="pass three lists of one length",
+            )
         with torch.no_grad():
             rel, side = self.model.query_relations(r, "tail")
             return self.model.answer_scores(self.model.entities(h), rel, self.model.entities(t), side).clone()
 
     def predict(
-        self, *, head: str | int | None = None, relation: str | int, tail: str | int | None = None, k: int = 10,
-        filter: bool | str = False, chunk_rows: int = CHUNK_ROWS,
-    ) -> list[Answer]:  # fmt: skip
+        self,
+        *,
+        head: str | int | None = None,
+        relation: str | int,
+        tail: str | int | None = None,
+        k: int = 10,
+        filter: bool | str = False,
+        chunk_rows: int = CHUNK_ROWS,
+    ) -> list[Answer]:
         """The ``k`` best answers of ``(head, relation, ?)`` or ``(?, relation, tail)``: exact,
         every entity scored, a chunk of ``chunk_rows`` rows at a time. ``filter=True`` leaves
         out answers known in train, valid or test (the filter of filtered ranking);
@@ -181,15 +196,22 @@ class TrainedRun:
         return self.predict_many([(head, relation, tail)], k=k, filter=filter, chunk_rows=chunk_rows)[0]
 
     def predict_many(
-        self, queries: Sequence[tuple], *, k: int = 10, filter: bool | str = False, chunk_rows: int = CHUNK_ROWS,
-    ) -> list[list[Answer]]:  # fmt: skip
+        self,
+        queries: Sequence[tuple],
+        *,
+        k: int = 10,
+        filter: bool | str = False,
+        chunk_rows: int = CHUNK_ROWS,
+    ) -> list[list[Answer]]:
         """:meth:`predict` for many ``(head, relation, None)`` / ``(None, relation, tail)``
         queries at once: one pass over the entity table answers all of them."""
         self._require_kg("predict")
         if k < 1:
             raise DsaError(f"k must be at least 1, got {k}", hint="e.g. k=10")
         if filter not in (False, True, "mark"):
-            raise DsaError(f"filter must be False, True or 'mark', got {filter!r}", hint="filter=True drops known answers")
+            raise DsaError(
+                f"filter must be False, True or 'mark', got {filter!r}", hint="filter=True drops known answers"
+            )
         for head, _, tail in queries:
             if (head is None) == (tail is None):
                 raise DsaError(
@@ -203,7 +225,11 @@ class TrainedRun:
                 continue
             anchors = self._as_ids("entities", [queries[i][0] if side == "tail" else queries[i][2] for i in picked])
             relations = self._as_ids("relations", [queries[i][1] for i in picked])
-            known = self.task.kg.filter_index().known(anchors, relations, side) if filter else (torch.zeros(0, dtype=torch.long),) * 2
+            known = (
+                self.task.kg.filter_index().known(anchors, relations, side)
+                if filter
+                else (torch.zeros(0, dtype=torch.long),) * 2
+            )
             scores, ids = self._top_k(anchors, relations, side, k, known if filter is True else None, chunk_rows)
             for row, i in enumerate(picked):
                 marked = set(known[1][known[0] == row].tolist()) if filter == "mark" else set()
@@ -213,7 +239,9 @@ class TrainedRun:
                 answers[i] = [Answer(n, e, s, e in marked) for n, e, s in zip(names, top_ids, top_scores)]
         return answers
 
-    def _top_k(self, anchors: Tensor, relations: Tensor, side: str, k: int, drop, chunk_rows: int) -> tuple[Tensor, Tensor]:
+    def _top_k(
+        self, anchors: Tensor, relations: Tensor, side: str, k: int, drop, chunk_rows: int
+    ) -> tuple[Tensor, Tensor]:
         """``(B, k)`` best scores and entity ids of ``B`` queries asking for ``side``, with a
         running top-k over the entity table read in chunks; ``drop``: ``(query, entity)`` pairs
         scored as ``-inf``."""
@@ -223,7 +251,9 @@ class TrainedRun:
             anchor_rows = model.entities(anchors)
             rel, side = model.query_relations(relations, side)
             for start, block in self.chunks("entities", chunk_rows):
-                keys = model.ranking_keys(anchor_rows, rel, model.constrain(block), side)  # ordered as the scores, fewer passes
+                keys = model.ranking_keys(
+                    anchor_rows, rel, model.constrain(block), side
+                )  # ordered as the scores, fewer passes
                 if drop is not None:
                     inside = (drop[1] >= start) & (drop[1] < start + len(block))
                     keys[drop[0][inside], drop[1][inside] - start] = float("-inf")
@@ -240,7 +270,10 @@ class TrainedRun:
         log in the run's format (its header names the run's columns; the label column may be
         left out), in file order, a chunk of impressions at a time."""
         if not self.recipe.is_recsys:
-            raise DsaError(f"click probabilities come from a click model; model.kind {self.kind!r} is not one", hint="use predict() for knowledge graphs")
+            raise DsaError(
+                f"click probabilities come from a click model; model.kind {self.kind!r} is not one",
+                hint="use predict() for knowledge graphs",
+            )
         chunks = read_click_chunks(click_log_file(Path(path)), click_columns(self.recipe.dataset), need_label=False)
         features, dense_features = next(chunks)
         log = self.task.log
@@ -257,7 +290,9 @@ class TrainedRun:
                 torch.cumsum(bags[:-1], 0, out=offsets[1:])
                 feature = torch.arange(len(features)).repeat(len(labels)).repeat_interleave(bags)
                 rows = self.task.rows(torch.from_numpy(ids), feature)
-                logits = self.model(torch.from_numpy(dense), rows, offsets, None if weights is None else torch.from_numpy(weights))
+                logits = self.model(
+                    torch.from_numpy(dense), rows, offsets, None if weights is None else torch.from_numpy(weights)
+                )
                 yield torch.sigmoid(logits)
 
     # -- neighbours ---------------------------------------------------------------------
@@ -274,9 +309,15 @@ class TrainedRun:
         return self.scoring.metric(self.recipe.model) if self.scoring else "dot"
 
     def neighbors(
-        self, name: str | int, *, k: int = 10, metric: str | None = None, table: str | None = None, chunk_rows: int = CHUNK_ROWS,
+        self,
+        name: str | int,
+        *,
+        k: int = 10,
+        metric: str | None = None,
+        table: str | None = None,
+        chunk_rows: int = CHUNK_ROWS,
         approximate: bool | AnnIndex = False,
-    ) -> list[Answer]:  # fmt: skip
+    ) -> list[Answer]:
         """The ``k`` rows of ``table`` (default: entities or nodes) nearest to ``name``'s, itself
         left out; exact, a chunk of rows at a time. ``metric``: ``cosine`` similarity, ``dot``
         product, or ``l1``/``l2`` distance, whose scores are the negative distances so that
@@ -287,7 +328,10 @@ class TrainedRun:
         saved by the first call, its recall@10 printed); or pass an index it returned."""
         metric = metric or self.default_metric
         if metric not in METRICS:
-            raise DsaError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}", hint="cosine compares directions, l2 positions")
+            raise DsaError(
+                f"metric must be one of {', '.join(METRICS)}, got {metric!r}",
+                hint="cosine compares directions, l2 positions",
+            )
         if k < 1:
             raise DsaError(f"k must be at least 1, got {k}", hint="e.g. k=10")
         table = table or next(iter(self._tables))
@@ -295,10 +339,16 @@ class TrainedRun:
         query = self.rows(table, row, row + 1)[0]
         if approximate is not False:
             index = self.ann_index(table, metric) if approximate is True else approximate
-            if (index.manifest["table"], index.manifest["metric"], index.manifest["checkpoint"]) != (table, metric, self.step):
-                raise DsaError(f"the index given is of {index.manifest['table']} in {index.manifest['metric']} at checkpoint "
-                               f"{index.manifest['checkpoint']}; this search is of {table} in {metric} at checkpoint {self.step}",
-                               hint="pass approximate=True, or an index from run.ann_index(table, metric)")  # fmt: skip
+            if (index.manifest["table"], index.manifest["metric"], index.manifest["checkpoint"]) != (
+                table,
+                metric,
+                self.step,
+            ):
+                raise DsaError(
+                    f"the index given is of {index.manifest['table']} in {index.manifest['metric']} at checkpoint "
+                    f"{index.manifest['checkpoint']}; this search is of {table} in {metric} at checkpoint {self.step}",
+                    hint="pass approximate=True, or an index from run.ann_index(table, metric)",
+                )
             scores, ids = index.search(query[None], k + 1)
             found = [(i, s) for i, s in zip(ids[0].tolist(), scores[0].tolist()) if i not in (row, -1)][:k]
             return [Answer(n, i, s) for n, (i, s) in zip(self.names(table, [i for i, _ in found]), found)]
@@ -323,8 +373,14 @@ class TrainedRun:
         return [Answer(n, i, s) for n, i, s in zip(self.names(table, best_ids), best_ids, best_scores)]
 
     def ann_index(
-        self, table: str | None = None, metric: str | None = None, *, kind: str | None = None, folder: str | Path | None = None, effort: int | None = None,
-    ) -> AnnIndex:  # fmt: skip
+        self,
+        table: str | None = None,
+        metric: str | None = None,
+        *,
+        kind: str | None = None,
+        folder: str | Path | None = None,
+        effort: int | None = None,
+    ) -> AnnIndex:
         """A faiss index of ``table`` (default: entities or nodes) in ``metric`` (default:
         :attr:`default_metric`; ``cosine``, ``dot`` or ``l2``), for ``neighbors(...,
         approximate=index)``. Loaded from ``folder`` (default: the run folder's ``ann/``) when
@@ -350,7 +406,9 @@ class TrainedRun:
         if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             bad = [v for v in values if not 0 <= v < total]
             if bad:
-                raise DsaError(f"row {bad[0]} is outside {table} (0 to {total - 1:,})", hint="pass names, or ids from run.ids()")
+                raise DsaError(
+                    f"row {bad[0]} is outside {table} (0 to {total - 1:,})", hint="pass names, or ids from run.ids()"
+                )
             return torch.tensor(values, dtype=torch.long)
         return torch.tensor(self.ids(table, [str(v) for v in values]), dtype=torch.long)
 
@@ -358,11 +416,18 @@ class TrainedRun:
         total = table_shape(self._table(table))[0]
         sample = self.names(table, range(min(total, 200_000)))  # a bounded look: names are in fingerprint order
         close = difflib.get_close_matches(str(name), sample, n=3, cutoff=0.6)
-        return f"did you mean {', '.join(map(repr, close))}?" if close else f"names look like {', '.join(map(repr, sample[:3]))}"
+        return (
+            f"did you mean {', '.join(map(repr, close))}?"
+            if close
+            else f"names look like {', '.join(map(repr, sample[:3]))}"
+        )
 
     def _require_kg(self, what: str) -> None:
         if not self.recipe.is_kge:
-            raise DsaError(f"{what} scores knowledge-graph triples; model.kind {self.kind!r} has none", hint="use neighbors() for node embeddings")
+            raise DsaError(
+                f"{what} scores knowledge-graph triples; model.kind {self.kind!r} has none",
+                hint="use neighbors() for node embeddings",
+            )
 
 
 class _KeptWarnings(logging.Handler):

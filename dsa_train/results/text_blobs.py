@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 TAB, NEWLINE, RETURN = ord("\t"), ord("\n"), ord("\r")
-FOUR_DIGITS = np.frombuffer(b"".join(b"%04d" % i for i in range(10_000)), dtype=np.uint32)  # "0000" .. "9999", 4 bytes each
+FOUR_DIGITS = np.frombuffer(
+    b"".join(b"%04d" % i for i in range(10_000)), dtype=np.uint32
+)  # "0000" .. "9999", 4 bytes each
 
 
 def decimal(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

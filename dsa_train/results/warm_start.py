@@ -45,7 +45,9 @@ def carry_over(task, recipe) -> dict[str, dict[str, int]]:
                 carried += _carry_chunk(source, table, module, names, start, min(start + CHUNK_ROWS, rows))
         counts[table] = {"carried": carried, "new": rows - carried}
     parts = [f"{table} {c['carried']:,} carried over, {c['new']:,} new" for table, c in counts.items()]
-    logger.info(f"init_from {source.run.path} (checkpoint {source.step}): {'; '.join(parts)}; Adam's moments start at zero")
+    logger.info(
+        f"init_from {source.run.path} (checkpoint {source.step}): {'; '.join(parts)}; Adam's moments start at zero"
+    )
     return counts
 
 

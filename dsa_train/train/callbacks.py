@@ -154,4 +154,11 @@ class PeriodicEvaluation(Callback):
 
 def default_callbacks() -> list[Callback]:
     """The extras of every run, in the order their hooks run."""
-    return [Progress(), LearningRateSchedule(), OptimizerMemory(), PeriodicCheckpoint(), CheckpointOnInterrupt(), PeriodicEvaluation()]
+    return [
+        Progress(),
+        LearningRateSchedule(),
+        OptimizerMemory(),
+        PeriodicCheckpoint(),
+        CheckpointOnInterrupt(),
+        PeriodicEvaluation(),
+    ]

@@ -33,7 +33,16 @@ from ..errors import StateError
 from ..fsutil import copy_sparse, file_digest, fsync_all
 from ..nn import ChainEmbedding, DiskTable
 from ..optim import DiskSparseAdam
-from ..optim.deltas import DELTA_SUFFIX, VIRTUAL, ChainReader, LiveRows, chain_of, read_delta_header, snapshot_path, write_delta
+from ..optim.deltas import (
+    DELTA_SUFFIX,
+    VIRTUAL,
+    ChainReader,
+    LiveRows,
+    chain_of,
+    read_delta_header,
+    snapshot_path,
+    write_delta,
+)
 from ..optim.format import HEADER_BYTES, TABLE_LAYOUT, read_row_header
 from ..optim.row_file import RowFile
 from ..optim.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
@@ -182,7 +191,16 @@ class RowWriter:
         limit = MAX_DELTA_FRACTION * (size - HEADER_BYTES)
         if parent.links + 1 <= MAX_LINKS and parent.chain_bytes + len(rows) * row_bytes <= limit:
             source = LiveRows(source, live) if live is not None else source
-            return self._delta(source, rows, target, rel, row_bytes, parent, parent.links + 1, parent.chain_bytes + len(rows) * row_bytes)
+            return self._delta(
+                source,
+                rows,
+                target,
+                rel,
+                row_bytes,
+                parent,
+                parent.links + 1,
+                parent.chain_bytes + len(rows) * row_bytes,
+            )
         if self.clones or parent.links == 0:
             return self._base(source, target, live_file)
         chain = chain_of(parent.path)  # compaction: the union of the chain's rows, on its base
@@ -190,7 +208,9 @@ class RowWriter:
         if len(union) * row_bytes > limit:
             return self._base(source, target, live_file)
         source = LiveRows(source, live) if live is not None else source
-        return self._delta(source, union, target, rel, row_bytes, self.baseline.base_of(rel, parent), 1, len(union) * row_bytes)
+        return self._delta(
+            source, union, target, rel, row_bytes, self.baseline.base_of(rel, parent), 1, len(union) * row_bytes
+        )
 
     def _base(self, source: Path, target: Path, live_file: RowFile | None) -> None:
         if self.clones:
@@ -205,8 +225,17 @@ class RowWriter:
         self.synced.add(str(target.relative_to(self.partial)))  # both fsync; its digest reads it (a clone too)
 
     def _delta(self, source, rows, target, rel, row_bytes, parent: Version, links: int, chain_bytes: int) -> None:
-        meta = {"file": rel, "row_bytes": row_bytes, "parent": parent.link, "base": parent.base, "links": links, "chain_bytes": chain_bytes}
-        written = write_delta(source, rows, target.with_name(target.name + DELTA_SUFFIX), meta)  # fsynced, digested as written
+        meta = {
+            "file": rel,
+            "row_bytes": row_bytes,
+            "parent": parent.link,
+            "base": parent.base,
+            "links": links,
+            "chain_bytes": chain_bytes,
+        }
+        written = write_delta(
+            source, rows, target.with_name(target.name + DELTA_SUFFIX), meta
+        )  # fsynced, digested as written
         self.synced.add(rel + DELTA_SUFFIX)
         self.digests[rel + DELTA_SUFFIX] = written.digest
         self.needs |= parent.needs
@@ -290,11 +319,15 @@ def baseline(store, optimizer: torch.optim.Optimizer, name: str) -> Baseline | N
     return Checkpointed(store, folder, state) if state.get("checkpoint_id") == checkpoint_id else None
 
 
-def write_checkpoint(partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict, extra: dict, rows: RowWriter) -> None:
+def write_checkpoint(
+    partial: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict, extra: dict, rows: RowWriter
+) -> None:
     """Every file of a checkpoint into its ``partial`` folder, each fsynced once and digested
     once (a delta as it is written), then ``trainer.json``, then the folders. The optimizer's
     row files are copied as it holds them, not flushed: the live files stay as they were."""
-    manifest = optimizer.snapshot_manifest() if isinstance(optimizer, DiskSparseAdam) else None  # first: a broken step refuses here
+    manifest = (
+        optimizer.snapshot_manifest() if isinstance(optimizer, DiskSparseAdam) else None
+    )  # first: a broken step refuses here
     partial.mkdir()
     torch.save(model.state_dict(), partial / MODEL)  # a disk table's entry is a reference...
     for module in model.modules():  # ...and its file (weights and moments) is a base or a delta
@@ -306,7 +339,9 @@ def write_checkpoint(partial: Path, model: torch.nn.Module, optimizer: torch.opt
     for name, obj in extra.items():
         torch.save(obj, partial / name)
     files = {str(p.relative_to(partial)): p for p in sorted(partial.rglob("*")) if p.is_file()}
-    digests = {name: rows.digests.get(name) or file_digest(path) for name, path in files.items()}  # small files: page cache
+    digests = {
+        name: rows.digests.get(name) or file_digest(path) for name, path in files.items()
+    }  # small files: page cache
     state = {"format": CHECKPOINT_FORMAT, "version": VERSION, **trainer, "needs": sorted(rows.needs), "files": digests}
     fd = os.open(partial / TRAINER, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "w") as f:

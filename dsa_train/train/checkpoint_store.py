@@ -142,7 +142,9 @@ class CheckpointStore:
         needs = state.get("needs") if state and state.get("format") == FORMAT else None
         return [n for n in needs if isinstance(n, str) and is_step_name(n)] if isinstance(needs, list) else []
 
-    def retained(self, keep: int, *, complete: list[Path] | None = None, held: dict[Path, str] | None = None) -> dict[Path, str]:
+    def retained(
+        self, keep: int, *, complete: list[Path] | None = None, held: dict[Path, str] | None = None
+    ) -> dict[Path, str]:
         """Which of the ``complete`` checkpoints (oldest first; default: the store's) stay, each
         with why: those ``held`` (with their reasons), the newest ``keep``, and every checkpoint
         a kept one is made of (its ``needs``, which list a delta chain whole). The one rule for
@@ -153,7 +155,9 @@ class CheckpointStore:
             why.setdefault(checkpoint, f"one of the newest {keep} checkpoints")
         for kept in list(why):
             for name in self.needs(kept):
-                why.setdefault(kept.parent / name, f"checkpoint {kept.name} is made of its deltas on this one: kept with it")
+                why.setdefault(
+                    kept.parent / name, f"checkpoint {kept.name} is made of its deltas on this one: kept with it"
+                )
         return why
 
     def prune(self, keep: int) -> None:
@@ -169,7 +173,14 @@ class CheckpointStore:
 
     # -- saving -------------------------------------------------------------------------------
     def save(
-        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, trainer: dict, *, keep: int, extra: dict[str, object] | None = None
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        trainer: dict,
+        *,
+        keep: int,
+        extra: dict[str, object] | None = None,
     ) -> Path:
         """Commit a checkpoint of ``step``, then prune to ``keep``; ``extra`` maps file names to
         more objects to ``torch.save``."""
@@ -181,8 +192,12 @@ class CheckpointStore:
         checkpoint_id = uuid.uuid4().hex
         rows = _rows()
         try:
-            writer = rows.RowWriter(partial, optimizer, rows.baseline(self, optimizer, final.name), rows.clones(self.folder))
-            rows.write_checkpoint(partial, model, optimizer, {**trainer, "checkpoint_id": checkpoint_id}, extra or {}, writer)
+            writer = rows.RowWriter(
+                partial, optimizer, rows.baseline(self, optimizer, final.name), rows.clones(self.folder)
+            )
+            rows.write_checkpoint(
+                partial, model, optimizer, {**trainer, "checkpoint_id": checkpoint_id}, extra or {}, writer
+            )
         except OSError as e:
             shutil.rmtree(partial, ignore_errors=True)
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -226,7 +241,9 @@ class CheckpointStore:
         try:
             state = json.loads((checkpoint / TRAINER).read_bytes())
         except (OSError, ValueError) as e:
-            raise StateError(f"checkpoint '{checkpoint}' is unreadable: {e}", hint="resume from an older checkpoint") from None
+            raise StateError(
+                f"checkpoint '{checkpoint}' is unreadable: {e}", hint="resume from an older checkpoint"
+            ) from None
         if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") not in READABLE:
             found = (state.get("format"), state.get("version")) if isinstance(state, dict) else (None, None)
             raise StateError(
@@ -293,12 +310,15 @@ class CheckpointStore:
         if is_virtual(link):  # the file as it was made: nothing to reach, its header must say how
             if meta["file"] != rel:
                 raise StateError(
-                    f"checkpoint '{checkpoint}' is damaged: {name} names the file {meta['file']!r}", hint="resume from an older checkpoint"
+                    f"checkpoint '{checkpoint}' is damaged: {name} names the file {meta['file']!r}",
+                    hint="resume from an older checkpoint",
                 )
             try:
                 chain_of(checkpoint / name)
             except StateError as e:
-                raise StateError(f"checkpoint '{checkpoint}' is damaged: {e.message}", hint="resume from an older checkpoint") from None
+                raise StateError(
+                    f"checkpoint '{checkpoint}' is damaged: {e.message}", hint="resume from an older checkpoint"
+                ) from None
             return set()
         parent = checkpoint.parent / link["snapshot"]
         if meta["file"] != rel or not link["snapshot"] < checkpoint.name or not (parent / TRAINER).is_file():
@@ -389,7 +409,13 @@ class CheckpointStore:
         folder = CheckpointStore.get_tables_dir(checkpoint)
         if not folder.is_dir():
             return []
-        return sorted({p.name.removesuffix(DELTA_SUFFIX) for p in folder.iterdir() if p.name.removesuffix(DELTA_SUFFIX).endswith(".table")})
+        return sorted(
+            {
+                p.name.removesuffix(DELTA_SUFFIX)
+                for p in folder.iterdir()
+                if p.name.removesuffix(DELTA_SUFFIX).endswith(".table")
+            }
+        )
 
     @staticmethod
     def table_versions(checkpoint: Path) -> dict[str, Callable[[], ChainEmbedding]]:

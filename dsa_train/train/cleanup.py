@@ -66,7 +66,6 @@ from .run_folder import (
 SEARCH_DEPTH = 3  # how deep below a given folder runs and state directories are looked for
 
 
-
 @dataclass
 class Candidate:
     """One thing the plan removes: ``owner`` is the folder locked while it goes (a run folder
@@ -96,14 +95,20 @@ def parse_age(text: str) -> float:
     """``"90s"``, ``"30m"``, ``"12h"``, ``"7d"``, ``"2w"`` -> seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
     if not match:
-        raise DsaError(f"--older-than {text!r} is not an age", hint="write a number and a unit: 90s, 30m, 12h, 7d or 2w")
+        raise DsaError(
+            f"--older-than {text!r} is not an age", hint="write a number and a unit: 90s, 30m, 12h, 7d or 2w"
+        )
     return float(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[match[2]]
 
 
 # -- recognising ---------------------------------------------------------------------------------
 def state_manifest(path: Path) -> dict | None:
     manifest = read_json_object(path / MANIFEST)
-    return manifest if manifest and manifest.get("format") == STATE_FORMAT and isinstance(manifest.get("state_id"), str) else None
+    return (
+        manifest
+        if manifest and manifest.get("format") == STATE_FORMAT and isinstance(manifest.get("state_id"), str)
+        else None
+    )
 
 
 def is_state_dir(path: Path) -> bool:
@@ -160,7 +165,10 @@ def job_ranks(job: Path) -> list[RankFolder]:
     except FileNotFoundError:
         return []
     except OSError as e:
-        raise StateError(f"cannot read the rank folders in '{ranks}': {e.strerror}", hint="pass a torchrun job's run folder you can read") from None
+        raise StateError(
+            f"cannot read the rank folders in '{ranks}': {e.strerror}",
+            hint="pass a torchrun job's run folder you can read",
+        ) from None
     found = []
     for entry in entries:
         path, named = Path(entry.path), rank_name(entry.name)
@@ -212,7 +220,9 @@ def plan_clean(paths: list[Path], *, keep_last: int = 1, older_than: float | Non
         if path.is_symlink():
             raise DsaError(f"'{path}' is a symbolic link; clean does not follow links", hint="pass the real path")
         if not path.is_dir():
-            raise DsaError(f"'{path}' is not a directory", hint="pass a run folder, a state directory, or a folder holding them")
+            raise DsaError(
+                f"'{path}' is not a directory", hint="pass a run folder, a state directory, or a folder holding them"
+            )
         run, inside = _enclosing(path)
         if run is not None:
             _plan_inside_run(run, path, inside, plan, keep_last)
@@ -329,12 +339,20 @@ def _plan_run(path: Path, plan: CleanPlan, keep_last: int) -> None:
         return
     run = _survey(path, plan)
     if run is not None:
-        keep = {c: f"one of the newest {keep_last} checkpoints (--keep-last)" for c in (run.complete[-keep_last:] if keep_last else [])}
+        keep = {
+            c: f"one of the newest {keep_last} checkpoints (--keep-last)"
+            for c in (run.complete[-keep_last:] if keep_last else [])
+        }
         _settle(run, plan, _with_needs(run, keep))
         elsewhere = RunFolder(path).live_state_dir
         if elsewhere != path / STATE and os.path.isdir(elsewhere):  # the recipe's own optimizer.state_dir
-            plan.kept.append((elsewhere, f"the optimizer state of run '{path}', outside its folder (optimizer.state_dir): "
-                                         f"dsa-train clean {elsewhere} removes it once the run is finished"))  # fmt: skip
+            plan.kept.append(
+                (
+                    elsewhere,
+                    f"the optimizer state of run '{path}', outside its folder (optimizer.state_dir): "
+                    f"dsa-train clean {elsewhere} removes it once the run is finished",
+                )
+            )
 
 
 @dataclass
@@ -368,7 +386,14 @@ def _survey(path: Path, plan: CleanPlan) -> _Run | None:
     store = CheckpointStore.of_run(path)
     for folder in store.scratch():
         plan.candidates.append(
-            Candidate("unfinished checkpoint", folder, allocated_bytes(folder), _mtime(folder), path, (CHECKPOINTS, folder.name))
+            Candidate(
+                "unfinished checkpoint",
+                folder,
+                allocated_bytes(folder),
+                _mtime(folder),
+                path,
+                (CHECKPOINTS, folder.name),
+            )
         )
     complete = []
     for folder in store.complete():
@@ -381,7 +406,11 @@ def _survey(path: Path, plan: CleanPlan) -> _Run | None:
             plan.kept.append((folder, "a checkpoint of another run (its trainer.json names another run id)"))
     opened = {}
     for checkpoint in complete:
-        holder = lock_holder(checkpoint / STATE) if (checkpoint / STATE).is_dir() and not (checkpoint / STATE).is_symlink() else None
+        holder = (
+            lock_holder(checkpoint / STATE)
+            if (checkpoint / STATE).is_dir() and not (checkpoint / STATE).is_symlink()
+            else None
+        )
         if holder:
             opened[checkpoint] = f"its optimizer state is open in {holder}"
     return _Run(path, marker, complete, opened)
@@ -405,14 +434,29 @@ def _settle(run: _Run, plan: CleanPlan, why: dict[Path, str], *, job: Path | Non
             plan.kept.append((checkpoint, why[checkpoint]))
         else:
             plan.candidates.append(
-                Candidate("checkpoint", checkpoint, allocated_bytes(checkpoint), _mtime(CheckpointStore.get_trainer_file(checkpoint)), path,
-                          (CHECKPOINTS, checkpoint.name), job, keep_last)  # fmt: skip
+                Candidate(
+                    "checkpoint",
+                    checkpoint,
+                    allocated_bytes(checkpoint),
+                    _mtime(CheckpointStore.get_trainer_file(checkpoint)),
+                    path,
+                    (CHECKPOINTS, checkpoint.name),
+                    job,
+                    keep_last,
+                )
             )
     state = path / STATE
     manifest = state_manifest(state) if state.is_dir() and not state.is_symlink() else None
     if manifest is not None and run.complete and _finished(path) and manifest["state_id"] == run.marker.get("state_id"):
         plan.candidates.append(
-            Candidate("finished run's optimizer state", state, allocated_bytes(state), _mtime(state / MANIFEST), path, (STATE,))
+            Candidate(
+                "finished run's optimizer state",
+                state,
+                allocated_bytes(state),
+                _mtime(state / MANIFEST),
+                path,
+                (STATE,),
+            )
         )
 
 
@@ -426,7 +470,10 @@ def _plan_job(job: Path, plan: CleanPlan, keep_last: int) -> None:
             return
         top = _survey(job, plan)  # a job's own folder holds no checkpoints; should it, they are a run's
         if top is not None:
-            keep = {c: f"one of the newest {keep_last} checkpoints (--keep-last)" for c in (top.complete[-keep_last:] if keep_last else [])}
+            keep = {
+                c: f"one of the newest {keep_last} checkpoints (--keep-last)"
+                for c in (top.complete[-keep_last:] if keep_last else [])
+            }
             _settle(top, plan, _with_needs(top, keep))
     if (job / RANKS).is_symlink():
         plan.kept.append((job / RANKS, "a symbolic link: clean never follows links"))
@@ -463,11 +510,15 @@ def _job_keeps(job: Path, ranks: list[tuple[RankFolder, _Run]], keep_last: int) 
     keeps = {}
     for entry, run in ranks:
         if listed is None:
-            why = (f"no valid {JOB_MANIFEST} in the job's folder (it is on rank 0's machine, once a checkpoint of "
-                   "every rank is complete): no step is known complete")  # fmt: skip
+            why = (
+                f"no valid {JOB_MANIFEST} in the job's folder (it is on rank 0's machine, once a checkpoint of "
+                "every rank is complete): no step is known complete"
+            )
             keep = dict.fromkeys(run.complete, why)
         elif entry.world_size != world:
-            keep = dict.fromkeys(run.complete, f"the job's {JOB_MANIFEST} is for {world} ranks, this folder is {entry.label}")
+            keep = dict.fromkeys(
+                run.complete, f"the job's {JOB_MANIFEST} is for {world} ranks, this folder is {entry.label}"
+            )
         elif lacking:
             why = f"the job's {JOB_MANIFEST} lists step {newest} as complete, but {lacking[0]} has no checkpoint of it: every checkpoint kept"
             keep = dict.fromkeys(run.complete, why)
@@ -476,9 +527,13 @@ def _job_keeps(job: Path, ranks: list[tuple[RankFolder, _Run]], keep_last: int) 
             for checkpoint in run.complete:
                 step = int(checkpoint.name)
                 if step in kept:
-                    keep[checkpoint] = f"one of the job's newest {keep_last} complete checkpoints (--keep-last, {JOB_MANIFEST})"
+                    keep[checkpoint] = (
+                        f"one of the job's newest {keep_last} complete checkpoints (--keep-last, {JOB_MANIFEST})"
+                    )
                 elif newest is None or step > newest:
-                    keep[checkpoint] = f"newer than the job's newest complete checkpoint ({JOB_MANIFEST}): one every rank may not have"
+                    keep[checkpoint] = (
+                        f"newer than the job's newest complete checkpoint ({JOB_MANIFEST}): one every rank may not have"
+                    )
         keeps[entry.path] = _with_needs(run, keep)
     if newest is not None and any(int(c.name) < newest for why in keeps.values() for c in why):
         for entry, run in ranks:  # the step a resume starts from never goes while an older one stays
@@ -516,7 +571,9 @@ def remove(candidate: Candidate) -> None:
             job.acquire()
         except StateError as e:
             raise DsaError(f"'{candidate.path}' left alone: {e.message}") from None
-    lock = DirectoryLock(candidate.owner, purpose="run folder" if candidate.parts else "state directory", follow_link=False)
+    lock = DirectoryLock(
+        candidate.owner, purpose="run folder" if candidate.parts else "state directory", follow_link=False
+    )
     try:
         lock.acquire()  # a live run or optimizer holds it: refused, nothing removed
     except StateError as e:
@@ -563,7 +620,14 @@ def _check_job(job_fd: int, run_fd: int, candidate: Candidate) -> None:
         raise _changed(candidate, f"its rank folder is no longer the one in the job's {RANKS}/")
     listed, named = job_checkpoints(None, dir_fd=job_fd), rank_name(candidate.owner.name)
     step, keep = int(candidate.parts[1]), candidate.keep_last
-    if listed is None or named is None or named[1] != listed[0] or not listed[1] or step > listed[1][-1] or (keep and step in listed[1][-keep:]):
+    if (
+        listed is None
+        or named is None
+        or named[1] != listed[0]
+        or not listed[1]
+        or step > listed[1][-1]
+        or (keep and step in listed[1][-keep:])
+    ):
         raise _changed(candidate, f"the job's {JOB_MANIFEST} no longer lets it go")
 
 
@@ -607,7 +671,12 @@ def _remove_checkpoint(run_fd: int, candidate: Candidate) -> None:
             inner = _hold(STATE, checkpoint_fd, candidate)  # someone opened the checkpoint's copy: leave it
             if candidate.kind == "checkpoint":
                 state = read_json_object(TRAINER, dir_fd=checkpoint_fd)
-                if not (marker and state and state.get("format") == CHECKPOINT_FORMAT and state.get("run_id") == marker.get("run_id")):
+                if not (
+                    marker
+                    and state
+                    and state.get("format") == CHECKPOINT_FORMAT
+                    and state.get("run_id") == marker.get("run_id")
+                ):
                     raise _changed(candidate, "it is no longer a checkpoint of this run")
                 doomed = CheckpointStore.get_doomed_dir(Path(name)).name
                 os.rename(name, doomed, src_dir_fd=checkpoints_fd, dst_dir_fd=checkpoints_fd)  # incomplete from here
@@ -632,7 +701,12 @@ def _remove_run_state(run_fd: int, candidate: Candidate) -> None:
         raise _changed(candidate, "it is no longer a real folder")
     try:
         manifest = read_json_object(MANIFEST, dir_fd=state_fd)
-        if not (marker and manifest and manifest.get("format") == STATE_FORMAT and manifest.get("state_id") == marker.get("state_id")):
+        if not (
+            marker
+            and manifest
+            and manifest.get("format") == STATE_FORMAT
+            and manifest.get("state_id") == marker.get("state_id")
+        ):
             raise _changed(candidate, "its manifest no longer names this run's state")
         shutil.rmtree(STATE, dir_fd=run_fd)
     finally:

@@ -120,7 +120,9 @@ def _imports(recipe: Recipe) -> tuple[int | None, str, list[tuple[str, int, str]
         if data.kind == "edge_list":
             guess = size_guess.edge_list_guess(data)
             ids = id_dtype(guess.nodes).itemsize
-            bytes_ = 8 * (guess.nodes + 1) + ids * guess.items * (1 if data.edges.directed else 2) + 3 * ids * guess.nodes
+            bytes_ = (
+                8 * (guess.nodes + 1) + ids * guess.items * (1 if data.edges.directed else 2) + 3 * ids * guess.nodes
+            )
             if data.edges.ids == "names":
                 bytes_ += guess.nodes * (16 + 8 + 12)  # a fingerprint, an offset, the name's bytes (about 12)
             what = f"the imported graph (about {guess.items:,} edges, {guess.nodes:,} nodes; written once, reused)"
@@ -167,7 +169,13 @@ def estimate(recipe: Recipe) -> Estimate:
     shape = f"{rows:,} x {recipe.model.dim} float32"
     parts: list[tuple[str, int, str]] = list(imports)
     if on_disk:
-        parts.append((f"the table file ({shape}: weights and Adam moments, in the page cache as far as RAM allows)", 3 * table, "disk"))
+        parts.append(
+            (
+                f"the table file ({shape}: weights and Adam moments, in the page cache as far as RAM allows)",
+                3 * table,
+                "disk",
+            )
+        )
     else:
         parts.append((f"the table ({shape})", table, "RAM"))
         if sparse_adam:
@@ -176,13 +184,23 @@ def estimate(recipe: Recipe) -> Estimate:
             parts.append(("the optimizer's moments (sparse files: only touched rows take space)", 2 * table, "disk"))
     kept = recipe.train.keep_checkpoints + 1
     if on_disk:
-        parts.append((f"checkpoints: {kept} (keep_checkpoints + the one being written) of at most {human_bytes(3 * table)} each "
-                      "(a delta holds only the rows written since the previous one)", kept * 3 * table, "disk"))  # fmt: skip
+        parts.append(
+            (
+                f"checkpoints: {kept} (keep_checkpoints + the one being written) of at most {human_bytes(3 * table)} each "
+                "(a delta holds only the rows written since the previous one)",
+                kept * 3 * table,
+                "disk",
+            )
+        )
     else:
-        parts.append((f"checkpoints: {kept} (keep_checkpoints + the one being written) of {human_bytes(table)} of weights each, "
-                      "plus the moments of the rows touched (up to twice that)", kept * table, "disk"))  # fmt: skip
+        parts.append(
+            (
+                f"checkpoints: {kept} (keep_checkpoints + the one being written) of {human_bytes(table)} of weights each, "
+                "plus the moments of the rows touched (up to twice that)",
+                kept * table,
+                "disk",
+            )
+        )
     ram = sum(size for _, size, where in parts if where == "RAM")
     disk = sum(size for _, size, where in parts if where == "disk")
     return Estimate(rows, ram, disk, parts, guessed=guessed if guessed_rows is not None else "")
-
-

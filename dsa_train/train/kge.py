@@ -34,6 +34,7 @@ from .task import Task
 
 logger = logging.getLogger(__name__)
 
+
 def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entities: int) -> list[Working]:
     """What a training step and an evaluation batch hold at once (see :meth:`KGETask.loss` and
     :func:`~dsa_train.eval.ranking.query_ranks`), from the recipe's sizes.
@@ -51,7 +52,9 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
     per_step = f" (at most {n:,} triples per step)" if n < t.batch_size and t.labels == "one" else ""
     if t.candidates == "all":
         candidates = min(t.entity_chunk, num_entities)
-        rows = 2 * queries + num_entities + queries  # anchors, answers (one a query with labels one), every entity, relation rows
+        rows = (
+            2 * queries + num_entities + queries
+        )  # anchors, answers (one a query with labels one), every entity, relation rows
         width_keys = keys_of(train__entity_chunk=t.entity_chunk, model__dim=dim)
         step_hint = (
             "lower train.entity_chunk or train.batch_size (a step scores its queries against entity_chunk entities at a time), "
@@ -64,7 +67,11 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
         step_hint = (
             "set train.query_chunk (e.g. 1024) to score that many queries at a time, recomputed in the backward pass; "
             "or lower train.batch_size or train.negatives: a step scores 2 x batch_size queries against negatives"
-            + (" + 2 x batch_size candidates (train.batch_negatives: false drops the 2 x batch_size)" if t.batch_negatives else " candidates")
+            + (
+                " + 2 x batch_size candidates (train.batch_negatives: false drops the 2 x batch_size)"
+                if t.batch_negatives
+                else " candidates"
+            )
             + "; or lower model.dim (a step gathers model.dim floats for each of them)"
         )
     scored_at_once = min(queries, t.query_chunk or queries) if t.candidates == "sampled" else queries
@@ -74,24 +81,32 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
     if scored_at_once < queries:
         against += f", {scored_at_once:,} queries at a time"
         step_keys += ", " + keys_of(train__query_chunk=t.query_chunk)
-    working = [Working(f"one training step ({queries:,} queries x {candidates:,} {against})", step, step_keys, step_hint)]
+    working = [
+        Working(f"one training step ({queries:,} queries x {candidates:,} {against})", step, step_keys, step_hint)
+    ]
     b = min(e.batch_size, max(eval_triples, 1))
     if e.sampled_negatives is not None:
-        chunk, chunk_key = min(e.sampled_negatives + b, num_entities), keys_of(eval__sampled_negatives=e.sampled_negatives)
+        chunk, chunk_key = (
+            min(e.sampled_negatives + b, num_entities),
+            keys_of(eval__sampled_negatives=e.sampled_negatives),
+        )
     else:
         chunk, chunk_key = min(e.entity_chunk, num_entities), keys_of(eval__entity_chunk=e.entity_chunk)
     ranking = FLOAT_BYTES * (6 * b * chunk + 3 * chunk * dim + 2 * b * dim)
     working.append(
         Working(
-            f"one evaluation batch ({b:,} queries x {chunk:,} entities)", ranking,
+            f"one evaluation batch ({b:,} queries x {chunk:,} entities)",
+            ranking,
             f"{keys_of(eval__batch_size=e.batch_size)}, {chunk_key}, {keys_of(model__dim=dim)}",
             "lower eval.batch_size or eval.entity_chunk (or eval.sampled_negatives): an evaluation batch scores batch_size queries against a chunk of entities",
-        )  # fmt: skip
+        )
     )
     return working
 
 
-def sampled_loss(model: KGEModel, cfg, sides, candidates: Tensor, masked: Tensor, *, total: int | None = None) -> Tensor:
+def sampled_loss(
+    model: KGEModel, cfg, sides, candidates: Tensor, masked: Tensor, *, total: int | None = None
+) -> Tensor:
     """The loss of queries against candidates they share (:func:`~dsa_train.models.losses.ranking_loss`),
     written once for every KGE task.
 
@@ -117,7 +132,10 @@ def sampled_loss(model: KGEModel, cfg, sides, candidates: Tensor, masked: Tensor
         return ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin, total=total)
 
     def slice_loss(anchors: Tensor, relations: Tensor, answers: Tensor, masked_rows: Tensor, side: str) -> Tensor:
-        positive, negative = model.answer_scores(anchors, relations, answers, side), model.score_sets(anchors, relations, candidates, side)
+        positive, negative = (
+            model.answer_scores(anchors, relations, answers, side),
+            model.score_sets(anchors, relations, candidates, side),
+        )
         return ranking_loss(cfg.loss, positive, negative, masked_rows, margin=cfg.margin, total=total or queries)
 
     pieces, offset = [], 0
@@ -125,7 +143,11 @@ def sampled_loss(model: KGEModel, cfg, sides, candidates: Tensor, masked: Tensor
         for start in range(0, len(anchors), chunk):
             rows = slice(start, min(start + chunk, len(anchors)))
             masked_rows = masked[offset + rows.start : offset + rows.stop]
-            pieces.append(checkpoint(slice_loss, anchors[rows], relations[rows], answers[rows], masked_rows, side, use_reentrant=False))
+            pieces.append(
+                checkpoint(
+                    slice_loss, anchors[rows], relations[rows], answers[rows], masked_rows, side, use_reentrant=False
+                )
+            )
         offset += len(anchors)
     return torch.stack(pieces).sum()
 
@@ -157,7 +179,7 @@ class KGETask(Task):
 
     def __init__(
         self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, layout=WholeTable
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``layout(num_entities)``: where this process's entity rows are (:class:`~.tables.WholeTable`)."""
         self.recipe, self.device = recipe, device
         self.unit = "queries" if recipe.train.labels == "all" else "triples"  # what an epoch item is
@@ -165,16 +187,25 @@ class KGETask(Task):
         self.description = str(self.kg)
         kg, dim = self.kg, recipe.model.dim
         self.layout = layout(kg.num_entities)
-        relation_rows = (2 if recipe.model.reciprocal else 1) * kg.num_relations + (1 if recipe.model.embedding_storage == "disk" else 0)
+        relation_rows = (2 if recipe.model.reciprocal else 1) * kg.num_relations + (
+            1 if recipe.model.embedding_storage == "disk" else 0
+        )
         relation_width = SCORING_FUNCTIONS.get(recipe.model.kind).relation_width(dim)
         relation_state = 3 if recipe.optimizer.kind == "sparse_adam" else 1
         check_sizes(
-            recipe, device, tables, table="entities", rows=self.layout.rows_here,
-            other=relation_rows * relation_width * FLOAT_BYTES * relation_state, other_what="the relation table",
+            recipe,
+            device,
+            tables,
+            table="entities",
+            rows=self.layout.rows_here,
+            other=relation_rows * relation_width * FLOAT_BYTES * relation_state,
+            other_what="the relation table",
             working=kge_working(recipe, len(kg.train), max(len(kg.valid), len(kg.test)), kg.num_entities),
-        )  # fmt: skip
+        )
         entities = self.layout.make_table(recipe, tables, "entities", std=recipe.model.init_std)
-        self.model: KGEModel = build_kge_model(recipe.model, self.kg.num_entities, self.kg.num_relations, entities).to(device)
+        self.model: KGEModel = build_kge_model(recipe.model, self.kg.num_entities, self.kg.num_relations, entities).to(
+            device
+        )
         self.index: TripleIndex | None = None
         self.distinct: DistinctQueries | None = None
 
@@ -218,7 +249,13 @@ class KGETask(Task):
             return self.distinct_queries().batch(picked)
         heads, relations, tails = self.train_rows(picked).unbind(1)
         n = len(heads)
-        return QueryBatch(torch.cat([heads, tails]), torch.cat([relations, relations]), n, torch.arange(2 * n), torch.cat([tails, heads]))
+        return QueryBatch(
+            torch.cat([heads, tails]),
+            torch.cat([relations, relations]),
+            n,
+            torch.arange(2 * n),
+            torch.cat([tails, heads]),
+        )
 
     def every_entity_loss(self, batch: QueryBatch) -> Tensor:
         """The loss of queries scored against every entity, ``train.entity_chunk`` entities at a
@@ -230,24 +267,39 @@ class KGETask(Task):
         embedded = model.embed(torch.cat([anchors, label_entity, torch.arange(count, device=device)]))
         anchor_emb, answer_emb, entity_emb = embedded[:q], embedded[q : q + k], embedded[q + k :]
         sides = batch.sides()
-        rel_emb, scored_sides = zip(*(model.query_relations(relations[rows], side) for side, rows in sides))  # one mask per query
+        rel_emb, scored_sides = zip(
+            *(model.query_relations(relations[rows], side) for side, rows in sides)
+        )  # one mask per query
         rel_emb = torch.cat(rel_emb)
 
         def score_chunk(start: int, stop: int) -> Tensor:
-            return torch.cat([
-                model.score_sets(anchor_emb[rows], rel_emb[rows], entity_emb[start:stop], scored)
-                for (_, rows), scored in zip(sides, scored_sides)
-            ])  # fmt: skip
+            return torch.cat(
+                [
+                    model.score_sets(anchor_emb[rows], rel_emb[rows], entity_emb[start:stop], scored)
+                    for (_, rows), scored in zip(sides, scored_sides)
+                ]
+            )
 
         tail_labels = int((label_query < batch.tails).sum())  # labels come grouped by query, tail queries first
-        answer_scores = torch.cat([
-            model.answer_scores(anchor_emb[label_query[labels]], rel_emb[label_query[labels]], answer_emb[labels], scored)
-            for scored, labels in zip(scored_sides, (slice(0, tail_labels), slice(tail_labels, k)))
-        ])  # fmt: skip
+        answer_scores = torch.cat(
+            [
+                model.answer_scores(
+                    anchor_emb[label_query[labels]], rel_emb[label_query[labels]], answer_emb[labels], scored
+                )
+                for scored, labels in zip(scored_sides, (slice(0, tail_labels), slice(tail_labels, k)))
+            ]
+        )
         loss = every_entity_loss(
-            cfg.loss, score_chunk, answer_scores, label_query, label_entity,
-            num_queries=q, num_entities=count, chunk=cfg.entity_chunk, margin=cfg.margin,
-        )  # fmt: skip
+            cfg.loss,
+            score_chunk,
+            answer_scores,
+            label_query,
+            label_entity,
+            num_queries=q,
+            num_entities=count,
+            chunk=cfg.entity_chunk,
+            margin=cfg.margin,
+        )
         if cfg.regularization:
             loss = loss + cfg.regularization * self.n3_penalty(anchor_emb, answer_emb, relations, sides)
         return loss
@@ -263,7 +315,9 @@ class KGETask(Task):
         """Each triple's tail and head query against the step's shared sampled negatives."""
         cfg, model = self.recipe.train, self.model
         batch = self.queries(picked)  # every triple asks its tail query (h, r, ?) and its head query (?, r, t)
-        anchors, relations, answers = (column.to(self.device) for column in (batch.anchors, batch.relations, batch.label_entity))
+        anchors, relations, answers = (
+            column.to(self.device) for column in (batch.anchors, batch.relations, batch.label_entity)
+        )
         negatives = self.draw_negatives(cfg.negatives)
         n, sides = batch.tails, batch.sides()
         embedded = model.embed(torch.cat([anchors, answers, negatives]))

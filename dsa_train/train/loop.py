@@ -65,8 +65,14 @@ def step_seed(seed: int, step: int) -> int:
 
 class Training:
     def __init__(
-        self, recipe: Recipe, run: RunFolder, *, world=None, warm_start=None, callbacks: list[Callback] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        recipe: Recipe,
+        run: RunFolder,
+        *,
+        world=None,
+        warm_start=None,
+        callbacks: list[Callback] | None = None,
+    ) -> None:
         self.recipe = recipe
         #: the extras around the loop, their hooks called in order (:mod:`.callbacks`)
         self.callbacks = default_callbacks() if callbacks is None else callbacks
@@ -76,7 +82,9 @@ class Training:
         self.warm_started: dict | None = None
         self.world = world  # this rank's place in a torchrun job (distributed.group.World), or None
         self.commit = None  # called with the step after each checkpoint (a torchrun job's manifest)
-        self.interrupted = False  # Ctrl-C during train(): stop after the step, with a checkpoint (callbacks.CheckpointOnInterrupt)
+        self.interrupted = (
+            False  # Ctrl-C during train(): stop after the step, with a checkpoint (callbacks.CheckpointOnInterrupt)
+        )
         self.run = run
         self.store = CheckpointStore(run.checkpoints)  # its checkpoints: saved, found, verified, restored, pruned
         self.device = resolve_device(recipe.train.device)
@@ -143,7 +151,9 @@ class Training:
             self.dense_optimizer = torch.optim.Adam(dense, lr=recipe.optimizer.dense_lr)
         if checkpoint is None:
             if self.warm_started is None:  # its tables and row files as made: checkpoints start as deltas on them
-                self.store.count_from_creation(self.optimizer)  # (a warm start wrote rows no delta would hold: bases first)
+                self.store.count_from_creation(
+                    self.optimizer
+                )  # (a warm start wrote rows no delta would hold: bases first)
         else:
             load_optimizer_state(self.optimizer, checkpoint, recipe.optimizer)
             self.store.count_from_checkpoint(self.optimizer, checkpoint, trainer)
@@ -159,7 +169,9 @@ class Training:
         if recipe.output.tensorboard:  # a copy of each record for TensorBoard; metrics.jsonl stays the record
             from .tensorboard import TensorBoardLog
 
-            self.metrics = TensorBoardLog(self.metrics, self.run.path / TENSORBOARD, purge_step=self.step_count if checkpoint else None)
+            self.metrics = TensorBoardLog(
+                self.metrics, self.run.path / TENSORBOARD, purge_step=self.step_count if checkpoint else None
+            )
         # torch's import alone leaves ~300,000 objects for Python's cycle collector, and a
         # full collection walks them all (~130 ms here), every few dozen steps: measured at
         # 13-18% of a small recipe's training time. What exists now lives as long as the run,
@@ -196,7 +208,11 @@ class Training:
                 callback.epoch_start(self, steps_per_epoch)
             epoch_started, epoch_items, upcoming = time.perf_counter(), 0, None
             while self.batch < steps_per_epoch and not self._step_limit_reached():
-                picked = upcoming if upcoming is not None else order.slice(self.batch * cfg.batch_size, (self.batch + 1) * cfg.batch_size)
+                picked = (
+                    upcoming
+                    if upcoming is not None
+                    else order.slice(self.batch * cfg.batch_size, (self.batch + 1) * cfg.batch_size)
+                )
                 upcoming = order.slice((self.batch + 1) * cfg.batch_size, (self.batch + 2) * cfg.batch_size)
                 if prefetch and len(upcoming):  # its rows are read in the background while this step computes
                     self.task.prefetch(upcoming)
@@ -226,7 +242,9 @@ class Training:
                 callback.epoch_done(self, record)
         if cfg.final_checkpoint:
             self.checkpoint_unless_saved()
-        self.final_metrics = final = {split: self.evaluate(split, final=True) for split in self.recipe.eval.final_splits}
+        self.final_metrics = final = {
+            split: self.evaluate(split, final=True) for split in self.recipe.eval.final_splits
+        }
         summary = {
             "kind": "summary",
             "step": self.step_count,
@@ -281,10 +299,15 @@ class Training:
         self.epoch_loss[0] += loss
         self.epoch_loss[1] += 1
         if self.step_count % self.recipe.train.log_every == 0:
-            self.metrics.log({
-                "kind": "train", "step": self.step_count, "epoch": self.epoch + 1, "loss": self.window[0] / self.window[1],
-                "lr": self.optimizer.param_groups[0]["lr"],  # the rate of the step just taken
-            })  # fmt: skip
+            self.metrics.log(
+                {
+                    "kind": "train",
+                    "step": self.step_count,
+                    "epoch": self.epoch + 1,
+                    "loss": self.window[0] / self.window[1],
+                    "lr": self.optimizer.param_groups[0]["lr"],  # the rate of the step just taken
+                }
+            )
             self.window = [0.0, 0]
 
     # -- evaluation -------------------------------------------------------------------------
@@ -321,10 +344,14 @@ class Training:
         }
         extra = {DENSE_STATE: self.dense_optimizer.state_dict()} if self.dense_optimizer is not None else {}
         saved = self.store.save(
-            self.step_count, self.task.model, self.optimizer, trainer,
+            self.step_count,
+            self.task.model,
+            self.optimizer,
+            trainer,
             # a torchrun job keeps one more: the newest may be one the other ranks never finished
-            keep=self.recipe.train.keep_checkpoints + (self.commit is not None), extra=extra,
-        )  # fmt: skip
+            keep=self.recipe.train.keep_checkpoints + (self.commit is not None),
+            extra=extra,
+        )
         if self.commit is not None:  # a torchrun job: the checkpoint counts once every rank has its own
             self.commit(self.step_count)
         return saved
@@ -349,7 +376,14 @@ class Training:
             logger.warning(f"warning: while stopping after the error below, closing also failed: {e}")
 
 
-TRAINER_FIELDS = {"step": int, "epoch": int, "batch": int, "optimizer_ram": int, "metrics_records": int, "skipped_steps": int}
+TRAINER_FIELDS = {
+    "step": int,
+    "epoch": int,
+    "batch": int,
+    "optimizer_ram": int,
+    "metrics_records": int,
+    "skipped_steps": int,
+}
 
 
 def _check_trainer_state(checkpoint: Path, trainer: dict, run_id: str) -> None:
@@ -380,8 +414,14 @@ def _allocated_bytes(folder: Path) -> int:
 
 
 def evaluate_run(
-    run: RunFolder, split: str, *, checkpoint: int | None = None, device: str | None = None, world=None, save_ranks: Path | None = None,
-) -> tuple[Path, dict[str, dict], str]:  # fmt: skip
+    run: RunFolder,
+    split: str,
+    *,
+    checkpoint: int | None = None,
+    device: str | None = None,
+    world=None,
+    save_ranks: Path | None = None,
+) -> tuple[Path, dict[str, dict], str]:
     """Score ``split`` with the model of a run's checkpoint (the newest intact one by default);
     returns the checkpoint, the metrics and their one-line headline. ``world``: this process
     is one rank of a torchrun job, ``run`` its rank folder (every rank scores its share).
@@ -392,7 +432,9 @@ def evaluate_run(
     for warning in damaged:
         logger.warning(f"warning: {warning}")
     torch.manual_seed(recipe.train.seed)
-    site = TableSite(store.get_tables_dir(path), writable=False, versions=store.table_versions(path))  # deltas read through their chains
+    site = TableSite(
+        store.get_tables_dir(path), writable=False, versions=store.table_versions(path)
+    )  # deltas read through their chains
     task = make_task(recipe, resolve_device(recipe.train.device), site, world=world)
     store.load_model(path, task.model)
     task.model.eval()

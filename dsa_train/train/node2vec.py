@@ -43,16 +43,23 @@ def node2vec_working(recipe: Recipe, num_nodes: int) -> Working:
     else:
         floats = 7 * pairs * dim // 2 + 3 * pairs + 3 * distinct * dim
     step = 8 * (5 * ids + 3 * walks * (1 + c.negatives) * (c.walk_length + 1)) + FLOAT_BYTES * floats
-    keys = keys_of(train__batch_size=recipe.train.batch_size) + (f" (at most {b:,} start nodes per step)" if b < recipe.train.batch_size else "")
+    keys = keys_of(train__batch_size=recipe.train.batch_size) + (
+        f" (at most {b:,} start nodes per step)" if b < recipe.train.batch_size else ""
+    )
     keys += ", " + keys_of(
-        model__node2vec__walks_per_node=c.walks_per_node, model__node2vec__negatives=c.negatives,
-        model__node2vec__walk_length=c.walk_length, model__node2vec__context_size=c.context_size, model__dim=dim,
-    )  # fmt: skip
+        model__node2vec__walks_per_node=c.walks_per_node,
+        model__node2vec__negatives=c.negatives,
+        model__node2vec__walk_length=c.walk_length,
+        model__node2vec__context_size=c.context_size,
+        model__dim=dim,
+    )
     return Working(
-        f"one training step ({count:,} windows of {c.context_size} nodes)", step, keys,
+        f"one training step ({count:,} windows of {c.context_size} nodes)",
+        step,
+        keys,
         "lower train.batch_size (start nodes per step), model.node2vec.walks_per_node or model.node2vec.negatives, "
         "or model.dim: a step scores batch_size x walks_per_node x (1 + negatives) walks' windows",
-    )  # fmt: skip
+    )
 
 
 class Node2VecTask(Task):
@@ -60,7 +67,7 @@ class Node2VecTask(Task):
 
     def __init__(
         self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, layout=WholeTable
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``layout(num_nodes)``: where this process's node rows are (:class:`~.tables.WholeTable`)."""
         self.recipe, self.device = recipe, device
         self.config = recipe.model.node2vec
@@ -94,7 +101,9 @@ class Node2VecTask(Task):
         c = self.config
         positive = windows(self.sampler.walks(picked.repeat(c.walks_per_node), c.walk_length), c.context_size)
         starts = picked.repeat(c.walks_per_node * c.negatives)
-        random_walks = torch.cat([starts[:, None], torch.randint(0, self.graph.num_nodes, (len(starts), c.walk_length))], 1)
+        random_walks = torch.cat(
+            [starts[:, None], torch.randint(0, self.graph.num_nodes, (len(starts), c.walk_length))], 1
+        )
         return positive, windows(random_walks, c.context_size)
 
     def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
@@ -124,15 +133,22 @@ def evaluate_node_embeddings(graph: Graph, z: Tensor, split: str, recipe: Recipe
     if graph.labels is not None and len(graph.nodes("train")) and len(scored_split):
         train, scored = _sampled(graph.nodes("train"), recipe.train.seed), _sampled(scored_split, recipe.train.seed + 1)
         nodes = torch.cat([train, scored]).unique()
-        accuracy = probe_accuracy(z[nodes], graph.labels[nodes].long(), torch.isin(nodes, train), {split: torch.isin(nodes, scored)})
+        accuracy = probe_accuracy(
+            z[nodes], graph.labels[nodes].long(), torch.isin(nodes, train), {split: torch.isin(nodes, scored)}
+        )
         metrics["probe"] = {
-            "accuracy": accuracy[split], "train_accuracy": accuracy["train"], "nodes": len(scored), "split_nodes": len(scored_split),
-        }  # fmt: skip
+            "accuracy": accuracy[split],
+            "train_accuracy": accuracy["train"],
+            "nodes": len(scored),
+            "split_nodes": len(scored_split),
+        }
     edges = graph.valid_edges if split == "valid" else graph.test_edges
     if edges is not None and len(edges):
         picked = _positions(len(edges), recipe.train.seed + 2, LINK_EDGES)
         score = lambda u, v: (z[u] * z[v]).sum(-1)  # noqa: E731
-        link = link_prediction(score, edges[picked].long(), graph.num_nodes, negatives=recipe.eval.link_negatives, seed=recipe.train.seed)
+        link = link_prediction(
+            score, edges[picked].long(), graph.num_nodes, negatives=recipe.eval.link_negatives, seed=recipe.train.seed
+        )
         metrics["link"] = {**link, "split_edges": len(edges)}
     return metrics
 

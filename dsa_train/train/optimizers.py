@@ -34,19 +34,27 @@ STATE_COPY = STATE_DIR  # a checkpoint's copy of the state has the live director
 STATE_DICT = "optimizer.pt"
 
 
-def build_optimizer(config: OptimizerConfig, named_parameters: list[tuple[str, torch.Tensor]], state_dir: Path) -> torch.optim.Optimizer:
+def build_optimizer(
+    config: OptimizerConfig, named_parameters: list[tuple[str, torch.Tensor]], state_dir: Path
+) -> torch.optim.Optimizer:
     """The recipe's optimizer for sparse embedding tables (named, so DiskSparseAdam names its files)."""
     kwargs = dict(lr=config.lr, betas=config.betas, eps=config.eps)
     if config.kind == "dsa":
         return DiskSparseAdam(
-            named_parameters, state_dir=state_dir, nonfinite=config.nonfinite,
-            first_moment=config.first_moment, second_moment=config.second_moment,
-            memory_budget=config.memory_budget, **kwargs,
-        )  # fmt: skip
+            named_parameters,
+            state_dir=state_dir,
+            nonfinite=config.nonfinite,
+            first_moment=config.first_moment,
+            second_moment=config.second_moment,
+            memory_budget=config.memory_budget,
+            **kwargs,
+        )
     return torch.optim.SparseAdam([p for _, p in named_parameters], **kwargs)
 
 
-def snapshot_optimizer(optimizer: torch.optim.Optimizer, target: Path, write_rows: Callable[[Path, str], None], manifest: bytes | None) -> None:
+def snapshot_optimizer(
+    optimizer: torch.optim.Optimizer, target: Path, write_rows: Callable[[Path, str], None], manifest: bytes | None
+) -> None:
     """Write the optimizer's complete state into the checkpoint folder ``target``;
     ``write_rows(source, name)`` writes a row file as ``target/name`` (a base or a delta, from
     the rows as the optimizer holds them), ``manifest`` is DiskSparseAdam's
@@ -131,7 +139,9 @@ def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
     directory = Path(directory)
     leftovers = (RESTORING, temporary_prefix(MANIFEST))  # a killed restore's, a killed first manifest write's
     ours = [p for p in directory.iterdir() if p.name.startswith(leftovers) and is_regular_file(p)]
-    names = {p.name for p in directory.iterdir() if not p.name.startswith(DirectoryLock.FILE_NAME)} - {p.name for p in ours}
+    names = {p.name for p in directory.iterdir() if not p.name.startswith(DirectoryLock.FILE_NAME)} - {
+        p.name for p in ours
+    }
     if not names:
         return ours
 
@@ -149,7 +159,9 @@ def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
     except StateError as e:
         raise refuse(f"does not hold a DiskSparseAdam state this run can prove is its own ({e.message})") from None
     if manifest["state_id"] not in ids:
-        raise refuse(f"holds the optimizer state {manifest['state_id']}, not this run's ({', '.join(sorted(ids)) or 'none recorded'})")
+        raise refuse(
+            f"holds the optimizer state {manifest['state_id']}, not this run's ({', '.join(sorted(ids)) or 'none recorded'})"
+        )
     files = [manifest_path, *ours]
     for entry in manifest["params"].values():
         if entry.get("layout") == TABLE_LAYOUT:
@@ -164,7 +176,9 @@ def owned_state_files(directory: Path, ids: set[str]) -> list[Path]:
     return files
 
 
-def load_optimizer_state(optimizer: torch.optim.Optimizer, checkpoint: Path, config: OptimizerConfig | None = None) -> None:
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, checkpoint: Path, config: OptimizerConfig | None = None
+) -> None:
     """Load the checkpoint's step counters into an optimizer opened on the state the
     checkpoint was restored into. Given the recipe's ``config``, its hyper-parameters (``lr``,
     ``betas``, ``eps``) replace the checkpoint's: a resumed run's ``--set optimizer.lr=...``

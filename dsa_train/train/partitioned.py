@@ -109,7 +109,11 @@ class HeldPartitions:
     def summary(self) -> dict:
         """What the run summary says of the buffer: its size and its traffic."""
         partition_mib = self.partitions.block * self.row_bytes / 2**20
-        out = {"partitions": self.partitions.partitions, "buffer": self.capacity, "partition_mib": round(partition_mib, 1)}
+        out = {
+            "partitions": self.partitions.partitions,
+            "buffer": self.capacity,
+            "partition_mib": round(partition_mib, 1),
+        }
         if self.buffer is not None:
             out.update({k: round(v, 3) if isinstance(v, float) else v for k, v in self.buffer.stats.items()})
         return out

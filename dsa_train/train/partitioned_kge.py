@@ -23,7 +23,12 @@ from .tables import TableSite
 
 
 class PartitionedKGETask(KGETask):
-    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, ) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        device: torch.device,
+        tables: TableSite | None = None,
+    ) -> None:
         cfg = recipe.train
         layout = lambda rows: PartitionLayout(rows, cfg.partitions, cfg.seed)  # noqa: E731
         super().__init__(recipe, device, tables, layout=layout)

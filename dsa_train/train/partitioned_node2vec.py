@@ -44,7 +44,9 @@ POOL_BYTES_PER_PAIR = 40
 class PairPool:
     """One pool's positive pairs in buckets, and their order."""
 
-    def __init__(self, pairs: Tensor, partitions: EntityPartitions, capacity: int, seed: int, epoch_seed: int, *, reverse: bool) -> None:
+    def __init__(
+        self, pairs: Tensor, partitions: EntityPartitions, capacity: int, seed: int, epoch_seed: int, *, reverse: bool
+    ) -> None:
         bucket = torch.empty(len(pairs), dtype=torch.int32)
         for begin in range(0, len(pairs), BLOCK_PAIRS):  # the layout's arithmetic in int64, a block at a time
             bucket[begin : begin + BLOCK_PAIRS] = bucket_of(partitions, pairs[begin : begin + BLOCK_PAIRS])
@@ -60,7 +62,12 @@ class PairPool:
 
 
 class PartitionedNode2VecTask(Node2VecTask):
-    def __init__(self, recipe: Recipe, device: torch.device, tables: TableSite | None = None, ) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        device: torch.device,
+        tables: TableSite | None = None,
+    ) -> None:
         cfg = recipe.train
         layout = lambda rows: PartitionLayout(rows, cfg.partitions, cfg.seed)  # noqa: E731
         super().__init__(recipe, device, tables, layout=layout)
@@ -73,10 +80,12 @@ class PartitionedNode2VecTask(Node2VecTask):
         require_memory(
             f"a pool of {pool_pairs:,} walk pairs ({POOL_BYTES_PER_PAIR} bytes each: the pool in training, and the next while "
             "it is drawn and sorted)",
-            pool_pairs * POOL_BYTES_PER_PAIR, key=keys_of(train__pool_pairs=cfg.pool_pairs, train__batch_size=cfg.batch_size),
+            pool_pairs * POOL_BYTES_PER_PAIR,
+            key=keys_of(train__pool_pairs=cfg.pool_pairs, train__batch_size=cfg.batch_size),
             hint="lower train.pool_pairs (each pool then reads the table as often, for fewer pairs)",
-            reserved=self.held.bytes, reserved_for="the partition buffer",
-        )  # fmt: skip
+            reserved=self.held.bytes,
+            reserved_for="the partition buffer",
+        )
         self._epoch_seed = 0
         self._pools: dict[int, PairPool] = {}
         self._taken: dict[tuple[int, int], tuple[Tensor, tuple[int, ...]]] = {}  # the last two batches asked for
@@ -103,7 +112,9 @@ class PartitionedNode2VecTask(Node2VecTask):
             pairs = walk_pairs(walks.to(torch.int32 if n < 2**31 else torch.int64), c.context_size)
             del walks
             self._pools = {j: pool for j, pool in self._pools.items() if j >= k - 1}
-            self._pools[k] = PairPool(pairs, self.partitions, self.held.capacity, cfg.seed, self._epoch_seed, reverse=k % 2 == 1)
+            self._pools[k] = PairPool(
+                pairs, self.partitions, self.held.capacity, cfg.seed, self._epoch_seed, reverse=k % 2 == 1
+            )
         return self._pools[k]
 
     def _batch(self, picked: Tensor) -> tuple[Tensor, tuple[int, ...]]:
@@ -117,7 +128,9 @@ class PartitionedNode2VecTask(Node2VecTask):
             return self._taken[(start, stop)]
         pairs, needed = [], set()
         for k in range(start // per_pool, (stop - 1) // per_pool + 1):
-            got, parts = self._pool(k).take(max(start, k * per_pool) - k * per_pool, min(stop, (k + 1) * per_pool) - k * per_pool)
+            got, parts = self._pool(k).take(
+                max(start, k * per_pool) - k * per_pool, min(stop, (k + 1) * per_pool) - k * per_pool
+            )
             pairs.append(got)
             needed.update(parts)
         self._taken[(start, stop)] = got = torch.cat(pairs), tuple(sorted(needed))
@@ -140,7 +153,9 @@ class PartitionedNode2VecTask(Node2VecTask):
         return positive, torch.stack([positive[:, 0].repeat(self.config.negatives), drawn], 1)
 
     def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
-        return evaluate_node_embeddings(self.graph, _ById(self.model.embedding), split, self.recipe)  # the table is laid out by slot
+        return evaluate_node_embeddings(
+            self.graph, _ById(self.model.embedding), split, self.recipe
+        )  # the table is laid out by slot
 
     def buffer_summary(self) -> dict:
         return {**self.held.summary(), "pool_pairs": self.pool_starts * self.pairs_per_start}
@@ -155,7 +170,9 @@ def walk_pairs(walks: Tensor, context_size: int) -> Tensor:
     walks' dtype."""
     width = walks.shape[1]
     offsets = [(j, i) for j in range(width - context_size + 1) for i in range(1, context_size)]
-    return torch.stack([torch.cat([walks[:, j] for j, _ in offsets]), torch.cat([walks[:, j + i] for j, i in offsets])], 1)
+    return torch.stack(
+        [torch.cat([walks[:, j] for j, _ in offsets]), torch.cat([walks[:, j + i] for j, i in offsets])], 1
+    )
 
 
 class _Positions:

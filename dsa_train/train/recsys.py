@@ -37,17 +37,28 @@ def recsys_working(recipe: Recipe, log: ClickLog, ids_per_sample: float) -> list
     with its gradient), from the recipe's sizes and the split's mean ids per impression;
     an evaluation chunk the same without gradients."""
     c, dim, f = recipe.model.recsys, recipe.model.dim, log.num_features
-    widest = max([dim, log.num_dense, *c.bottom, *c.top, dim * (f + 1) if c.interaction == "cat" else dim + (f + 1) * f // 2])
-    per_sample = ids_per_sample * (5 * 8 + 2 * FLOAT_BYTES * dim) + FLOAT_BYTES * (2 * (f + 1) * dim + (f + 1) ** 2 + 4 * widest)
+    widest = max(
+        [dim, log.num_dense, *c.bottom, *c.top, dim * (f + 1) if c.interaction == "cat" else dim + (f + 1) * f // 2]
+    )
+    per_sample = ids_per_sample * (5 * 8 + 2 * FLOAT_BYTES * dim) + FLOAT_BYTES * (
+        2 * (f + 1) * dim + (f + 1) ** 2 + 4 * widest
+    )
     b = recipe.train.batch_size
     keys = f"{keys_of(train__batch_size=b, model__dim=dim)}, model.recsys.top={c.top}, model.recsys.bottom={c.bottom}"
     return [
         Working(
-            f"one training step ({b:,} impressions, {ids_per_sample:.1f} ids each)", int(2 * b * per_sample), keys,
+            f"one training step ({b:,} impressions, {ids_per_sample:.1f} ids each)",
+            int(2 * b * per_sample),
+            keys,
             "lower train.batch_size or model.dim",
         ),
-        Working(f"one evaluation chunk ({EVAL_CHUNK:,} impressions)", int(EVAL_CHUNK * per_sample), keys_of(model__dim=dim), "lower model.dim"),
-    ]  # fmt: skip
+        Working(
+            f"one evaluation chunk ({EVAL_CHUNK:,} impressions)",
+            int(EVAL_CHUNK * per_sample),
+            keys_of(model__dim=dim),
+            "lower model.dim",
+        ),
+    ]
 
 
 class RecsysTask(Task):
@@ -59,27 +70,46 @@ class RecsysTask(Task):
         self.log: ClickLog = load_click_log(recipe.dataset)
         self.description = str(self.log)
         if self.log.weighted and c.mode == "mean":
-            raise ConfigError(["model.recsys.mode: 'mean' cannot take the click log's per-id weights (torch pools weights by sum only); use 'sum'"])
+            raise ConfigError(
+                [
+                    "model.recsys.mode: 'mean' cannot take the click log's per-id weights (torch pools weights by sum only); use 'sum'"
+                ]
+            )
         f = self.log.num_features
         self.num_rows = c.rows if c.tables == "shared" else f * c.rows
         train = self.log.samples["train"]
         ids_per_sample = (int(self.log.dataset.array("train_bags")[-1]) / train) if train else float(f)
         dense_widths = [self.log.num_dense, *c.bottom, recipe.model.dim] if self.log.num_dense else []
         vectors = f + 1
-        top_in = recipe.model.dim + vectors * (vectors - 1) // 2 if c.interaction == "dot" else recipe.model.dim * vectors
+        top_in = (
+            recipe.model.dim + vectors * (vectors - 1) // 2 if c.interaction == "dot" else recipe.model.dim * vectors
+        )
         top_widths = [top_in, *c.top, 1]
         weights = sum((a + 1) * b for widths in (dense_widths, top_widths) for a, b in zip(widths[:-1], widths[1:]))
         check_sizes(
-            recipe, device, tables, table="features", rows=self.num_rows,
-            other=4 * weights * FLOAT_BYTES, other_keys=f"model.recsys.top={c.top}",
+            recipe,
+            device,
+            tables,
+            table="features",
+            rows=self.num_rows,
+            other=4 * weights * FLOAT_BYTES,
+            other_keys=f"model.recsys.top={c.top}",
             other_what="the MLPs (weights, gradients and Adam's moments)",
             working=recsys_working(recipe, self.log, max(ids_per_sample, 1.0)),
-        )  # fmt: skip
+        )
         table = disk_table(recipe, tables, "features", self.num_rows, std=recipe.model.init_std, bag_mode=c.mode)
         self.model = DLRM(
-            self.num_rows, recipe.model.dim, features=f, dense=self.log.num_dense, bottom=c.bottom, top=c.top,
-            interaction=c.interaction, mode=c.mode, init_std=recipe.model.init_std, table=table,
-        ).to(device)  # fmt: skip
+            self.num_rows,
+            recipe.model.dim,
+            features=f,
+            dense=self.log.num_dense,
+            bottom=c.bottom,
+            top=c.top,
+            interaction=c.interaction,
+            mode=c.mode,
+            init_std=recipe.model.init_std,
+            table=table,
+        ).to(device)
         # the last two batches prefetch() gathered: the loop announces the batch after next's
         # step before it runs this one, so the one a step needs is the older of the two
         self._gathered: list[tuple[Tensor, ClickBatch]] = []
@@ -121,7 +151,9 @@ class RecsysTask(Task):
         """AUC and log loss of a split; during training at most ``eval.max_queries`` impressions."""
         n = self.log.samples[split]
         limit = None if final else self.recipe.eval.max_queries
-        picked = Shuffle(n, self.recipe.train.seed).slice(0, limit) if limit is not None and n > limit else torch.arange(n)
+        picked = (
+            Shuffle(n, self.recipe.train.seed).slice(0, limit) if limit is not None and n > limit else torch.arange(n)
+        )
         if not len(picked):
             return {}
         progress.current().eval_start(split, len(picked))
@@ -140,4 +172,6 @@ class RecsysTask(Task):
         if not m:
             return "no impressions"
         best = f" (best possible {m['best_auc']:.4f})" if "best_auc" in m else ""
-        return f"AUC {m['auc']:.4f}{best}, log loss {m['log_loss']:.4f}, normalized entropy {m['normalized_entropy']:.4f}"
+        return (
+            f"AUC {m['auc']:.4f}{best}, log loss {m['log_loss']:.4f}, normalized entropy {m['normalized_entropy']:.4f}"
+        )

@@ -71,7 +71,11 @@ def reshard(training, world: World, old_folders: list[Path], step: int) -> None:
             _copy_replicated(checkpoints[0], readers[0], world, name, param, optimizer, steps[name])
         _copy_shard(checkpoints, mine, old, shards, sharded, optimizer, steps[sharded])
     training.step_count, training.epoch, training.batch = trainer["step"], trainer["epoch"], trainer["batch"]
-    training.window, training.epoch_loss, training.optimizer_ram = trainer["window"], trainer["epoch_loss"], trainer["optimizer_ram"]
+    training.window, training.epoch_loss, training.optimizer_ram = (
+        trainer["window"],
+        trainer["epoch_loss"],
+        trainer["optimizer_ram"],
+    )
     if world.is_leader:
         _copy_metrics(old_folders[0], training, trainer["metrics_records"])
     logger.info(f"resharded step {step} from {len(old_folders)} ranks to {world.world_size}")
@@ -116,7 +120,9 @@ def _moments(checkpoint: Path, name: str, start: int, stop: int) -> tuple[Tensor
     return as_tensor([m for _, m, _ in parts]), as_tensor([v for _, _, v in parts])
 
 
-def _copy_replicated(checkpoint: Path, source: int, world: World, name: str, weight: Tensor, optimizer: DiskSparseAdam, step: int) -> None:
+def _copy_replicated(
+    checkpoint: Path, source: int, world: World, name: str, weight: Tensor, optimizer: DiskSparseAdam, step: int
+) -> None:
     """A replicated table (relations) and its moments, from old rank 0's checkpoint to every rank."""
     rows = len(weight)
     if world.rank == source:
@@ -132,7 +138,9 @@ def _copy_replicated(checkpoint: Path, source: int, world: World, name: str, wei
     optimizer.load_rows(weight, torch.arange(rows), m, v, step=step)
 
 
-def _copy_shard(checkpoints: list[Path], mine: list[int], old: RowSharding, shards, name: str, optimizer: DiskSparseAdam, step: int) -> None:
+def _copy_shard(
+    checkpoints: list[Path], mine: list[int], old: RowSharding, shards, name: str, optimizer: DiskSparseAdam, step: int
+) -> None:
     """Stream the old shards this rank reads to the rows' new owners, one chunk a round."""
     weight = shards.table.weight
     dim = weight.shape[1]
@@ -140,7 +148,9 @@ def _copy_shard(checkpoints: list[Path], mine: list[int], old: RowSharding, shar
     rounds = torch.tensor([len(chunks)])
     dist.all_reduce(rounds, dist.ReduceOp.MAX)
     reading: OldShard | None = None
-    optimizer.load_rows(weight, torch.empty(0, dtype=torch.int64), torch.empty((0, dim)), torch.empty((0, dim)), step=step)
+    optimizer.load_rows(
+        weight, torch.empty(0, dtype=torch.int64), torch.empty((0, dim)), torch.empty((0, dim)), step=step
+    )
     for i in range(int(rounds)):
         if i < len(chunks):
             k, a, b = chunks[i]
@@ -177,7 +187,9 @@ class OldShard:
             return
         versions = CheckpointStore.table_versions(checkpoint)  # a DiskEmbedding's entry is a reference to its file
         tables = CheckpointStore.get_tables_dir(checkpoint)
-        self.table = versions[file]() if file in versions else DiskEmbedding(rows, dim, path=tables / file, writable=False)
+        self.table = (
+            versions[file]() if file in versions else DiskEmbedding(rows, dim, path=tables / file, writable=False)
+        )
         self.rows = self.table.weight
 
     def weights(self, start: int, stop: int) -> Tensor:

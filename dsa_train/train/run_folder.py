@@ -111,7 +111,11 @@ class RunFolder:
         """Remember which optimizer state directory is this run's (checked before it is reset)
         and, when it is not the run folder's own ``optimizer_state/``, where it is."""
         marker = self.marker
-        where = str(Path(state_dir).resolve()) if state_dir is not None and Path(state_dir) != self.path / STATE_DIR else None
+        where = (
+            str(Path(state_dir).resolve())
+            if state_dir is not None and Path(state_dir) != self.path / STATE_DIR
+            else None
+        )
         if marker.get("state_id") != state_id or marker.get("state_dir") != where:
             record = {**marker, "state_id": state_id, **({"state_dir": where} if where else {})}
             if not where:
@@ -126,18 +130,28 @@ class RunFolder:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             name = recipe.output.run_name or f"{recipe.name}-{stamp}"
             if name in (".", "..") or Path(name).name != name or "\0" in name:
-                raise ConfigError([f"run folder name {name!r} is not a plain folder name"], hint="set name or output.run_name to a plain name")
+                raise ConfigError(
+                    [f"run folder name {name!r} is not a plain folder name"],
+                    hint="set name or output.run_name to a plain name",
+                )
             path = Path(recipe.output.dir) / name
         run = cls(path)
         run._lock = create_owned_folder(  # locked before the first byte
-            run.path, "run folder", link_hint="pass a real folder with --output",
+            run.path,
+            "run folder",
+            link_hint="pass a real folder with --output",
             busy_hint="pass --resume to continue it, or choose another --output",
-        )  # fmt: skip
+        )
         run._created = True
         path = run.path
         try:
-            marker = {"format": RUN_FORMAT, "version": RUN_VERSION, "run_id": uuid.uuid4().hex, "state_id": None,
-                      "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
+            marker = {
+                "format": RUN_FORMAT,
+                "version": RUN_VERSION,
+                "run_id": uuid.uuid4().hex,
+                "state_id": None,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
             atomic_write_bytes(path / cls.MARKER, json.dumps(marker, indent=2).encode())
             run.write_config(recipe)
         except BaseException:
@@ -178,7 +192,11 @@ class RunFolder:
         parent = Path(recipe.output.dir)
         pattern = glob.escape(recipe.output.run_name) if recipe.output.run_name else f"{glob.escape(recipe.name)}-*"
         candidates = sorted(
-            (p for p in parent.glob(pattern) if not p.is_symlink() and read_marker(p) is not None and (p / cls.CONFIG).is_file()),
+            (
+                p
+                for p in parent.glob(pattern)
+                if not p.is_symlink() and read_marker(p) is not None and (p / cls.CONFIG).is_file()
+            ),
             key=lambda p: p.stat().st_mtime,
         )
         if not candidates:

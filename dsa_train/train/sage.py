@@ -44,15 +44,18 @@ def sage_working(recipe: Recipe, num_nodes: int, num_edges: int, items: int) -> 
     shape = keys_of(model__dim=dim, model__sage__hidden=c.hidden)
     return [
         Working(
-            f"one training step (up to {sub_nodes:,} sampled nodes, {sub_edges:,} edges)", step,
+            f"one training step (up to {sub_nodes:,} sampled nodes, {sub_edges:,} edges)",
+            step,
             f"{keys_of(train__batch_size=recipe.train.batch_size)}, model.sage.fanout={c.fanout}, {shape}",
             "lower train.batch_size, model.sage.fanout, model.dim or model.sage.hidden",
         ),
         Working(
-            f"encoding the whole graph for evaluation ({num_nodes:,} nodes, {num_edges:,} edges)", whole, shape,
+            f"encoding the whole graph for evaluation ({num_nodes:,} nodes, {num_edges:,} edges)",
+            whole,
+            shape,
             "lower model.dim or model.sage.hidden: evaluation encodes every node of the graph at once",
         ),
-    ]  # fmt: skip
+    ]
 
 
 class SageTask(Task):
@@ -70,18 +73,37 @@ class SageTask(Task):
         self.train_nodes = self.graph.nodes("train") if node_task else None
         self.sampler = NeighbourSampler(self.graph.rowptr, self.graph.col, self.config.fanout)
         c, dim, num_classes = self.config, recipe.model.dim, self.graph.num_classes if node_task else 0
-        encoder = 2 * (dim * c.hidden + (c.layers - 1) * c.hidden * c.hidden) + (c.layers + 1) * c.hidden + (c.hidden + 1) * num_classes
+        encoder = (
+            2 * (dim * c.hidden + (c.layers - 1) * c.hidden * c.hidden)
+            + (c.layers + 1) * c.hidden
+            + (c.hidden + 1) * num_classes
+        )
         check_sizes(
-            recipe, device, tables, table="nodes", rows=self.graph.num_nodes,
-            other=4 * encoder * FLOAT_BYTES, other_keys=keys_of(model__sage__hidden=c.hidden),
+            recipe,
+            device,
+            tables,
+            table="nodes",
+            rows=self.graph.num_nodes,
+            other=4 * encoder * FLOAT_BYTES,
+            other_keys=keys_of(model__sage__hidden=c.hidden),
             other_what="the SAGE layers (weights, gradients and Adam's moments)",
-            working=sage_working(recipe, self.graph.num_nodes, len(self.graph.col), len(self.train_nodes if node_task else self.train_edges)),
-        )  # fmt: skip
+            working=sage_working(
+                recipe,
+                self.graph.num_nodes,
+                len(self.graph.col),
+                len(self.train_nodes if node_task else self.train_edges),
+            ),
+        )
         nodes = disk_table(recipe, tables, "nodes", self.graph.num_nodes, std=SageOverEmbeddings.INIT_STD)
         self.model = SageOverEmbeddings(
-            self.graph.num_nodes, recipe.model.dim, self.config.hidden, self.config.layers,
-            dropout=self.config.dropout, num_classes=self.graph.num_classes if node_task else 0, embedding=nodes,
-        ).to(device)  # fmt: skip
+            self.graph.num_nodes,
+            recipe.model.dim,
+            self.config.hidden,
+            self.config.layers,
+            dropout=self.config.dropout,
+            num_classes=self.graph.num_classes if node_task else 0,
+            embedding=nodes,
+        ).to(device)
 
     def prefetch(self, picked: Tensor) -> None:
         # The seeds are known now; their sampled neighbours only inside the step.

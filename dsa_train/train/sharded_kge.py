@@ -66,7 +66,9 @@ class ShardedKGETask(ShardedTask, KGETask):
         wait_for_import(world, lambda: load_knowledge_graph(recipe.dataset))
         super().__init__(recipe, device, tables, layout=sharded_layout(world, recipe))
         self.world = world
-        self.description += f"; entities sharded over {world.world_size} ranks (this rank holds {self.shards.rows_here:,} rows)"
+        self.description += (
+            f"; entities sharded over {world.world_size} ranks (this rank holds {self.shards.rows_here:,} rows)"
+        )
 
     # -- one step ------------------------------------------------------------------------------
     def gradients(self, picked: Tensor) -> float:
@@ -98,7 +100,9 @@ class ShardedKGETask(ShardedTask, KGETask):
             anchor_rows, answer_rows = rows[start : start + len(q)], rows[start + len(q) : start + 2 * len(q)]
             start += 2 * len(q)
             leaves = [r.to(self.device).requires_grad_() for r in (rows[:k], anchor_rows, answer_rows)]
-            loss, rel_lookups, rel_leaf = self._slice_loss(leaves, candidate_mask, mask_seed + 1 + m, candidates, anchors[q], answers[q], relations[q], total=2 * n)
+            loss, rel_lookups, rel_leaf = self._slice_loss(
+                leaves, candidate_mask, mask_seed + 1 + m, candidates, anchors[q], answers[q], relations[q], total=2 * n
+            )
             loss.backward()
             losses[m] = loss.item()
             found["ids"] += [candidates, anchors[q], answers[q]]
@@ -119,9 +123,17 @@ class ShardedKGETask(ShardedTask, KGETask):
         return shards.total(losses)
 
     def _slice_loss(
-        self, leaves: list[Tensor], candidate_mask: Tensor | None, seed: int,
-        candidates: Tensor, anchors: Tensor, answers: Tensor, relations: Tensor, *, total: int,
-    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        self,
+        leaves: list[Tensor],
+        candidate_mask: Tensor | None,
+        seed: int,
+        candidates: Tensor,
+        anchors: Tensor,
+        answers: Tensor,
+        relations: Tensor,
+        *,
+        total: int,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """One slice's share of the batch loss, from leaf copies of its rows: the shared
         candidates, the slice's anchors and answers (tail queries first, then head queries)."""
         cfg, model = self.recipe.train, self.model
@@ -138,7 +150,10 @@ class ShardedKGETask(ShardedTask, KGETask):
         rel_mask = self._dropout_mask(tuple(rel_leaf.shape), seed + (2 << 61), p=self.recipe.model.relation_dropout)
         rel_rows = rel_leaf if rel_mask is None else rel_leaf * rel_mask.to(self.device)
         masked = answers.to(self.device)[:, None] == candidates.to(self.device)[None, :]
-        sides = [(anchor_rows[rows], rel_rows[rows], answer_rows[rows], side) for rows, side in ((slice(0, half), tail_side), (slice(half, None), head_side))]
+        sides = [
+            (anchor_rows[rows], rel_rows[rows], answer_rows[rows], side)
+            for rows, side in ((slice(0, half), tail_side), (slice(half, None), head_side))
+        ]
         loss = sampled_loss(model, cfg, sides, candidate_rows, masked, total=total)
         if cfg.regularization:  # N3 on the slice's embeddings, over the global batch
             loss = loss + cfg.regularization * model.n3(torch.cat([anchor_rows, answer_rows]), rel_leaf) / total

@@ -35,7 +35,9 @@ class ShardedNode2VecTask(ShardedTask, Node2VecTask):
         wait_for_import(world, lambda: load_graph(recipe.dataset))
         super().__init__(recipe, device, tables, layout=sharded_layout(world, recipe))
         self.world = world
-        self.description += f"; nodes sharded over {world.world_size} ranks (this rank holds {self.shards.rows_here:,} rows)"
+        self.description += (
+            f"; nodes sharded over {world.world_size} ranks (this rank holds {self.shards.rows_here:,} rows)"
+        )
 
     def gradients(self, picked: Tensor) -> float:
         """Forward and backward of this rank's slices of the start nodes ``picked``; leaves the

@@ -54,7 +54,11 @@ def train_rank(
         refused: DsaError | None = None
         if world.is_leader:
             try:
-                top = (RunFolder.find(output) if output else RunFolder.newest(recipe)) if resume else RunFolder.create(recipe, output)
+                top = (
+                    (RunFolder.find(output) if output else RunFolder.newest(recipe))
+                    if resume
+                    else RunFolder.create(recipe, output)
+                )
                 if resume:
                     top.lock()
             except DsaError as e:  # told to the others, so they stop with it instead of losing rank 0
@@ -64,13 +68,19 @@ def train_rank(
         if refused is not None:
             raise refused
         if not str(path) or str(path) == ".":
-            raise DsaError("rank 0 could not open the run folder (its error says why)", hint="fix what rank 0 reports and run again")
+            raise DsaError(
+                "rank 0 could not open the run folder (its error says why)",
+                hint="fix what rank 0 reports and run again",
+            )
         with world.guard("agreeing on the checkpoint to resume from"):
             step, saved_world = _newest_complete_step(path) if world.is_leader and resume else (-1, world.world_size)
             step, saved_world = broadcast_int(step), broadcast_int(saved_world)
             if resume:
                 recipe = _saved_recipe(top, recipe, overrides) if world.is_leader else None
-                recipe = parse_recipe(broadcast_bytes(recipe_to_yaml(recipe).encode() if recipe else b"").decode(), source=f"'{path}'s config.yaml")
+                recipe = parse_recipe(
+                    broadcast_bytes(recipe_to_yaml(recipe).encode() if recipe else b"").decode(),
+                    source=f"'{path}'s config.yaml",
+                )
         resharding = step >= 0 and saved_world != world.world_size
         top = top or RunFolder(path)
         folder = path / RANKS / rank_folder_name(world.rank, world.world_size)
@@ -98,8 +108,15 @@ def train_rank(
                     training.setup(resume=resume and step >= 0, at_step=step if step >= 0 else None)
                 summary = training.train()
                 exchange = training.task.shards.exchange
-                training.metrics.log({"kind": "exchange", "rank": world.rank, "steps": training.step_count,
-                                      "sent_bytes": exchange.sent, "received_bytes": exchange.received})  # fmt: skip
+                training.metrics.log(
+                    {
+                        "kind": "exchange",
+                        "rank": world.rank,
+                        "steps": training.step_count,
+                        "sent_bytes": exchange.sent,
+                        "received_bytes": exchange.received,
+                    }
+                )
                 # (training traffic only, since this process started: evaluations are not counted)
             except BaseException:
                 training.close(after_error=True)
@@ -138,16 +155,23 @@ def _fresh_rank_folder(recipe: Recipe, folder: Path, step: int) -> RunFolder:
         earlier = RunFolder(folder)
         earlier.lock()  # a process still holding it stops us here, named
         try:
-            folder.rename(folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"))
+            folder.rename(
+                folder.with_name(f"{folder.name}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
+            )
         finally:
             earlier.release()
         return RunFolder.create(recipe, folder)
     if folder.exists():
-        why = "the job has no complete checkpoint to resume from" if step < 0 else f"the job's checkpoint of step {step} was written by another number of ranks, so this one was left by an earlier attempt to resume"
+        why = (
+            "the job has no complete checkpoint to resume from"
+            if step < 0
+            else f"the job's checkpoint of step {step} was written by another number of ranks, so this one was left by an earlier attempt to resume"
+        )
         raise StateError(
             f"'{folder}' already holds a rank's state, but {why}",
             hint="remove that folder (it holds no complete checkpoint of the job) and resume again"
-            if step >= 0 else "start the run again without --resume (into a new folder)",
+            if step >= 0
+            else "start the run again without --resume (into a new folder)",
         )
     return RunFolder.create(recipe, folder)
 
@@ -187,6 +211,12 @@ def evaluate_rank(top: Path, world: World, split: str, *, checkpoint: int | None
                 hint=f"evaluate it with {saved_world} processes (dsa-train eval starts them when the job's folders are on this machine)",
             )
         step = checkpoint if checkpoint is not None else newest
-        return evaluate_run(RunFolder.find(top / RANKS / rank_folder_name(world.rank, world.world_size)), split, checkpoint=step, device=device, world=world)
+        return evaluate_run(
+            RunFolder.find(top / RANKS / rank_folder_name(world.rank, world.world_size)),
+            split,
+            checkpoint=step,
+            device=device,
+            world=world,
+        )
     finally:
         world.leave()

@@ -39,7 +39,15 @@ class ShardedRows:
         rank, sharding = self.world.rank, self.sharding
         self.name = name
         if recipe.model.embedding_storage == "disk":
-            table = disk_table(recipe, tables, name, self.rows_here, std=std, first_row=rank * sharding.block, total_rows=sharding.num_rows)
+            table = disk_table(
+                recipe,
+                tables,
+                name,
+                self.rows_here,
+                std=std,
+                first_row=rank * sharding.block,
+                total_rows=sharding.num_rows,
+            )
         else:
             rows = sharding.initial_rows(rank, recipe.model.dim, std=std, seed=recipe.train.seed)
             table = nn.Embedding(len(rows), recipe.model.dim, sparse=True, _weight=rows)
@@ -54,7 +62,9 @@ class ShardedRows:
         """``(m, start, stop)`` of the non-empty slices of ``n`` batch items this rank computes."""
         bounds = [n * m // self.slices for m in range(self.slices + 1)]
         rank, world = self.world.rank, self.world.world_size
-        return [(m, bounds[m], bounds[m + 1]) for m in range(self.slices) if m % world == rank and bounds[m] < bounds[m + 1]]
+        return [
+            (m, bounds[m], bounds[m + 1]) for m in range(self.slices) if m % world == rank and bounds[m] < bounds[m + 1]
+        ]
 
     def read_local(self, local: Tensor) -> Tensor:
         """Rows of this rank's shard, on the host."""
@@ -66,7 +76,9 @@ class ShardedRows:
         Exact mode asks per occurrence (what docs/distributed.md's traffic model counts); fast
         mode asks each distinct row once (the same rows: fetching is exact either way)."""
         self.exchange.counting = counted
-        asked, where = (ids, None) if self.exact else torch.unique(ids, return_inverse=True)  # fast: each row asked once
+        asked, where = (
+            (ids, None) if self.exact else torch.unique(ids, return_inverse=True)
+        )  # fast: each row asked once
         try:
             with self.world.guard(doing), torch.no_grad():
                 rows = self.exchange.fetch(self.exchange.request(asked), self.read_local)
@@ -96,7 +108,6 @@ class ShardedRows:
         with self.world.guard("adding up the step's loss"):
             dist.all_reduce(losses)
         return float(losses.sum())
-
 
 
 class ShardedTask:

@@ -32,9 +32,17 @@ def keys_of(**settings) -> str:
 
 
 def check_sizes(
-    recipe: Recipe, device: torch.device, site: TableSite | None, *, table: str, rows: int, other: int,
-    working: list[Working], other_what: str = "the other parameters", other_keys: str = "",
-) -> None:  # fmt: skip
+    recipe: Recipe,
+    device: torch.device,
+    site: TableSite | None,
+    *,
+    table: str,
+    rows: int,
+    other: int,
+    working: list[Working],
+    other_what: str = "the other parameters",
+    other_keys: str = "",
+) -> None:
     """Refuse, before anything big is allocated, sizes that cannot fit: the ``table`` of
     ``rows x model.dim`` floats (in memory, or its file on disk), ``other`` bytes of further
     parameters with their gradients and optimizer state (``other_what``, sized by
@@ -50,7 +58,9 @@ def check_sizes(
         lower.append(other_keys.split("=")[0])
     if moments:
         keys.append("optimizer.kind=sparse_adam")
-    hint = "lower " + " or ".join(lower) + (", or use optimizer.kind: dsa (its moments stay on disk)" if moments else "")
+    hint = (
+        "lower " + " or ".join(lower) + (", or use optimizer.kind: dsa (its moments stay on disk)" if moments else "")
+    )
     shape = f"{rows:,} x {dim:,} float32"
     parts = [f"the {table} table ({shape})"] if not on_disk else []
     parts += ["SparseAdam's moments"] if moments else []
@@ -60,9 +70,12 @@ def check_sizes(
         if site is not None and site.writable and not (site.directory / f"{table}.table").exists():
             file_bytes = RowSpec(table, (rows, dim), "float32", "", TABLE_LAYOUT).file_bytes
             require_disk(
-                f"the {table} table file ({shape}, weights and Adam moments)", file_bytes, site.directory,
-                key=keys_of(model__dim=dim), hint="lower model.dim, free space on that disk, or write the run (-o) to a bigger one",
-            )  # fmt: skip
+                f"the {table} table file ({shape}, weights and Adam moments)",
+                file_bytes,
+                site.directory,
+                key=keys_of(model__dim=dim),
+                hint="lower model.dim, free space on that disk, or write the run (-o) to a bigger one",
+            )
             buffers = (min(1 << 16, rows) + 3 * min(1 << 12, rows)) * dim * FLOAT_BYTES  # Table.create's chunks
         # The file's pages are the page cache's; the host holds the chunks a new file is written
         # from and the other parameters (a recipe never pairs a disk table with SparseAdam's
@@ -75,13 +88,20 @@ def check_sizes(
         # nn.Embedding is built on the host, then moved to the device: the host holds it once.
         hint += ", or keep the table on disk with `model.embedding_storage: disk` (a memory-mapped file: only the rows a step touches take RAM)"
         host_parts = parts if not cuda else [p for p in parts if p != "SparseAdam's moments"]
-        require_memory(" and ".join(host_parts), table_bytes + other + (0 if cuda else moments), key=", ".join(keys), hint=hint)
+        require_memory(
+            " and ".join(host_parts), table_bytes + other + (0 if cuda else moments), key=", ".join(keys), hint=hint
+        )
         resident = table_bytes + other + moments
         if cuda:
             require_memory(" and ".join(parts), resident, key=", ".join(keys), hint=hint, device=device)
     largest = max(working, key=lambda w: w.bytes, default=None)
     if largest is not None:
         require_memory(
-            largest.what, largest.bytes, key=largest.keys, hint=largest.hint, device=device,
-            reserved=resident, reserved_for="the tables and parameters",
-        )  # fmt: skip
+            largest.what,
+            largest.bytes,
+            key=largest.keys,
+            hint=largest.hint,
+            device=device,
+            reserved=resident,
+            reserved_for="the tables and parameters",
+        )

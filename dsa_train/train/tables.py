@@ -49,9 +49,16 @@ class WholeTable:
 
 
 def disk_table(
-    recipe: Recipe, site: TableSite | None, name: str, num_rows: int, *, std: float, first_row: int = 0, total_rows: int | None = None,
+    recipe: Recipe,
+    site: TableSite | None,
+    name: str,
+    num_rows: int,
+    *,
+    std: float,
+    first_row: int = 0,
+    total_rows: int | None = None,
     bag_mode: str | None = None,
-) -> nn.Module | None:  # fmt: skip
+) -> nn.Module | None:
     """The task's ``name`` table as a DiskEmbedding (a DiskEmbeddingBag pooling by
     ``bag_mode``, if given), created and seeded if missing, or ``None`` for
     ``embedding_storage: memory``. With ``total_rows``: a shard, rows ``[first_row, ...)``
@@ -76,6 +83,14 @@ def disk_table(
         raise DsaError(f"table '{path}' is missing", hint="evaluate a checkpoint written by a run with these tables")
     module, options = (DiskEmbedding, {}) if bag_mode is None else (DiskEmbeddingBag, {"mode": bag_mode})
     return module(
-        num_rows, recipe.model.dim, path=path, std=std, seed=recipe.train.seed, writable=site.writable, progress=partial(progress.work, NEW_TABLE),
-        first_row=first_row, total_rows=total_rows, **options,
-    )  # fmt: skip
+        num_rows,
+        recipe.model.dim,
+        path=path,
+        std=std,
+        seed=recipe.train.seed,
+        writable=site.writable,
+        progress=partial(progress.work, NEW_TABLE),
+        first_row=first_row,
+        total_rows=total_rows,
+        **options,
+    )

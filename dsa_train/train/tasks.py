@@ -43,14 +43,27 @@ class TaskKind:
 #: the kinds of training by ``model.kind`` (every knowledge-graph scoring function is ``kge``)
 TASKS: Registry[TaskKind] = Registry("kind of training", "model.kind")
 TASKS.add("kge", TaskKind("knowledge-graph models", KGETask, partitioned=PartitionedKGETask, sharded=ShardedKGETask))
-TASKS.add("node2vec", TaskKind("node2vec", Node2VecTask, partitioned=PartitionedNode2VecTask, sharded=ShardedNode2VecTask, one_partition_is_random=True))
+TASKS.add(
+    "node2vec",
+    TaskKind(
+        "node2vec",
+        Node2VecTask,
+        partitioned=PartitionedNode2VecTask,
+        sharded=ShardedNode2VecTask,
+        one_partition_is_random=True,
+    ),
+)
 TASKS.add("sage", TaskKind("sage", SageTask))
 TASKS.add("dlrm", TaskKind("dlrm", RecsysTask))
 
 
 def make_task(
-    recipe: Recipe, device: torch.device, tables: TableSite | None = None, *, world=None,
-) -> Task:  # fmt: skip
+    recipe: Recipe,
+    device: torch.device,
+    tables: TableSite | None = None,
+    *,
+    world=None,
+) -> Task:
     """The task for the recipe's model; builds its data and model (seed torch first).
 
     ``tables``: where disk tables live (needed with ``model.embedding_storage: disk``);
@@ -69,7 +82,9 @@ def make_task(
                 hint="run it in one process (without torchrun)",
             )
         return kind.sharded(recipe, device, world, tables)
-    partitioned = recipe.train.order == "partitioned" and not (kind.one_partition_is_random and recipe.train.partitions == 1)
+    partitioned = recipe.train.order == "partitioned" and not (
+        kind.one_partition_is_random and recipe.train.partitions == 1
+    )
     if partitioned and kind.partitioned is not None:
         return kind.partitioned(recipe, device, tables)
     return kind.random(recipe, device, tables)

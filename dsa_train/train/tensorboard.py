@@ -38,9 +38,11 @@ def scalars(record: dict) -> list[tuple[str, float]]:
     if kind == "eval":
         return [
             (f"{record['split']}/{group}/{name}", value)
-            for group, values in record.items() if isinstance(values, dict)
-            for name, value in values.items() if _number(value)
-        ]  # fmt: skip
+            for group, values in record.items()
+            if isinstance(values, dict)
+            for name, value in values.items()
+            if _number(value)
+        ]
     return []
 
 

@@ -102,7 +102,11 @@ def _all_keys(cls=Recipe, prefix: str = "") -> list[str]:
 
 def _number_kind(hint) -> str | None:
     """``"int"`` or ``"float"`` for a key that takes a number (``int | None`` too), else ``None``."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) in (typing.Union, _UnionType) else [hint]
+    args = (
+        [a for a in typing.get_args(hint) if a is not type(None)]
+        if typing.get_origin(hint) in (typing.Union, _UnionType)
+        else [hint]
+    )
     if args == [int]:
         return "int"
     if args == [float]:
@@ -156,7 +160,9 @@ def load_space(path: Path, base: Recipe) -> Space:
     try:
         raw = path.read_bytes()[: MAX_RECIPE_BYTES + 1]
     except OSError as e:
-        raise ConfigError([f"cannot read '{path}': {e.strerror}"], source=source, hint="check the path of --space") from None
+        raise ConfigError(
+            [f"cannot read '{path}': {e.strerror}"], source=source, hint="check the path of --space"
+        ) from None
     data, _, problems = parse_yaml(decode(raw, source), source)
     if problems:
         raise ConfigError(problems, source=source)
@@ -168,13 +174,21 @@ def parse_space(data: dict, base: Recipe, *, source: str = "search space") -> Sp
     problems: list[str] = []
     space: Space = {}
     if not data:
-        raise ConfigError(["it names no key to search"], source=source, hint="map recipe keys to ranges, e.g. optimizer.lr: {low: 0.001, high: 0.1, log: true}")
+        raise ConfigError(
+            ["it names no key to search"],
+            source=source,
+            hint="map recipe keys to ranges, e.g. optimizer.lr: {low: 0.001, high: 0.1, log: true}",
+        )
     for key, spec in data.items():
         param = _parse_param(str(key), spec, base, problems)
         if param is not None:
             space[param.key] = param
     if problems:
-        raise ConfigError(problems, source=source, hint="each key is a recipe key (dotted) mapped to {low, high[, log][, step]} or a list of choices")
+        raise ConfigError(
+            problems,
+            source=source,
+            hint="each key is a recipe key (dotted) mapped to {low, high[, log][, step]} or a list of choices",
+        )
     return space
 
 
@@ -184,10 +198,15 @@ def _parse_param(key: str, spec: Any, base: Recipe, problems: list[str]) -> Para
         keys = _all_keys()
         same_name = [k for k in keys if k.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]  # model.loss -> train.loss
         close = same_name[:1] or difflib.get_close_matches(key, keys, n=1)
-        problems.append(f"{key}: not a recipe key" + (f"; did you mean {close[0]}?" if close else " (dsa-train validate --help lists them)"))
+        problems.append(
+            f"{key}: not a recipe key"
+            + (f"; did you mean {close[0]}?" if close else " (dsa-train validate --help lists them)")
+        )
         return None
     if dataclasses.is_dataclass(hint):
-        problems.append(f"{key}: is a section of the recipe, not a value; name one of its keys, e.g. {key}.{dataclasses.fields(hint)[0].name}")
+        problems.append(
+            f"{key}: is a section of the recipe, not a value; name one of its keys, e.g. {key}.{dataclasses.fields(hint)[0].name}"
+        )
         return None
     if isinstance(spec, dict) and set(spec) == {"choices"}:
         spec = spec["choices"]
@@ -198,11 +217,15 @@ def _parse_param(key: str, spec: Any, base: Recipe, problems: list[str]) -> Para
         return None
     unknown = [k for k in spec if k not in RANGE_FIELDS]
     if unknown:
-        problems.append(f"{key}: unknown field {unknown[0]!r} in the range; a range has low, high, log, step (or give a list of choices)")
+        problems.append(
+            f"{key}: unknown field {unknown[0]!r} in the range; a range has low, high, log, step (or give a list of choices)"
+        )
         return None
     kind = _number_kind(hint)
     if kind is None:
-        problems.append(f"{key}: takes {_describe(hint)}, which has no range; list the choices instead, e.g. {key}: [{_example(key, base)}]")
+        problems.append(
+            f"{key}: takes {_describe(hint)}, which has no range; list the choices instead, e.g. {key}: [{_example(key, base)}]"
+        )
         return None
     return _parse_range(key, kind, spec, base, problems)
 
@@ -223,13 +246,21 @@ def _parse_range(key: str, kind: str, spec: dict, base: Recipe, problems: list[s
     log, step = spec.get("log", False), spec.get("step")
     if not isinstance(log, bool):
         problems.append(f"{key}: log must be true or false, got {log!r}")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float)) or step <= 0 or (kind == "int" and not isinstance(step, int))):
+    if step is not None and (
+        isinstance(step, bool)
+        or not isinstance(step, (int, float))
+        or step <= 0
+        or (kind == "int" and not isinstance(step, int))
+    ):
         problems.append(f"{key}: step must be a positive {'whole ' if kind == 'int' else ''}number, got {step!r}")
     if len(problems) > found:
         return None
     low, high = bounds["low"], bounds["high"]
     if not low < high:
-        problems.append(f"{key}: empty range: low {low!r} is not below high {high!r}" + (" (one value: set it with --set instead)" if low == high else ""))
+        problems.append(
+            f"{key}: empty range: low {low!r} is not below high {high!r}"
+            + (" (one value: set it with --set instead)" if low == high else "")
+        )
         return None
     if log and low <= 0:
         problems.append(f"{key}: a log range needs low > 0, got {low!r}")
@@ -301,7 +332,9 @@ def default_space(base: Recipe) -> Space:
     m, t, o = base.model, base.train, base.optimizer
     entries: dict[str, Any] = {
         "optimizer.lr": {"low": o.lr / 10, "high": min(o.lr * 10, 1.0), "log": True},
-        "model.dim": _around(m.dim, (0.5, 1, 2), even=bool(scoring_functions().get(m.kind, {}).get("halves"))),  # rows of two halves
+        "model.dim": _around(
+            m.dim, (0.5, 1, 2), even=bool(scoring_functions().get(m.kind, {}).get("halves"))
+        ),  # rows of two halves
         "train.batch_size": _around(t.batch_size, (0.5, 1, 2)),
         "optimizer.schedule": list(dict.fromkeys([o.schedule, "constant", "cosine"])),
     }

@@ -48,8 +48,13 @@ STUDY = "tune"  # the study's name in the database
 PRUNER_STARTUP_TRIALS = 2
 
 #: Where the objective is found in a final evaluation's metrics: (group, metric, label).
-OBJECTIVES = (("both", "mrr", "MRR"), ("classifier", "accuracy", "accuracy"), ("probe", "accuracy", "probe accuracy"),
-              ("link", "auc", "link AUC"), ("clicks", "auc", "AUC"))  # fmt: skip
+OBJECTIVES = (
+    ("both", "mrr", "MRR"),
+    ("classifier", "accuracy", "accuracy"),
+    ("probe", "accuracy", "probe accuracy"),
+    ("link", "auc", "link AUC"),
+    ("clicks", "auc", "AUC"),
+)
 
 
 def objective(metrics: dict) -> tuple[str, float]:
@@ -77,7 +82,10 @@ def _optuna():
     try:
         import optuna
     except ImportError:
-        raise DsaError("dsa-train tune searches with Optuna, which is not installed", hint="pip install 'dsa-train[tune]' (or optuna)") from None
+        raise DsaError(
+            "dsa-train tune searches with Optuna, which is not installed",
+            hint="pip install 'dsa-train[tune]' (or optuna)",
+        ) from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     return optuna
 
@@ -102,7 +110,10 @@ class TuneFolder:
         """A new tune folder at ``path`` (absent or empty), locked, with its study made."""
         folder = cls(path)
         folder._lock = create_owned_folder(
-            folder.path, "tune folder", link_hint="pass a real folder with -o", busy_hint="pass --resume to continue its search, or choose another -o"
+            folder.path,
+            "tune folder",
+            link_hint="pass a real folder with -o",
+            busy_hint="pass --resume to continue its search, or choose another -o",
         )
         path = folder.path
         try:
@@ -128,10 +139,14 @@ class TuneFolder:
                 hint="pass the folder `dsa-train tune` made (its -o), or start a new tune without --resume",
             )
         if marker.get("version") != TUNE_VERSION:
-            raise StateError(f"tune folder '{path}' has format version {marker.get('version')!r}; this dsa-train reads {TUNE_VERSION}")
+            raise StateError(
+                f"tune folder '{path}' has format version {marker.get('version')!r}; this dsa-train reads {TUNE_VERSION}"
+            )
         for name in (cls.DATABASE, "trials", cls.RECIPE, cls.SPACE):
             if (folder.path / name).is_symlink():
-                raise StateError(f"'{folder.path / name}' is a symbolic link; dsa-train never follows links inside a tune folder")
+                raise StateError(
+                    f"'{folder.path / name}' is a symbolic link; dsa-train never follows links inside a tune folder"
+                )
         return folder
 
     def lock(self) -> None:
@@ -150,11 +165,15 @@ class TuneFolder:
     def storage(self):
         """Optuna's storage: SQLite in the folder, waiting up to 5 minutes for another worker's write."""
         optuna = _optuna()
-        return optuna.storages.RDBStorage(f"sqlite:///{(self.path / self.DATABASE).resolve()}", engine_kwargs={"connect_args": {"timeout": 300}})
+        return optuna.storages.RDBStorage(
+            f"sqlite:///{(self.path / self.DATABASE).resolve()}", engine_kwargs={"connect_args": {"timeout": 300}}
+        )
 
     def study(self, *, seed: int | None = None):
         optuna = _optuna()
-        sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=True)  # constant liar: parallel workers spread out
+        sampler = optuna.samplers.TPESampler(
+            seed=seed, constant_liar=True
+        )  # constant liar: parallel workers spread out
         pruner = optuna.pruners.MedianPruner(n_startup_trials=PRUNER_STARTUP_TRIALS)
         return optuna.load_study(study_name=STUDY, storage=self.storage(), sampler=sampler, pruner=pruner)
 
@@ -202,7 +221,14 @@ class TrialResult:
     error: str | None = None
 
 
-def search(folder: TuneFolder, *, trials: int | None, deadline: float | None, worker: int = 0, report: Callable[[TrialResult], None] | None = None) -> None:
+def search(
+    folder: TuneFolder,
+    *,
+    trials: int | None,
+    deadline: float | None,
+    worker: int = 0,
+    report: Callable[[TrialResult], None] | None = None,
+) -> None:
     """Run trials until ``trials`` count in the study (all workers together) or the wall-clock
     ``deadline`` passes (a trial under way then finishes). A trial that stops on a bad
     combination of settings (a ``ConfigError``, a non-finite loss) is failed and the search goes
@@ -211,7 +237,9 @@ def search(folder: TuneFolder, *, trials: int | None, deadline: float | None, wo
     base = folder.base()
     space = folder.space(base)
     study = folder.study(seed=base.train.seed + worker)
-    while (trials is None or counted(study.get_trials(deepcopy=False)) < trials) and (deadline is None or time.time() < deadline):
+    while (trials is None or counted(study.get_trials(deepcopy=False)) < trials) and (
+        deadline is None or time.time() < deadline
+    ):
         trial = study.ask()
         result = _run_trial(folder, study, trial, base, space, optuna)
         if report is not None:
@@ -238,7 +266,16 @@ def _run_trial(folder: TuneFolder, study, trial, base: Recipe, space: Space, opt
                 raise optuna.TrialPruned()
 
     def result(state: str, value: float | None, error: str | None = None) -> TrialResult:
-        return TrialResult(trial.number, state, f"valid {reported['label']}", value, reported["epoch"], time.time() - started, values, error)
+        return TrialResult(
+            trial.number,
+            state,
+            f"valid {reported['label']}",
+            value,
+            reported["epoch"],
+            time.time() - started,
+            values,
+            error,
+        )
 
     training = None
     try:
@@ -299,10 +336,25 @@ def rows(folder: TuneFolder) -> list[Row]:
             continue
         last = max(t.intermediate_values) if t.intermediate_values else None
         value = t.value if t.state.name == "COMPLETE" else (t.intermediate_values[last] if last is not None else None)
-        seconds = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start else None
+        seconds = (
+            (t.datetime_complete - t.datetime_start).total_seconds()
+            if t.datetime_complete and t.datetime_start
+            else None
+        )
         state = "KILLED" if t.number in cut else t.state.name
-        found.append(Row(t.number, state, t.user_attrs.get("metric", "valid metric"), value, last, seconds, dict(t.params), t.user_attrs.get("run"),
-                         t.user_attrs.get("error")))  # fmt: skip
+        found.append(
+            Row(
+                t.number,
+                state,
+                t.user_attrs.get("metric", "valid metric"),
+                value,
+                last,
+                seconds,
+                dict(t.params),
+                t.user_attrs.get("run"),
+                t.user_attrs.get("error"),
+            )
+        )
     return found
 
 
@@ -315,8 +367,17 @@ def table_tsv(found: list[Row]) -> str:
     metric = next((r.metric for r in found if r.metric != "valid metric"), "valid metric")
     writer.writerow(["trial", "state", metric, "epoch", "seconds", "run", *keys])
     for r in found:
-        writer.writerow([r.number, r.state, "" if r.value is None else f"{r.value:.6g}", "" if r.epoch is None else r.epoch,
-                         "" if r.seconds is None else f"{r.seconds:.1f}", r.run or "", *[r.params.get(k, "") for k in keys]])  # fmt: skip
+        writer.writerow(
+            [
+                r.number,
+                r.state,
+                "" if r.value is None else f"{r.value:.6g}",
+                "" if r.epoch is None else r.epoch,
+                "" if r.seconds is None else f"{r.seconds:.1f}",
+                r.run or "",
+                *[r.params.get(k, "") for k in keys],
+            ]
+        )
     return out.getvalue()
 
 
@@ -371,6 +432,12 @@ def best_test(folder: TuneFolder, best: Row) -> dict:
     if kept and kept.get("trial") == best.number:
         return kept
     checkpoint, metrics, headline = evaluate_run(RunFolder.find(folder.trials / best.run), "test")
-    record = {"trial": best.number, "run": best.run, "checkpoint": checkpoint.name, "headline": headline, "test": metrics}
+    record = {
+        "trial": best.number,
+        "run": best.run,
+        "checkpoint": checkpoint.name,
+        "headline": headline,
+        "test": metrics,
+    }
     atomic_write_bytes(path, json.dumps(record, indent=2).encode())
     return record

@@ -23,15 +23,21 @@ for _module in (*SHIPPED, *sorted(m.name for m in pkgutil.iter_modules(__path__)
     importlib.import_module(f"{__name__}.{_module}")
 
 
-def build_kge_model(config, num_entities: int, num_relations: int, entity_table: torch.nn.Module | None = None) -> KGEModel:
+def build_kge_model(
+    config, num_entities: int, num_relations: int, entity_table: torch.nn.Module | None = None
+) -> KGEModel:
     """The scoring function ``config.kind`` (a recipe's ``model`` section) over ``num_entities``
     entities and ``num_relations`` relations; ``entity_table``: an initialised entity table to
     use instead of an ``nn.Embedding`` (a disk table)."""
     cls = SCORING_FUNCTIONS.get(config.kind)
     common = dict(
-        reciprocal=config.reciprocal, init_std=config.init_std, dropout=config.dropout,
-        relation_dropout=config.relation_dropout, normalize_entities=config.normalize_entities, entity_table=entity_table,
-    )  # fmt: skip
+        reciprocal=config.reciprocal,
+        init_std=config.init_std,
+        dropout=config.dropout,
+        relation_dropout=config.relation_dropout,
+        normalize_entities=config.normalize_entities,
+        entity_table=entity_table,
+    )
     options = {key: getattr(config, key) for key in cls.options}
     return cls(num_entities, num_relations, config.dim, **options, **common)
 

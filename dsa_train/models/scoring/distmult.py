@@ -19,7 +19,10 @@ class DistMult(QueryProduct):
     """
 
     formula = "<h, r, t>"
-    meanings = {"entities": "entity vectors e; a triple scores sum_i e_h,i r_i e_t,i", "relations": "diagonals r of the bilinear form"}
+    meanings = {
+        "entities": "entity vectors e; a triple scores sum_i e_h,i r_i e_t,i",
+        "relations": "diagonals r of the bilinear form",
+    }
 
     @staticmethod
     def tail_query(head: Tensor, rel: Tensor) -> Tensor:

@@ -5,7 +5,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kge import SCORING_FUNCTIONS, KGEModel, cubed_modulus, distances_of_squares, euclidean, halves, negative_squared_distances, subtracted_from
+from ..kge import (
+    SCORING_FUNCTIONS,
+    KGEModel,
+    cubed_modulus,
+    distances_of_squares,
+    euclidean,
+    halves,
+    negative_squared_distances,
+    subtracted_from,
+)
 
 
 @SCORING_FUNCTIONS.register_as("rotate")

@@ -28,7 +28,9 @@ class SimplE(QueryProduct):
     """
 
     formula = "(<h_h, r, t_t> + <h_t, r^-1, t_h>) / 2"
-    halves = "a head-role and a tail-role vector (entities), a relation's and its inverse's vector (relations), dim / 2 each"
+    halves = (
+        "a head-role and a tail-role vector (entities), a relation's and its inverse's vector (relations), dim / 2 each"
+    )
     meanings = {
         "entities": "columns [head-role vector | tail-role vector]; a triple scores (<h_head, r, t_tail> + <h_tail, r_inverse, t_head>) / 2",
         "relations": "columns [relation vector r | inverse vector r_inverse]",

@@ -5,7 +5,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..kge import SCORING_FUNCTIONS, KGEModel, distances_of_squares, euclidean, negative_squared_distances, subtracted_from
+from ..kge import (
+    SCORING_FUNCTIONS,
+    KGEModel,
+    distances_of_squares,
+    euclidean,
+    negative_squared_distances,
+    subtracted_from,
+)
 
 
 @SCORING_FUNCTIONS.register_as("transe")
