@@ -36,7 +36,14 @@ from ..memory import peak_rss_bytes
 from ..recipe import Recipe, with_data_root
 from .callbacks import Callback, default_callbacks
 from .checkpoint_store import CheckpointStore
-from .optimizers import build_optimizer, close_optimizer, load_optimizer_state, load_tensors, restore_state_dir
+from .optimizers import (
+    build_optimizer,
+    close_optimizer,
+    flush_optimizer,
+    load_optimizer_state,
+    load_tensors,
+    restore_state_dir,
+)
 from .run_folder import MetricsLog, RunFolder
 from .tables import TableSite
 from .task import Task
@@ -245,6 +252,7 @@ class Training:
         self.final_metrics = final = {
             split: self.evaluate(split, final=True) for split in self.recipe.eval.final_splits
         }
+        flush_optimizer(self.optimizer)  # the live files as the run leaves them, for their sizes below
         summary = {
             "kind": "summary",
             "step": self.step_count,

@@ -190,6 +190,13 @@ def load_optimizer_state(
     optimizer.load_state_dict(state)
 
 
+def flush_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Write DiskSparseAdam's changed rows to its live files now (checkpoints leave them in
+    memory; ``close()`` would write them next): what a run's summary measures on disk."""
+    if isinstance(optimizer, DiskSparseAdam):
+        optimizer.flush()
+
+
 def close_optimizer(optimizer: torch.optim.Optimizer) -> None:
     if isinstance(optimizer, DiskSparseAdam):
         optimizer.close()
