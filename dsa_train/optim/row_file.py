@@ -255,10 +255,10 @@ class RowFile:
             )
 
     @property
-    def record_bytes(self) -> np.ndarray:
+    def record_bytes(self) -> np.ndarray | None:
         """The records as ``(N, row_bytes)`` uint8, through this process's mapping (its changed
-        rows included): what a checkpoint's delta gathers from."""
-        return self._raw.numpy()
+        rows included): what a checkpoint's delta gathers from; ``None`` once closed."""
+        return self._raw.numpy() if self._raw is not None else None
 
     def evict(self) -> None:
         """Write the file back, then drop its pages from this mapping and the page cache, as

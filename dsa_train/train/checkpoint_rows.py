@@ -242,11 +242,9 @@ class RowWriter:
 
 
 def live_records(module: DiskTable) -> np.ndarray | None:
-    """A disk table's records as the run maps them, ``(rows, row_bytes)`` uint8, or ``None``."""
-    records = getattr(getattr(module.table, "rows", None), "records", None)
-    if not isinstance(records, torch.Tensor) or records.device.type != "cpu" or not records.is_contiguous():
-        return None
-    return records.view(torch.uint8).reshape(records.shape[0], -1).numpy()
+    """A disk table's records as the run maps them (:attr:`RowFile.record_bytes`), or ``None``."""
+    rows = getattr(module.table, "rows", None)
+    return rows.record_bytes if isinstance(rows, RowFile) else None
 
 
 def _delta_rows(path: Path) -> np.ndarray:
