@@ -19,6 +19,8 @@ dsa          DiskSparseAdam, state in ``--state-dir``, checkpointed after every 
 sparse_adam  torch.optim.SparseAdam, table and state in RAM: the baseline of the ratios
 floor        the step's memory-traffic floor: torch gathers the touched rows of w, m and v
              (all in RAM), does the Adam arithmetic and scatters them back
+batches      (only with ``--only``) the making of batches alone, no step: how much the
+             machine's own speed varies from minute to minute over the same window
 
 The three run one after another in the same invocation, on the same machine state, and the
 ratios are of their steady-state medians (the minutes after the first). ``--table disk``
@@ -57,7 +59,7 @@ from dsa_train.optim.prefetch import shared_prefetcher
 from dsa_train.train.checkpoint_store import CheckpointStore
 
 MiB, GiB = 1 << 20, 1 << 30
-KINDS = ("sparse_adam", "dsa", "floor")
+KINDS = ("sparse_adam", "dsa", "floor", "batches")
 
 
 def block_device_stat(path: Path) -> Path | None:
@@ -133,16 +135,20 @@ def run_child(args) -> dict:
         grads = batches(args, seed=1)
         minutes = []  # one entry per minute of stepping; checkpoints fall between minutes
         checkpoints = []
-        run_seconds, stepped, since_checkpoint = args.minutes * 60, 0.0, 0.0
+        run_seconds, stepped = args.minutes * 60, 0.0
+        checkpoint_every = max(1, round(args.checkpoint_minutes * 60 / args.minute_seconds))  # in whole minutes
         grad = next(grads)
         while stepped < run_seconds:
-            window = min(60.0, run_seconds - stepped)
+            window = min(args.minute_seconds, run_seconds - stepped)
             steps, batch_times = [], []
             sectors, minute_start = sectors_written(stat), time.perf_counter()
             while time.perf_counter() - minute_start < window:
                 t0 = time.perf_counter()
                 nxt = next(grads)  # made before the step, so the prefetch of the next batch can overlap it
                 batch_times.append(time.perf_counter() - t0)
+                if kind == "batches":
+                    steps.append(batch_times[-1])
+                    continue
                 if prefetch is not None:
                     prefetch.submit(table.table.rows, nxt._indices()[0], claim=True)
                 t0 = time.perf_counter()
@@ -156,8 +162,8 @@ def run_child(args) -> dict:
                 grad = nxt
             seconds = time.perf_counter() - minute_start
             minutes.append(_minute(steps, batch_times, sectors, sectors_written(stat), seconds))
-            stepped, since_checkpoint = stepped + seconds, since_checkpoint + seconds
-            due = kind == "dsa" and args.checkpoint_minutes and since_checkpoint >= args.checkpoint_minutes * 60 - 0.5
+            stepped += seconds
+            due = kind == "dsa" and args.checkpoint_minutes and len(minutes) % checkpoint_every == 0
             if due and stepped < run_seconds:
                 before = sectors_written(stat)
                 t0 = time.perf_counter()
@@ -170,7 +176,6 @@ def run_child(args) -> dict:
                         **held,
                     }
                 )
-                since_checkpoint = 0.0
         if prefetch is not None:
             prefetch.wait()
         rss = rss_anon_bytes()
@@ -183,7 +188,7 @@ def run_child(args) -> dict:
     steady_minutes = minutes[1:] or minutes
     steady = [m["median_ms"] for m in steady_minutes]
     batch = [m["batch_median_ms"] for m in steady_minutes]
-    step_per_batch = [s / b for s, b in zip(steady, batch)]  # the step in units of the machine's speed that minute
+    step_per_batch = [s / b for s, b in zip(steady, batch) if b]  # the step in units of the machine's speed that minute
     written = sum(m["MiB_written"] or 0 for m in minutes)
     hours = sum(m["seconds"] for m in minutes) / 3600
     return {
@@ -227,8 +232,8 @@ def _minute(steps: list[float], batch_times: list[float], sectors, sectors_now, 
     nothing of the optimizer: the machine's own speed that minute, to read a slow minute by."""
     return {
         "steps": len(steps),
-        "median_ms": round(statistics.median(steps) * 1e3, 1) if steps else None,
-        "batch_median_ms": round(statistics.median(batch_times) * 1e3, 1) if batch_times else None,
+        "median_ms": round(statistics.median(steps) * 1e3, 2) if steps else None,
+        "batch_median_ms": round(statistics.median(batch_times) * 1e3, 2) if batch_times else None,
         "MiB_written": _mib(sectors, sectors_now),
         "seconds": round(seconds, 1),
         "rss_anon_MiB": round(rss_anon_bytes() / MiB),
@@ -246,6 +251,7 @@ def child(args, kind: str, minutes: float) -> dict:
         "state_dir",
         "table",
         "checkpoint_minutes",
+        "minute_seconds",
         "checkpoint",
         "memory_budget",
     ):
@@ -292,6 +298,9 @@ def main() -> None:
     parser.add_argument(
         "--checkpoint", choices=("save", "flush"), default="save", help="a training run's checkpoint, or flush() only"
     )
+    parser.add_argument(
+        "--minute-seconds", type=float, default=60.0, help="the reporting window's length (a 'minute'; short for tests)"
+    )
     parser.add_argument("--state-dir", default=None, help="where the state lives (default: the temp dir)")
     parser.add_argument("--table", choices=("memory", "disk"), default="memory")
     parser.add_argument("--memory-budget", default=None, help="DiskSparseAdam's memory_budget (default: its own)")
@@ -307,7 +316,9 @@ def main() -> None:
     if args.child:
         print(json.dumps(run_child(args)))
         return
-    kinds = args.only or [k for k in KINDS if k == "dsa" or args.table == "memory" or fits_in_ram(args)]
+    kinds = args.only or [
+        k for k in KINDS if k == "dsa" or (k != "batches" and (args.table == "memory" or fits_in_ram(args)))
+    ]
     print(
         f"# {args.rows:,} x {args.dim}, {args.lookups:,} {args.distribution} lookups a step, table in {args.table}, "
         f"state in {args.state_dir or tempfile.gettempdir()}, memory_budget {args.memory_budget or 'default'}, "
@@ -318,7 +329,7 @@ def main() -> None:
     load = busy_load(args.busy)
     try:
         for kind in kinds:
-            results[kind] = child(args, kind, args.minutes if kind == "dsa" else args.reference_minutes)
+            results[kind] = child(args, kind, args.minutes if kind in ("dsa", "batches") else args.reference_minutes)
             print(json.dumps(results[kind]), flush=True)
     finally:
         for worker in load:
@@ -348,6 +359,12 @@ def main() -> None:
         for other in ("sparse_adam", "floor"):
             if "steady_median_ms" in results.get(other, {}):
                 print(f"DiskSparseAdam / {other}: {dsa['steady_median_ms'] / results[other]['steady_median_ms']:.2f}")
+    machine = results.get("batches", {})
+    if "steady_median_ms" in machine:
+        print(
+            f"the making of batches alone: {machine['steady_median_ms']} ms a batch, worst minute / best minute "
+            f"{machine['worst_minute_ms'] / machine['best_minute_ms']:.2f} (the machine's own variation)"
+        )
 
 
 if __name__ == "__main__":

@@ -437,3 +437,34 @@ def test_page_writes_benchmark_runs_small(tmp_path):
         assert 3 * 490 <= updates <= 3 * 512  # 3 steps of 512 uniform draws, repeats counted once
     assert "large folios / fresh" in result.stdout
     assert not list(tmp_path.iterdir()), "the benchmark left its tables behind"
+
+
+@pytest.mark.slow
+def test_long_run_benchmark_checkpoints_between_whole_minutes(tmp_path):
+    """Each 'minute' (1 s here) is a whole window of stepping: a checkpoint falls between two
+    of them, never inside one, and is reported apart with its bytes; the batches-only kind
+    times the making of batches alone."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            SCRIPTS / "bench_long_run.py",
+            *("--rows", "20000", "--dim", "8", "--lookups", "4096", "--distribution", "power"),
+            *("--minutes", "0.1", "--minute-seconds", "1", "--checkpoint-minutes", "0.05"),
+            *("--only", "dsa", "--only", "batches", "--state-dir", tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = {r["kind"]: r for r in map(json.loads, [line for line in result.stdout.splitlines() if line[:1] == "{"])}
+    dsa, batches = runs["dsa"], runs["batches"]
+    assert len(dsa["minutes"]) == len(batches["minutes"]) == 6
+    for minute in dsa["minutes"] + batches["minutes"]:
+        assert 1.0 <= minute["seconds"] < 1.5 and minute["steps"] > 0  # no checkpoint inside a minute
+    assert [c["at_min"] for c in dsa["checkpoints"]] == [pytest.approx(0.05, abs=0.01)]
+    checkpoint = dsa["checkpoints"][0]
+    assert checkpoint["s"] > 0 and checkpoint["MiB_held"] > 0 and checkpoint["row_files"]
+    assert all(m["median_ms"] == m["batch_median_ms"] for m in batches["minutes"])
+    assert "the making of batches alone:" in result.stdout and "the step over it:" in result.stdout
+    assert not list(tmp_path.iterdir()), "a child left its state behind"
