@@ -59,14 +59,6 @@ optimizer: {kind: dsa, lr: 0.01}
 eval: {every_epochs: 1, final_splits: [valid, test]}
 """
 MOMENTS = {"memory": ("step", "checkpoint", "evaluation"), "disk": ("step", "checkpoint", "compaction", "evaluation")}
-TIMINGS = (
-    "seconds",
-    "items_per_s",
-    "peak_rss_mib",
-    "peak_rss_anon_mib",
-    "optimizer_ram_mib",
-    "optimizer_memory_budget_mib",
-)
 
 
 def dsa_train() -> list[str]:
@@ -139,7 +131,9 @@ def kill_at(moment: str, recipe: Path, run: Path, resume: bool, rng: random.Rand
 
 
 def comparable(run: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records(run)]
+    from dsa_train.train.run_folder import MetricsLog
+
+    return [{k: v for k, v in r.items() if k not in MetricsLog.MACHINE_FIELDS} for r in records(run)]
 
 
 def records_of(checkpoint: Path, name: str) -> np.ndarray:

@@ -35,14 +35,7 @@ def invoke(*args):
 
 
 def records(run, kind):
-    timings = (
-        "seconds",
-        "items_per_s",
-        "peak_rss_mib",
-        "peak_rss_anon_mib",
-        "optimizer_ram_mib",
-        "optimizer_memory_budget_mib",
-    )
+    timings = MetricsLog.MACHINE_FIELDS
     return [
         {k: v for k, v in r.items() if k not in timings}
         for r in MetricsLog.read(run / "metrics.jsonl")

@@ -35,15 +35,7 @@ train: {epochs: 3, batch_size: 256, negatives: 64, log_every: 4, checkpoint_ever
 optimizer: {kind: dsa, lr: 0.01}
 eval: {every_epochs: 2, final_splits: [valid, test]}
 """
-TIMINGS = (
-    "seconds",
-    "items_per_s",
-    "peak_rss_mib",
-    "peak_rss_anon_mib",
-    "optimizer_ram_mib",
-    "optimizer_memory_budget_mib",
-    "buffer",
-)
+TIMINGS = (*MetricsLog.MACHINE_FIELDS, "buffer")
 
 
 def invoke(*args):

@@ -101,14 +101,7 @@ def test_resume_after_a_failed_step_matches_an_uninterrupted_run(tmp_path, model
     with error_at_step(6):  # after the checkpoint of step 4
         assert invoke("run", path, "--output", broken).exit_code == 1
     assert invoke("run", path, "--output", broken, "--resume").exit_code == 0
-    timings = (
-        "seconds",
-        "items_per_s",
-        "peak_rss_mib",
-        "peak_rss_anon_mib",
-        "optimizer_ram_mib",
-        "optimizer_memory_budget_mib",
-    )
+    timings = MetricsLog.MACHINE_FIELDS
     clean = lambda rs: [{k: v for k, v in r.items() if k not in timings} for r in rs]  # noqa: E731
     for kind in ("train", "epoch", "eval", "summary"):
         assert clean(records(broken, kind)) == clean(records(whole, kind)), kind

@@ -240,6 +240,17 @@ class RunFolder:
 class MetricsLog:
     """Append-only JSON lines, flushed per record; cut back on resume to the checkpoint's."""
 
+    MACHINE_FIELDS = (
+        "seconds",
+        "items_per_s",
+        "peak_rss_mib",
+        "peak_rss_anon_mib",
+        "optimizer_ram_mib",
+        "optimizer_memory_budget_mib",
+    )
+    """The fields of a record that measure the machine (time, speed, memory), not the training:
+    two runs of one recipe, one of them resumed, differ in these alone."""
+
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self.records = len(self.read(self.path)) if self.path.exists() else 0
