@@ -1,6 +1,7 @@
 """``train.query_chunk``: a step's queries scored a slice at a time against sampled candidates,
-each slice recomputed in the backward pass. The reference is the same step unsliced: the
-same loss and gradients (to float64 rounding), while no score matrix is taller than a slice."""
+each slice's gradient taken as it is scored. The reference is the same step unsliced: the
+same loss and gradients (to float64 rounding), while no score matrix is taller than a slice
+and none is made twice."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 from dsa_train.errors import ConfigError
 from dsa_train.recipe import parse_recipe
-from dsa_train.train.kge import kge_working
+from dsa_train.train.kge import kge_working, query_chunk
 from dsa_train.train.tasks import make_task
 
 TINY = """\
@@ -55,9 +56,7 @@ def test_slices_change_nothing_but_how_many_scores_are_held(loss, kind, monkeypa
         )
         assert max(heights) == min(chunk, 40)
         slices = 2 * -(-40 // chunk)
-        assert len(heights) == (
-            2 if chunk >= 80 else 2 * slices
-        )  # several slices: each scored again in the backward pass
+        assert len(heights) == slices  # each slice scored once: nothing recomputed in the backward pass
         assert sliced_loss == pytest.approx(whole_loss, rel=1e-12)
         for got, want in zip(sliced_grads, whole_grads):
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
@@ -70,18 +69,24 @@ def test_a_slice_as_large_as_the_step_is_the_unsliced_step_bit_for_bit(monkeypat
 
 
 def test_the_memory_estimate_counts_a_slice_and_the_hint_names_it():
-    recipe = parse_recipe(TINY, overrides=["train.batch_size=2048", "train.negatives=4096"])
-    whole = kge_working(recipe, 100_000, 100, 5_000_000)[0]
-    sliced = kge_working(
-        parse_recipe(TINY, overrides=["train.batch_size=2048", "train.negatives=4096", "train.query_chunk=1024"]),
-        100_000,
-        100,
-        5_000_000,
-    )[0]
+    def working(*overrides: str):
+        recipe = parse_recipe(TINY, overrides=["train.batch_size=2048", "train.negatives=4096", *overrides])
+        return kge_working(recipe, 100_000, 100, 5_000_000)[0]
+
+    whole, sliced, default = working("train.query_chunk=4096"), working("train.query_chunk=1024"), working()
     scores = 4 * 8 * 8192  # bytes of 8 score matrices per query against 4096 + 4096 candidates
     assert whole.bytes - sliced.bytes == scores * (4096 - 1024)
+    assert sliced.bytes - default.bytes == scores * (1024 - 512)  # by default 4,194,304 scores: 512 queries
     assert "train.query_chunk" in whole.hint and "train.query_chunk=1024" in sliced.keys
     assert "(4,096 queries x 8,192 candidates, 1,024 queries at a time)" in sliced.what
+    assert "512 queries at a time" in default.what and "train.query_chunk (default)" in default.keys
+    assert "queries at a time" not in whole.what
+
+
+def test_the_default_slice_follows_the_sizes_alone():
+    recipe = parse_recipe(TINY)
+    assert [query_chunk(recipe.train, k) for k in (8192, 5120, 1 << 23, 1 << 30)] == [512, 819, 1, 1]
+    assert query_chunk(parse_recipe(TINY, overrides=["train.query_chunk=7"]).train, 8192) == 7
 
 
 def test_slices_apply_to_sampled_candidates_only():

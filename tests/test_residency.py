@@ -167,8 +167,10 @@ def test_share_of_free_memory_is_split_among_local_ranks(monkeypatch):
 def test_recipe_key():
     recipe = Path(__file__).parents[1] / "recipes" / "quickstart.yaml"
     assert load_recipe(recipe, ["optimizer.memory_budget=2GiB"]).optimizer.memory_budget == "2GiB"
-    with pytest.raises(ConfigError, match="optimizer.memory_budget"):
-        load_recipe(recipe, ["optimizer.memory_budget=lots"])
+    assert load_recipe(recipe, ["optimizer.memory_budget=0"]).optimizer.memory_budget == 0  # bytes: write out at once
+    for wrong in ("lots", "-1", "true"):
+        with pytest.raises(ConfigError, match="optimizer.memory_budget"):
+            load_recipe(recipe, [f"optimizer.memory_budget={wrong}"])
     with pytest.raises(ConfigError, match="memory_budget"):
         load_recipe(recipe, ["optimizer.kind=sparse_adam", "optimizer.memory_budget=1GiB"])
 

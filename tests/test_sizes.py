@@ -62,15 +62,16 @@ def assert_refused(result, elapsed, key):
 
 
 @pytest.mark.parametrize(
-    "override,key",
+    "overrides,key",
     [
-        ("model.dim=1000000000000", "model.dim=1000000000000"),
-        ("train.negatives=100000000", "train.negatives=100000000"),
-        ("train.batch_size=100000000", "train.batch_size=100000000"),
+        (("model.dim=1000000000000",), "model.dim=1000000000000"),
+        (("train.negatives=100000000",), "train.negatives=100000000"),
+        # the default slice keeps any batch's scores small: a slice as large as the batch does not
+        (("train.batch_size=100000000", "train.query_chunk=100000000"), "train.batch_size=100000000"),
     ],
 )
-def test_absurd_sizes_are_refused_before_allocating(tmp_path, bounded_address_space, override, key):
-    result, elapsed = run(QUICKSTART, tmp_path, override)
+def test_absurd_sizes_are_refused_before_allocating(tmp_path, bounded_address_space, overrides, key):
+    result, elapsed = run(QUICKSTART, tmp_path, *overrides)
     assert_refused(result, elapsed, key)
     assert "lower" in result.stderr
 

@@ -526,9 +526,9 @@ class TrainConfig:
         default=16384,
     )
     query_chunk: int | None = _help(
-        "train.candidates sampled: score this many of a step's 2 x batch_size queries at a time; with several slices each is "
-        "recomputed in the backward pass instead of kept, so a step holds one slice's scores (about 8 x query_chunk x candidates "
-        "floats) for a second forward pass of the scores (default: all at once)",
+        "train.candidates sampled: score this many of a step's 2 x batch_size queries at a time, each slice's gradient taken "
+        "as it is scored, so a step holds one slice's scores (about 8 x query_chunk x candidates floats) and computes nothing "
+        "twice (default: as many as make 4,194,304 scores, the fastest size measured on CPU)",
         _positive,
         default=None,
     )
@@ -621,8 +621,8 @@ class OptimizerConfig:
         "dsa: one v per element (full, exact SparseAdam) or one per row, the mean of the squared gradient",
         default="full",
     )
-    memory_budget: str = _help(
-        "dsa: memory the rows changed since the last checkpoint may hold (a size such as 4GiB, or a share of the free "
+    memory_budget: int | str = _help(
+        "dsa: memory the rows changed since the last checkpoint may hold (bytes, a size such as 4GiB, or a share of the free "
         "memory at start such as 75%); within it nothing is written to disk between checkpoints, past it the least "
         "recently written rows are written out once and leave memory",
         _memory_budget,

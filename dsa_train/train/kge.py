@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from .. import progress
 from ..data import KnowledgeGraph, load_knowledge_graph
@@ -26,6 +26,7 @@ from ..eval import RankingMetrics, TripleIndex, evaluate_link_prediction
 from ..eval.ranking import RankingScope, ScoreFn
 from ..fsutil import atomic_write_bytes
 from ..models import SCORING_FUNCTIONS, KGEModel, build_kge_model
+from ..models.early_gradients import sum_with_early_gradients
 from ..models.losses import every_entity_loss, ranking_loss
 from ..recipe import Recipe
 from .sizes import FLOAT_BYTES, Working, check_sizes, keys_of
@@ -33,6 +34,10 @@ from .tables import TableSite, WholeTable
 from .task import Task
 
 logger = logging.getLogger(__name__)
+
+#: scores a slice of a step's queries makes at once by default (16 MiB of float32): the fastest
+#: size measured on CPU, 2.5x faster than a whole (4096, 8192) step (docs/performance.md)
+SLICE_SCORES = 1 << 22
 
 
 def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entities: int) -> list[Working]:
@@ -65,8 +70,8 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
         rows = 4 * n + t.negatives + candidates + queries  # anchors, answers, negatives, their concat, relation rows
         width_keys = keys_of(train__negatives=t.negatives, model__dim=dim)
         step_hint = (
-            "set train.query_chunk (e.g. 1024) to score that many queries at a time, recomputed in the backward pass; "
-            "or lower train.batch_size or train.negatives: a step scores 2 x batch_size queries against negatives"
+            "lower train.query_chunk (a step scores that many queries at a time; by default as many as make "
+            f"{SLICE_SCORES:,} scores); or lower train.batch_size or train.negatives: a step scores 2 x batch_size queries against negatives"
             + (
                 " + 2 x batch_size candidates (train.batch_negatives: false drops the 2 x batch_size)"
                 if t.batch_negatives
@@ -74,13 +79,15 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
             )
             + "; or lower model.dim (a step gathers model.dim floats for each of them)"
         )
-    scored_at_once = min(queries, t.query_chunk or queries) if t.candidates == "sampled" else queries
+    scored_at_once = min(queries, query_chunk(t, candidates)) if t.candidates == "sampled" else queries
     step = FLOAT_BYTES * (8 * scored_at_once * candidates + 4 * rows * dim)
     step_keys = keys_of(train__batch_size=t.batch_size) + per_step + ", " + width_keys
     against = "entities at a time" if t.candidates == "all" else "candidates"
     if scored_at_once < queries:
         against += f", {scored_at_once:,} queries at a time"
-        step_keys += ", " + keys_of(train__query_chunk=t.query_chunk)
+        step_keys += ", " + (
+            keys_of(train__query_chunk=t.query_chunk) if t.query_chunk else "train.query_chunk (default)"
+        )
     working = [
         Working(f"one training step ({queries:,} queries x {candidates:,} {against})", step, step_keys, step_hint)
     ]
@@ -117,13 +124,13 @@ def sampled_loss(
     divide the sum over the queries by it instead of taking their mean (a slice's share of a
     batch).
 
-    With ``cfg.query_chunk`` below ``Q``, queries are scored that many at a time and each slice
-    is recomputed in the backward pass instead of kept (activation checkpointing): a step then
-    holds one slice's ``(query_chunk, K)`` scores and their intermediates, not all ``Q``, for a
-    second forward pass of the scores. The loss is the same sum over queries, added in another
-    order (equal up to float rounding)."""
+    Queries are scored :func:`query_chunk` at a time, each slice's gradient taken as it is
+    scored (:mod:`~dsa_train.models.early_gradients`): a step holds one slice's ``(chunk, K)``
+    scores and their intermediates, not all ``Q``, and computes nothing twice. The loss is the
+    same sum over queries, added in another order (equal up to float rounding); with one slice
+    it is the unsliced loss bit for bit."""
     queries = sum(len(anchors) for anchors, *_ in sides)
-    chunk = cfg.query_chunk or queries
+    chunk = query_chunk(cfg, len(candidates))
     if chunk >= queries:
         positive, negative = [], []
         for anchors, relations, answers, side in sides:
@@ -131,25 +138,31 @@ def sampled_loss(
             negative.append(model.score_sets(anchors, relations, candidates, side))
         return ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin, total=total)
 
-    def slice_loss(anchors: Tensor, relations: Tensor, answers: Tensor, masked_rows: Tensor, side: str) -> Tensor:
+    def slice_loss(
+        side: str, masked_rows: Tensor, anchors: Tensor, relations: Tensor, answers: Tensor, candidates: Tensor
+    ) -> Tensor:
         positive, negative = (
             model.answer_scores(anchors, relations, answers, side),
             model.score_sets(anchors, relations, candidates, side),
         )
         return ranking_loss(cfg.loss, positive, negative, masked_rows, margin=cfg.margin, total=total or queries)
 
-    pieces, offset = [], 0
+    terms, offset = [], 0
     for anchors, relations, answers, side in sides:
         for start in range(0, len(anchors), chunk):
             rows = slice(start, min(start + chunk, len(anchors)))
             masked_rows = masked[offset + rows.start : offset + rows.stop]
-            pieces.append(
-                checkpoint(
-                    slice_loss, anchors[rows], relations[rows], answers[rows], masked_rows, side, use_reentrant=False
-                )
-            )
+            terms.append((partial(slice_loss, side, masked_rows), (anchors[rows], relations[rows], answers[rows])))
         offset += len(anchors)
-    return torch.stack(pieces).sum()
+    return sum_with_early_gradients(terms, (candidates,), model.parameters())
+
+
+def query_chunk(cfg, candidates: int) -> int:
+    """How many queries a step scores at a time against ``candidates`` shared candidates:
+    ``train.query_chunk``, or by default as many as make :data:`SLICE_SCORES` scores (at least
+    one). It depends on the recipe's sizes alone, never on the machine, so that a resumed run
+    adds its losses in the same order."""
+    return cfg.query_chunk or max(1, SLICE_SCORES // max(candidates, 1))
 
 
 class RankingForecast:
