@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import torch
 
@@ -59,7 +60,7 @@ def make_step(kind: str, batch: int, negatives: int, dim: int):
 def memory_of(kind: str, batch: int, negatives: int, dim: int, chunk: int) -> float:
     """MiB of RssAnon one step adds, measured in a fresh process."""
     code = (
-        "import sys; sys.path.insert(0, 'scripts'); import bench_query_chunk as b; "
+        f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import bench_query_chunk as b; "
         f"print(b.peak_growth({kind!r}, {batch}, {negatives}, {dim}, {chunk}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

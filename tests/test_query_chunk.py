@@ -76,16 +76,16 @@ def test_the_memory_estimate_counts_a_slice_and_the_hint_names_it():
     whole, sliced, default = working("train.query_chunk=4096"), working("train.query_chunk=1024"), working()
     scores = 4 * 8 * 8192  # bytes of 8 score matrices per query against 4096 + 4096 candidates
     assert whole.bytes - sliced.bytes == scores * (4096 - 1024)
-    assert sliced.bytes - default.bytes == scores * (1024 - 512)  # by default 4,194,304 scores: 512 queries
+    assert sliced.bytes - default.bytes == scores * (1024 - 256)  # by default 2,097,152 scores: 256 queries
     assert "train.query_chunk" in whole.hint and "train.query_chunk=1024" in sliced.keys
     assert "(4,096 queries x 8,192 candidates, 1,024 queries at a time)" in sliced.what
-    assert "512 queries at a time" in default.what and "train.query_chunk (default)" in default.keys
+    assert "256 queries at a time" in default.what and "train.query_chunk (default)" in default.keys
     assert "queries at a time" not in whole.what
 
 
 def test_the_default_slice_follows_the_sizes_alone():
     recipe = parse_recipe(TINY)
-    assert [query_chunk(recipe.train, k) for k in (8192, 5120, 1 << 23, 1 << 30)] == [512, 819, 1, 1]
+    assert [query_chunk(recipe.train, k) for k in (8192, 5120, 1 << 22, 1 << 30)] == [256, 409, 1, 1]
     assert query_chunk(parse_recipe(TINY, overrides=["train.query_chunk=7"]).train, 8192) == 7
 
 

@@ -379,6 +379,24 @@ def test_one_vs_all_benchmark_runs_small(tmp_path):
 
 
 @pytest.mark.slow
+def test_query_chunk_benchmark_runs_small(tmp_path):
+    """Every slice size runs, the default among them, each with its time and memory."""
+    result = subprocess.run(
+        [sys.executable, SCRIPTS / "bench_query_chunk.py", "--models", "distmult", "--batch-size", "256"]
+        + ["--negatives", "16384", "--dim", "8", "--repeats", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert [r["chunk"] for r in found] == [512, 128, 124, 62]  # all 512 queries; 2,097,152 // 16,896 = 124
+    assert found[0]["ratio"] == 1.0 and all(r["ms"] > 0 and r["peak_mib"] > 0 for r in found)
+    assert "124 at a time (default)" in result.stdout
+
+
+@pytest.mark.slow
 def test_transe_defaults_study_runs_small(tmp_path):
     done = subprocess.run(
         [

@@ -23,7 +23,7 @@ gradient the whole loss would have, the same sum taken in another order. A secon
 (``create_graph``) is not available through it.
 
 Measured on CPU (docs/performance.md, "A step's scores a slice at a time"): besides the memory,
-slices of about 4M scores made a TransE step's loss 2.5x faster than one ``(4096, 8192)``
+slices of about 2M scores made a TransE step's loss 3x faster than one ``(4096, 8192)``
 matrix, because glibc hands large freed blocks back to the kernel and the whole matrix's
 blocks are faulted in afresh every step, while a slice's are reused from the heap.
 """

@@ -528,7 +528,7 @@ class TrainConfig:
     query_chunk: int | None = _help(
         "train.candidates sampled: score this many of a step's 2 x batch_size queries at a time, each slice's gradient taken "
         "as it is scored, so a step holds one slice's scores (about 8 x query_chunk x candidates floats) and computes nothing "
-        "twice (default: as many as make 4,194,304 scores, the fastest size measured on CPU)",
+        "twice (default: as many as make 2,097,152 scores, the fastest size measured on CPU)",
         _positive,
         default=None,
     )

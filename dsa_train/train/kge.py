@@ -35,9 +35,9 @@ from .task import Task
 
 logger = logging.getLogger(__name__)
 
-#: scores a slice of a step's queries makes at once by default (16 MiB of float32): the fastest
-#: size measured on CPU, 2.5x faster than a whole (4096, 8192) step (docs/performance.md)
-SLICE_SCORES = 1 << 22
+#: scores a slice of a step's queries makes at once by default (8 MiB of float32): the fastest
+#: size measured on CPU, 3x faster than a whole (4096, 8192) step (docs/performance.md)
+SLICE_SCORES = 1 << 21
 
 
 def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entities: int) -> list[Working]:
