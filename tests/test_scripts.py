@@ -15,6 +15,11 @@ import pytest
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
+def run_script(script, *args, timeout=600, **options):
+    """``python script args...`` with its output captured as text."""
+    return subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=timeout, **options)
+
+
 def bash(*args, **env):
     environment = {
         **os.environ,
@@ -63,9 +68,7 @@ def test_setup_box_checks_this_machine(tmp_path):
 def test_out_of_core_benchmark_runs_quick(tmp_path):
     """The scale benchmark's small version runs end to end and prints every figure."""
     script = SCRIPTS / "bench_out_of_core.py"
-    result = subprocess.run(
-        [sys.executable, script, "--dir", tmp_path, "--quick"], capture_output=True, text=True, timeout=600
-    )
+    result = run_script(script, "--dir", tmp_path, "--quick")
     assert result.returncode == 0, result.stderr
     for line in (
         "disk random 4 KiB reads",
@@ -83,13 +86,7 @@ def test_partitioned_node2vec_benchmark_runs_quick(tmp_path):
     writes back what it trained; the table and state are removed afterwards."""
     env = {**os.environ, "DSA_DATA_ROOT": str(tmp_path / "data")}
     script = SCRIPTS / "bench_partitioned_node2vec.py"
-    result = subprocess.run(
-        [sys.executable, script, "--dir", tmp_path / "b", "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    result = run_script(script, "--dir", tmp_path / "b", "--quick", env=env)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     random_order, partitioned = summary["results"]["random"], summary["results"]["partitioned"]
@@ -108,9 +105,7 @@ def test_partitioned_benchmark_runs_quick(tmp_path):
     """The partition-order benchmark's small version measures every regime it names, its
     partitioned steps stay in the buffer (every state waited for), and it leaves nothing."""
     script = SCRIPTS / "bench_partitioned.py"
-    result = subprocess.run(
-        [sys.executable, script, "--dir", tmp_path, "--quick"], capture_output=True, text=True, timeout=600
-    )
+    result = run_script(script, "--dir", tmp_path, "--quick")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(summary["results"]) == {
@@ -132,22 +127,17 @@ def test_partitioned_benchmark_runs_quick(tmp_path):
 @pytest.mark.slow
 def test_import_benchmark_runs_quick(tmp_path):
     """The import benchmark's small version runs both parsers and checks they agree on the counts."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            SCRIPTS / "bench_import.py",
-            "--triples",
-            "20000",
-            "--entities",
-            "3000",
-            "--held-out",
-            "100",
-            "--folder",
-            tmp_path,
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+    result = run_script(
+        SCRIPTS / "bench_import.py",
+        "--triples",
+        "20000",
+        "--entities",
+        "3000",
+        "--held-out",
+        "100",
+        "--folder",
+        tmp_path,
+        "--json",
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -175,22 +165,17 @@ def processes_naming(folder: Path) -> list[int]:
 def test_throughput_benchmark_one_process_per_optimizer(tmp_path):
     """Each optimizer trains in a child process of its own and the figures come out; the
     children's run folders are removed."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            SCRIPTS / "bench_throughput.py",
-            SCRIPTS.parent / "recipes" / "quickstart.yaml",
-            "--steps",
-            "3",
-            "--warmup",
-            "1",
-            "--repeats",
-            "1",
-            "--dir",
-            tmp_path,
-        ],
-        capture_output=True,
-        text=True,
+    result = run_script(
+        SCRIPTS / "bench_throughput.py",
+        SCRIPTS.parent / "recipes" / "quickstart.yaml",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--repeats",
+        "1",
+        "--dir",
+        tmp_path,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -216,24 +201,19 @@ def test_throughput_benchmark_one_process_per_optimizer(tmp_path):
 def test_contention_benchmark_stops_its_neighbours(tmp_path):
     """Both optimizers measured next to the CPU neighbour, each in its own process; the
     neighbours worked meanwhile, and no neighbour process or file is left afterwards."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            SCRIPTS / "bench_contention.py",
-            "--steps",
-            "3",
-            "--warmup",
-            "1",
-            "--repeats",
-            "1",
-            "--conditions",
-            "cpu",
-            "--dir",
-            tmp_path,
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+    result = run_script(
+        SCRIPTS / "bench_contention.py",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--repeats",
+        "1",
+        "--conditions",
+        "cpu",
+        "--dir",
+        tmp_path,
+        "--json",
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -271,30 +251,24 @@ def test_optimizer_benchmark_measures_every_regime(tmp_path):
     report ratios, the equality check and the thread-hygiene figures; nothing is left behind."""
     import json
 
-    result = subprocess.run(
-        [
-            sys.executable,
-            SCRIPTS / "bench_optimizer.py",
-            "--rows",
-            "20000",
-            "--dim",
-            "16",
-            "--lookups",
-            "2048",
-            "--steps",
-            "3",
-            "--ooc-steps",
-            "2",
-            "--repeats",
-            "1",
-            "--skip-memory",
-            "--state-dir",
-            tmp_path,
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_script(
+        SCRIPTS / "bench_optimizer.py",
+        "--rows",
+        "20000",
+        "--dim",
+        "16",
+        "--lookups",
+        "2048",
+        "--steps",
+        "3",
+        "--ooc-steps",
+        "2",
+        "--repeats",
+        "1",
+        "--skip-memory",
+        "--state-dir",
+        tmp_path,
+        "--json",
     )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
@@ -335,7 +309,7 @@ def test_relation_categories_by_hand_and_from_a_run(tmp_path):
     env = {**os.environ, "DSA_DATA_ROOT": str(tmp_path / "data")}
 
     def run(*a):
-        return subprocess.run([sys.executable, *map(str, a)], capture_output=True, text=True, env=env, timeout=300)
+        return run_script(*map(str, a), env=env, timeout=300)
 
     assert run("-m", "dsa_train", "run", recipe, "-o", tmp_path / "run").returncode == 0
     scored = run("-m", "dsa_train", "eval", tmp_path / "run", "--json", "--save-ranks", tmp_path / "ranks.tsv")
@@ -354,13 +328,7 @@ def test_one_vs_all_benchmark_runs_small(tmp_path):
     """Every configuration runs; 1-vs-all updates every entity row a step, sampled fewer."""
     script = SCRIPTS / "bench_one_vs_all.py"
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    result = subprocess.run(
-        [sys.executable, script, "--entities", "1500", "--dim", "8", "--batch", "32", "--steps", "2"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    result = run_script(script, "--entities", "1500", "--dim", "8", "--batch", "32", "--steps", "2", env=env)
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout.strip().splitlines()[-1])["results"]
     assert set(found) == {
@@ -381,12 +349,19 @@ def test_one_vs_all_benchmark_runs_small(tmp_path):
 @pytest.mark.slow
 def test_query_chunk_benchmark_runs_small(tmp_path):
     """Every slice size runs, the default among them, each with its time and memory."""
-    result = subprocess.run(
-        [sys.executable, SCRIPTS / "bench_query_chunk.py", "--models", "distmult", "--batch-size", "256"]
-        + ["--negatives", "16384", "--dim", "8", "--repeats", "1", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_script(
+        SCRIPTS / "bench_query_chunk.py",
+        "--models",
+        "distmult",
+        "--batch-size",
+        "256",
+        "--negatives",
+        "16384",
+        "--dim",
+        "8",
+        "--repeats",
+        "1",
+        "--json",
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -398,53 +373,39 @@ def test_query_chunk_benchmark_runs_small(tmp_path):
 
 @pytest.mark.slow
 def test_transe_defaults_study_runs_small(tmp_path):
-    done = subprocess.run(
-        [
-            sys.executable,
-            SCRIPTS / "transe_defaults.py",
-            "--root",
-            tmp_path,
-            "--graphs",
-            "gen-dense",
-            "--variants",
-            "base,L1",
-            "--set",
-            "train.max_steps=3",
-        ],
-        capture_output=True,
-        text=True,
+    done = run_script(
+        SCRIPTS / "transe_defaults.py",
+        "--root",
+        tmp_path,
+        "--graphs",
+        "gen-dense",
+        "--variants",
+        "base,L1",
+        "--set",
+        "train.max_steps=3",
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| base") or line.startswith("| L1")]
     assert len(rows) == 2 and all(0 < float(row.split("|")[2]) < 1 for row in rows)
     assert "1.000" in "".join(rows)  # the better variant is the best on its one graph
-    wrong = subprocess.run(
-        [sys.executable, SCRIPTS / "transe_defaults.py", "--root", tmp_path, "--variants", "bogus"],
-        capture_output=True,
-        text=True,
-    )
+    wrong = run_script(SCRIPTS / "transe_defaults.py", "--root", tmp_path, "--variants", "bogus")
     assert wrong.returncode != 0 and "unknown graph or variant: bogus" in wrong.stderr
 
 
 @pytest.mark.slow
 def test_page_writes_benchmark_runs_small(tmp_path):
     """Every regime is measured on its own table, counted row by row, and nothing is left."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            SCRIPTS / "bench_page_writes.py",
-            "--dir",
-            tmp_path,
-            "--rows",
-            "50000",
-            "--steps",
-            "3",
-            "--batch",
-            "512",
-        ],
-        capture_output=True,
-        text=True,
+    result = run_script(
+        SCRIPTS / "bench_page_writes.py",
+        "--dir",
+        tmp_path,
+        "--rows",
+        "50000",
+        "--steps",
+        "3",
+        "--batch",
+        "512",
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
@@ -462,16 +423,11 @@ def test_long_run_benchmark_checkpoints_between_whole_minutes(tmp_path):
     """Each 'minute' (1 s here) is a whole window of stepping: a checkpoint falls between two
     of them, never inside one, and is reported apart with its bytes; the batches-only kind
     times the making of batches alone."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            SCRIPTS / "bench_long_run.py",
-            *("--rows", "20000", "--dim", "8", "--lookups", "4096", "--distribution", "power"),
-            *("--minutes", "0.1", "--minute-seconds", "1", "--checkpoint-minutes", "0.05"),
-            *("--only", "dsa", "--only", "batches", "--state-dir", tmp_path),
-        ],
-        capture_output=True,
-        text=True,
+    result = run_script(
+        SCRIPTS / "bench_long_run.py",
+        *("--rows", "20000", "--dim", "8", "--lookups", "4096", "--distribution", "power"),
+        *("--minutes", "0.1", "--minute-seconds", "1", "--checkpoint-minutes", "0.05"),
+        *("--only", "dsa", "--only", "batches", "--state-dir", tmp_path),
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
