@@ -62,6 +62,16 @@ def test_slices_change_nothing_but_how_many_scores_are_held(loss, kind, monkeypa
             torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
 
 
+def test_by_default_a_step_is_sliced_by_its_sizes(monkeypatch):
+    whole_loss, whole_grads, _ = step("train.query_chunk=80", monkeypatch=monkeypatch)
+    monkeypatch.setattr("dsa_train.train.kge.SLICE_SCORES", 1300)  # 1,300 // (50 + 80 candidates) = 10 queries
+    loss, grads, heights = step(monkeypatch=monkeypatch)
+    assert heights == [10] * 8
+    assert loss == pytest.approx(whole_loss, rel=1e-12)
+    for got, want in zip(grads, whole_grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-14)
+
+
 def test_a_slice_as_large_as_the_step_is_the_unsliced_step_bit_for_bit(monkeypatch):
     whole = step(monkeypatch=monkeypatch)
     same = step("train.query_chunk=80", monkeypatch=monkeypatch)
