@@ -168,14 +168,7 @@ def test_throughput_benchmark_one_process_per_optimizer(tmp_path):
     result = run_script(
         SCRIPTS / "bench_throughput.py",
         SCRIPTS.parent / "recipes" / "quickstart.yaml",
-        "--steps",
-        "3",
-        "--warmup",
-        "1",
-        "--repeats",
-        "1",
-        "--dir",
-        tmp_path,
+        *("--steps", "3", "--warmup", "1", "--repeats", "1", "--dir", tmp_path),
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
@@ -203,16 +196,7 @@ def test_contention_benchmark_stops_its_neighbours(tmp_path):
     neighbours worked meanwhile, and no neighbour process or file is left afterwards."""
     result = run_script(
         SCRIPTS / "bench_contention.py",
-        "--steps",
-        "3",
-        "--warmup",
-        "1",
-        "--repeats",
-        "1",
-        "--conditions",
-        "cpu",
-        "--dir",
-        tmp_path,
+        *("--steps", "3", "--warmup", "1", "--repeats", "1", "--conditions", "cpu", "--dir", tmp_path),
         "--json",
         timeout=300,
     )
