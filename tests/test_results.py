@@ -198,6 +198,22 @@ def test_export_round_trips_bit_for_bit(runs, tmp_path, storage):
     assert np.array_equal(text, trained.weights("entities").numpy())  # 9 digits read back to the same bits
 
 
+@pytest.mark.parametrize("normalized", [True, False])
+def test_exported_vectors_score_as_the_model_does(runs, tmp_path, normalized):
+    """TransE's stated meaning, -||e_h + r - e_t||_p, applied by hand to the exported vectors,
+    gives the model's own scores; with normalize_entities the exported rows are the unit rows it
+    scores, not the stored ones (which a scorer of the export would otherwise have to scale)."""
+    trained = open_run(runs("transe", "memory", f"model.normalize_entities={str(normalized).lower()}"))
+    manifest = export_run(trained, tmp_path / "npy", "npy")
+    entities, relations = (torch.from_numpy(np.load(tmp_path / "npy" / f"{t}.npy")) for t in ("entities", "relations"))
+    norms = entities.norm(dim=1)
+    assert torch.allclose(norms, torch.ones(ENTITIES)) == normalized
+    assert ("unit L2 norm" in manifest["tables"]["entities"]["meaning"]) == normalized
+    h, r, t = torch.arange(ENTITIES), torch.arange(ENTITIES) % RELATIONS, torch.arange(ENTITIES).flip(0)
+    by_hand = -(entities[h] + relations[r] - entities[t]).norm(p=manifest["settings"]["p_norm"], dim=1)
+    torch.testing.assert_close(trained.score(h, r, t), by_hand)
+
+
 def test_word2vec_text_follows_the_format(runs, tmp_path):
     """gensim's load_word2vec_format reads: a header 'count dim', then 'word v1 ... vdim' lines
     (https://radimrehurek.com/gensim/models/keyedvectors.html); names here hold no white space."""

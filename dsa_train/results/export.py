@@ -2,7 +2,10 @@
 
 Every table becomes a weights file and a names file (``<table>.names.tsv``: ``id<TAB>name``,
 one line a row, in row order), with ``export.json`` saying what each file holds (the model,
-its settings, the checkpoint step, each table's shape and the meaning of its columns). Tables
+its settings, the checkpoint step, each table's shape and the meaning of its columns). A table
+is written as the model scores it: with ``model.normalize_entities``, each entity row divided by
+its L2 norm (the checkpoint keeps the unscaled rows, which are the optimizer's), so that the
+score function ``export.json`` states, applied to the exported vectors, is the model's. Tables
 are streamed a chunk of rows at a time, so a table larger than RAM exports in bounded memory.
 The folder is written under a temporary name next to the target, fsynced and renamed: a
 failed or interrupted export leaves no folder under the final name.
@@ -66,6 +69,8 @@ def export_run(
                 if trained.scoring
                 else MEANINGS.get((trained.kind, table), "embedding rows")
             )
+            if _constraint(trained, table) is not None:
+                meaning += "; each row scaled to unit L2 norm, as the model scores it (model.normalize_entities)"
             if table == "relations" and rows > trained.task.kg.num_relations:
                 meaning += f"; rows {trained.task.kg.num_relations:,} on are the inverse relations head queries use, named {INVERSE}<name>"
             tables[table].update(rows=rows, dim=dim, dtype="float32", meaning=meaning)
@@ -131,6 +136,21 @@ def _commit(partial: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
+def _constraint(trained: TrainedRun, table: str):
+    """What the model applies to ``table``'s stored rows before it scores them, or ``None``:
+    a knowledge-graph model's entity constraint (unit L2 rows with ``normalize_entities``)."""
+    if table == "entities" and trained.scoring is not None and getattr(trained.model, "normalize_entities", False):
+        return trained.model.constrain
+    return None
+
+
+def _scored_chunks(trained: TrainedRun, table: str, chunk_rows: int):
+    """``(first_row, rows)`` pieces of ``table`` as the model scores them (see :func:`_constraint`)."""
+    constrain = _constraint(trained, table)
+    for start, block in trained.chunks(table, chunk_rows):
+        yield start, block if constrain is None else constrain(block)
+
+
 def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk_rows: int) -> dict:
     if fmt == "parquet":
         return _export_parquet(trained, table, folder, chunk_rows)
@@ -150,7 +170,7 @@ def _export_table(trained: TrainedRun, table: str, folder: Path, fmt: str, chunk
                 "shape": (rows, dim),
             }
             np.lib.format.write_array_header_1_0(weights, header)
-        for start, block in trained.chunks(table, chunk_rows):
+        for start, block in _scored_chunks(trained, table, chunk_rows):
             names.write(_names_lines(start, _names_of(trained, table, start, start + len(block))))
             values = block.numpy()
             if fmt == "npy":
@@ -195,7 +215,7 @@ def _export_parquet(trained: TrainedRun, table: str, folder: Path, chunk_rows: i
     sink = _open_new(folder / weights_file)
     try:
         with pq.ParquetWriter(sink, schema) as writer:
-            for start, block in trained.chunks(table, chunk_rows):
+            for start, block in _scored_chunks(trained, table, chunk_rows):
                 blob, offsets = _names_of(trained, table, start, start + len(block))
                 names.write(_names_lines(start, (blob, offsets)))
                 labels = pa.LargeStringArray.from_buffers(len(block), pa.py_buffer(offsets), pa.py_buffer(blob)).cast(
