@@ -12,6 +12,13 @@ For query :math:`i` with positive score :math:`s_i` and negative scores :math:`s
 Each is averaged over the queries; given ``total``, summed and divided by ``total`` instead
 (one slice of a batch of ``total`` queries: the slices' losses add up to the batch's).
 
+Label smoothing :math:`\varepsilon` (``cross_entropy`` only) spreads a share :math:`\varepsilon` of
+the target evenly over the query's :math:`n_i` candidates (the answer and its unmasked
+negatives), as torch's ``F.cross_entropy(label_smoothing=...)`` does over its classes:
+
+.. math::
+    \ell_i = \log \sum_{c} e^{s_{ic}} - (1 - \varepsilon)\, s_i - \frac{\varepsilon}{n_i} \sum_{c} s_{ic}.
+
 :func:`every_entity_loss` is the same three losses with every entity a candidate (1-vs-all)
 and a set :math:`Y_i` of answers per query (k-vs-all; 1-vs-all is :math:`|Y_i| = 1`), scored
 a chunk of entities at a time so that a step never holds the whole query x entity matrix:
@@ -24,6 +31,12 @@ a chunk of entities at a time so that a step never holds the whole query x entit
   \frac{1}{E - |Y_i|}\sum_{j \notin Y_i} \log(1 + e^{s_{ij}})`, binary cross-entropy with
   the answers and the other entities weighted equally;
 * ``margin`` (one answer only): :math:`\frac{1}{E - 1}\sum_{j \ne y} \max(0, \gamma - s_{iy} + s_{ij})`.
+
+With label smoothing :math:`\varepsilon` the cross-entropy's target is :math:`(1 - \varepsilon)` spread
+over the answers and :math:`\varepsilon / E` on every entity (the answers included):
+:math:`\log \sum_j e^{s_{ij}} - \frac{1 - \varepsilon}{|Y_i|}\sum_{y \in Y_i} s_{iy} -
+\frac{\varepsilon}{E}\sum_j s_{ij}`; with one answer, torch's ``F.cross_entropy`` with
+``label_smoothing`` over all entities (the smoothing of ConvE, TuckER and LibKGE's KvsAll).
 """
 
 from __future__ import annotations
@@ -37,10 +50,22 @@ from torch.utils.checkpoint import checkpoint
 
 
 def ranking_loss(
-    kind: str, positive: Tensor, negative: Tensor, masked: Tensor, *, margin: float = 1.0, total: int | None = None
+    kind: str,
+    positive: Tensor,
+    negative: Tensor,
+    masked: Tensor,
+    *,
+    margin: float = 1.0,
+    total: int | None = None,
+    label_smoothing: float = 0.0,
 ) -> Tensor:
     """``positive``: ``(B,)``; ``negative``: ``(B, K)``; ``masked``: ``(B, K)``, True to ignore."""
     reduce = (lambda per_query: per_query.mean()) if total is None else (lambda per_query: per_query.sum() / total)
+    if kind == "cross_entropy" and label_smoothing:
+        logits = torch.cat([positive[:, None], negative.masked_fill(masked, float("-inf"))], dim=1)
+        kept = torch.cat([positive.new_ones(len(positive), 1), (~masked).to(negative.dtype)], dim=1)
+        spread = (torch.cat([positive[:, None], negative], dim=1) * kept).sum(1) / kept.sum(1)
+        return reduce(logits.logsumexp(1) - (1 - label_smoothing) * positive - label_smoothing * spread)
     if kind == "cross_entropy":
         logits = torch.cat([positive[:, None], negative.masked_fill(masked, float("-inf"))], dim=1)
         target = torch.zeros(len(positive), dtype=torch.long, device=positive.device)
@@ -69,6 +94,7 @@ def every_entity_loss(
     num_entities: int,
     chunk: int,
     margin: float = 1.0,
+    label_smoothing: float = 0.0,
 ) -> Tensor:
     """The mean over ``num_queries`` queries of ``kind`` against every entity (module docstring).
 
@@ -89,7 +115,8 @@ def every_entity_loss(
         labelled = torch.zeros_like(scores, dtype=torch.bool)
         labelled[label_query[inside], label_entity[inside] - start] = True
         if kind == "cross_entropy":  # the answers' own terms are added below, once
-            return scores.masked_fill(labelled, torch.finfo(scores.dtype).min).logsumexp(1)
+            others = scores.masked_fill(labelled, torch.finfo(scores.dtype).min).logsumexp(1)
+            return torch.stack([others, scores.sum(1)], 1) if label_smoothing else others
         keep = (~labelled).to(scores.dtype)
         if kind == "softplus":
             return (F.softplus(scores) * keep).sum(1)
@@ -105,12 +132,20 @@ def every_entity_loss(
     zeros = answer_scores.new_zeros(num_queries)
     answers = zeros.index_add(0, label_query, torch.ones_like(answer_scores))
     if kind == "cross_entropy":
+        every_score = None
+        if label_smoothing:  # each chunk gave (logsumexp of the others, sum of every score)
+            negative, every_score = negative[..., 0], negative[..., 1].sum(1)
         top = zeros.scatter_reduce(0, label_query, answer_scores.detach(), "amax", include_self=False)
         answers_lse = zeros.index_add(0, label_query, (answer_scores - top[label_query]).exp()).log() + top
-        per_query = (
-            torch.logaddexp(negative.logsumexp(1), answers_lse)
-            - zeros.index_add(0, label_query, answer_scores) / answers
-        )
+        answers_mean = zeros.index_add(0, label_query, answer_scores) / answers
+        if every_score is None:
+            per_query = torch.logaddexp(negative.logsumexp(1), answers_lse) - answers_mean
+        else:
+            per_query = (
+                torch.logaddexp(negative.logsumexp(1), answers_lse)
+                - (1 - label_smoothing) * answers_mean
+                - label_smoothing * every_score / num_entities
+            )
     elif kind == "softplus":
         per_query = zeros.index_add(0, label_query, F.softplus(-answer_scores)) / answers + negative.sum(1) / (
             num_entities - answers

@@ -538,6 +538,12 @@ class TrainConfig:
         default="cross_entropy",
     )
     margin: float = _help("margin of the margin loss", _positive, default=1.0)
+    label_smoothing: float = _help(
+        "cross_entropy: the share of each query's target spread evenly over its candidates (every entity with candidates "
+        "all), the rest on its answers; 0: none (ConvE, TuckER and LibKGE's KvsAll use 0.1)",
+        _fraction,
+        default=0.0,
+    )
     regularization: float = _help("weight of the N3 penalty on the step's embeddings", _non_negative, default=0.0)
     seed: int = _help("seed of initialisation, data order, negatives and dropout", _seed, default=0)
     order: Literal["random", "partitioned"] = _help(
@@ -829,6 +835,14 @@ class Recipe:
                 (
                     "train.query_chunk",
                     "slices the queries of train.candidates: sampled; with 'all' a step holds train.entity_chunk entities' scores: lower that",
+                )
+            ]
+        if t.label_smoothing and t.loss != "cross_entropy":
+            return [
+                (
+                    "train.label_smoothing",
+                    f"spreads the target of the cross_entropy loss; train.loss is {t.loss!r}: set train.loss: cross_entropy "
+                    "or label_smoothing: 0",
                 )
             ]
         if t.labels == "all" and t.loss == "margin":

@@ -136,7 +136,15 @@ def sampled_loss(
         for anchors, relations, answers, side in sides:
             positive.append(model.answer_scores(anchors, relations, answers, side))
             negative.append(model.score_sets(anchors, relations, candidates, side))
-        return ranking_loss(cfg.loss, torch.cat(positive), torch.cat(negative), masked, margin=cfg.margin, total=total)
+        return ranking_loss(
+            cfg.loss,
+            torch.cat(positive),
+            torch.cat(negative),
+            masked,
+            margin=cfg.margin,
+            total=total,
+            label_smoothing=cfg.label_smoothing,
+        )
 
     def slice_loss(
         side: str, masked_rows: Tensor, anchors: Tensor, relations: Tensor, answers: Tensor, candidates: Tensor
@@ -145,7 +153,15 @@ def sampled_loss(
             model.answer_scores(anchors, relations, answers, side),
             model.score_sets(anchors, relations, candidates, side),
         )
-        return ranking_loss(cfg.loss, positive, negative, masked_rows, margin=cfg.margin, total=total or queries)
+        return ranking_loss(
+            cfg.loss,
+            positive,
+            negative,
+            masked_rows,
+            margin=cfg.margin,
+            total=total or queries,
+            label_smoothing=cfg.label_smoothing,
+        )
 
     terms, offset = [], 0
     for anchors, relations, answers, side in sides:
@@ -312,6 +328,7 @@ class KGETask(Task):
             num_entities=count,
             chunk=cfg.entity_chunk,
             margin=cfg.margin,
+            label_smoothing=cfg.label_smoothing,
         )
         if cfg.regularization:
             loss = loss + cfg.regularization * self.n3_penalty(anchor_emb, answer_emb, relations, sides)
