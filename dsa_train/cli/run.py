@@ -189,10 +189,24 @@ def _train(config: Recipe, recipe: Path, *, output: Path | None, resume: bool, o
         )
         + (f", disk tables {summary['tables_on_disk_mib']:,.1f} MiB" if summary["tables_on_disk_mib"] else "")
         + _buffer_line(summary.get("buffer"))
+        + _best_line(summary)
         + f"\nrun folder: {folder.path}",
         highlight=False,
         soft_wrap=True,  # one line each, never broken inside a value: a terminal wraps it, a log keeps it whole
     )
+
+
+def _best_line(summary: dict) -> str:
+    """eval.select_best and eval.patience: which evaluation was best, and what the figures are of."""
+    best = summary.get("best")
+    if not best:
+        return ""
+    line = f"\nbest {best['metric']} during training {best['value']:.4f} after epoch {best['epoch']} (step {best['step']:,})"
+    if summary.get("stopped_early"):
+        line += "; stopped early (eval.patience)"
+    if summary.get("final_from_step") == best["step"] != summary["step"]:
+        line += f"; the final metrics are that checkpoint's (dsa-train eval RUN --checkpoint {best['step']})"
+    return line
 
 
 def _buffer_line(buffer: dict | None) -> str:

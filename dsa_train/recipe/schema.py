@@ -699,6 +699,27 @@ class EvalConfig:
         _positive,
         default=None,
     )
+    select_best: bool = _help(
+        "the final evaluations score the checkpoint of the best evaluation on `split` during training (its MRR, accuracy "
+        "or AUC; the last epoch evaluated too), not the last step's, as LibKGE and PyKEEN report; each new best is "
+        "checkpointed and kept. Needs every_epochs",
+        default=False,
+    )
+    patience: int = _help(
+        "early stopping: end training after this many evaluations on `split` in a row without a better one (0: never). "
+        "Needs every_epochs",
+        _non_negative,
+        default=0,
+    )
+
+    def problems(self) -> list[tuple[str, str]]:
+        found = []
+        for key in ("select_best", "patience"):
+            if getattr(self, key) and not self.every_epochs:
+                found.append((key, "compares the evaluations made during training: set eval.every_epochs (e.g. 5)"))
+            elif getattr(self, key) and self.split != "valid":
+                found.append((key, "chooses by the split evaluated during training, which must be valid, not test"))
+        return found
 
 
 @dataclass

@@ -15,6 +15,7 @@ import signal
 import threading
 
 from .. import progress
+from ..eval.objective import objective_of
 from ..memory import PeakRssAnon, rss_anon_bytes
 from .schedule import lr_factor
 
@@ -142,14 +143,42 @@ class CheckpointOnInterrupt(Callback):
 
 class PeriodicEvaluation(Callback):
     """Evaluates ``eval.split`` every ``eval.every_epochs`` epochs, but after the last (the
-    final evaluation scores every split then)."""
+    final evaluation scores every split then), except with ``eval.select_best``, where the last
+    epoch is a candidate too."""
 
     def epoch_done(self, training, record: dict) -> None:
-        every = training.recipe.eval.every_epochs
-        if every and training.epoch % every == 0 and training.epoch < training.recipe.train.epochs:
-            training.evaluate(training.recipe.eval.split, final=False)
+        cfg, epochs = training.recipe.eval, training.recipe.train.epochs
+        if not cfg.every_epochs:
+            return
+        if (training.epoch % cfg.every_epochs == 0 and training.epoch < epochs) or (
+            cfg.select_best and training.epoch == epochs
+        ):
+            training.evaluate(cfg.split, final=False)
             for callback in training.callbacks:
                 callback.evaluated(training, training.last_eval)
+
+
+class BestEvaluation(Callback):
+    """Keeps ``training.best``, the evaluation during training with the highest objective
+    (:func:`~dsa_train.eval.objective.objective_of`: MRR, accuracy, AUC), and ``training.stale``,
+    the evaluations since it that were no better. With ``eval.select_best`` each new best is
+    checkpointed at once (its checkpoint then records it, and pruning keeps it); with
+    ``eval.patience`` the loop stops once ``stale`` reaches it (``training.stopped_early``).
+    Runs before any callback that may stop the run at an evaluation (tune's pruning)."""
+
+    def evaluated(self, training, record: dict) -> None:
+        cfg = training.recipe.eval
+        found = objective_of(record) if cfg.select_best or cfg.patience else None
+        if found is None:
+            return
+        metric, value = found
+        if training.best is None or value > training.best["value"]:
+            training.best = {"step": training.step_count, "epoch": training.epoch, "metric": metric, "value": value}
+            training.stale = 0
+            if cfg.select_best:  # replaces a checkpoint of this step saved before the evaluation
+                training.save_checkpoint()
+        else:
+            training.stale += 1
 
 
 def default_callbacks() -> list[Callback]:
@@ -161,4 +190,5 @@ def default_callbacks() -> list[Callback]:
         PeriodicCheckpoint(),
         CheckpointOnInterrupt(),
         PeriodicEvaluation(),
+        BestEvaluation(),
     ]

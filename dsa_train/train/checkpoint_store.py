@@ -142,15 +142,28 @@ class CheckpointStore:
         needs = state.get("needs") if state and state.get("format") == FORMAT else None
         return [n for n in needs if isinstance(n, str) and is_step_name(n)] if isinstance(needs, list) else []
 
+    @staticmethod
+    def best_checkpoint(checkpoint: Path) -> Path | None:
+        """The checkpoint of the best evaluation so far that ``checkpoint``'s ``trainer.json``
+        names (``best_checkpoint``, with ``eval.select_best``), read without following a link;
+        ``None`` when it names none."""
+        state = read_json_object(Path(checkpoint) / TRAINER)
+        step = state.get("best_checkpoint") if state and state.get("format") == FORMAT else None
+        return Path(checkpoint).parent / step_name(step) if isinstance(step, int) and step >= 0 else None
+
     def retained(
         self, keep: int, *, complete: list[Path] | None = None, held: dict[Path, str] | None = None
     ) -> dict[Path, str]:
         """Which of the ``complete`` checkpoints (oldest first; default: the store's) stay, each
         with why: those ``held`` (with their reasons), the newest ``keep``, and every checkpoint
-        a kept one is made of (its ``needs``, which list a delta chain whole). The one rule for
-        pruning after a save and for ``dsa-train clean``."""
+        a kept one is made of (its ``needs``, which list a delta chain whole), and the best
+        evaluation's checkpoint that the newest names (:meth:`best_checkpoint`). The one rule
+        for pruning after a save and for ``dsa-train clean``."""
         complete = self.complete() if complete is None else complete
         why = dict(held or {})
+        best = self.best_checkpoint(complete[-1]) if complete else None
+        if best is not None and best in complete:
+            why.setdefault(best, "the best evaluation's checkpoint (eval.select_best)")
         for checkpoint in complete[-keep:] if keep else []:
             why.setdefault(checkpoint, f"one of the newest {keep} checkpoints")
         for kept in list(why):

@@ -105,6 +105,11 @@ class Training:
         self.dense_optimizer: torch.optim.Optimizer | None = None
         self.task: Task | None = None  # setup() builds it
         self.last_eval: dict | None = None  # the record of the newest evaluation (callbacks read it)
+        #: the best evaluation during training so far, ``{"step", "epoch", "metric", "value"}``
+        #: (eval.select_best, eval.patience; callbacks.BestEvaluation keeps it), and the
+        #: evaluations since it that were no better
+        self.best: dict | None = None
+        self.stale = 0
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self, *, resume: bool, at_step: int | None = None) -> None:
@@ -129,6 +134,11 @@ class Training:
                 _check_trainer_state(checkpoint, trainer, self.run.run_id)
             self.store.restore_tables(checkpoint, tables)
             restore_state_dir(checkpoint, state_dir, owned={self.run.marker.get("state_id")})
+        if self.world is not None and (recipe.eval.select_best or recipe.eval.patience):
+            raise DsaError(
+                "eval.select_best and eval.patience choose among a run's evaluations in one process; a torchrun job cannot yet",
+                hint="leave them out of a torchrun job's recipe",
+            )
         torch.manual_seed(recipe.train.seed)
         site = TableSite(tables)
         self.task = make_task(recipe, self.device, site, world=self.world)
@@ -145,6 +155,7 @@ class Training:
             self.step_count, self.epoch, self.batch = trainer["step"], trainer["epoch"], trainer["batch"]
             self.window, self.epoch_loss = trainer["window"], trainer["epoch_loss"]
             self.optimizer_ram = trainer["optimizer_ram"]
+            self.best, self.stale = trainer.get("best"), trainer.get("stale", 0)
             MetricsLog.truncate(self.run.metrics_path, trainer["metrics_records"])
             logger.info(f"resuming from {checkpoint} (step {self.step_count}, epoch {self.epoch + 1})")
         elif resume:
@@ -207,7 +218,7 @@ class Training:
         items, steps_per_epoch = self.items_per_epoch, self.steps_per_epoch
         prefetch = self.recipe.model.embedding_storage == "disk"
         started = time.perf_counter()
-        while self.epoch < cfg.epochs and not self._step_limit_reached():
+        while self.epoch < cfg.epochs and not self._step_limit_reached() and not self.stopped_early:
             seed = step_seed(cfg.seed, -1 - self.epoch)
             # computed per batch: no O(items) permutation; a partitioned task orders its buckets
             order = self.task.epoch_order(seed, items)
@@ -247,11 +258,20 @@ class Training:
             self.epoch, self.batch, self.epoch_loss = self.epoch + 1, 0, [0.0, 0]
             for callback in self.callbacks:
                 callback.epoch_done(self, record)
+            if self.stopped_early:
+                logger.info(
+                    f"stopping early: {self.stale} evaluations without a better {self.best['metric']} than "
+                    f"{self.best['value']:.4f} (epoch {self.best['epoch']}; eval.patience {self.recipe.eval.patience})"
+                )
+                break
         if cfg.final_checkpoint:
             self.checkpoint_unless_saved()
-        self.final_metrics = final = {
-            split: self.evaluate(split, final=True) for split in self.recipe.eval.final_splits
-        }
+        chosen = self.best["step"] if self.recipe.eval.select_best and self.best is not None else self.step_count
+        if chosen == self.step_count:
+            final = {split: self.evaluate(split, final=True) for split in self.recipe.eval.final_splits}
+        else:
+            final = self.evaluate_checkpoint(self.recipe.eval.final_splits, chosen)
+        self.final_metrics = final
         flush_optimizer(self.optimizer)  # the live files as the run leaves them, for their sizes below
         summary = {
             "kind": "summary",
@@ -267,6 +287,8 @@ class Training:
             "warm_start": self.warm_started,
             "final": final,
         }
+        if self.recipe.eval.select_best or self.recipe.eval.patience:
+            summary.update(best=self.best, final_from_step=chosen, stopped_early=self.stopped_early)
         buffer = self.task.buffer_summary()
         if buffer is not None:
             summary["buffer"] = buffer
@@ -276,6 +298,12 @@ class Training:
         """A checkpoint of this step, unless the newest one is of it already."""
         if self.store.newest_step() != self.step_count:
             self.save_checkpoint()
+
+    @property
+    def stopped_early(self) -> bool:
+        """``eval.patience`` evaluations in a row were no better than the best one."""
+        patience = self.recipe.eval.patience
+        return bool(patience) and self.stale >= patience
 
     def _step_limit_reached(self) -> bool:
         limit = self.recipe.train.max_steps
@@ -337,6 +365,31 @@ class Training:
         self.last_eval = record
         return metrics
 
+    def evaluate_checkpoint(self, splits: list[str], step: int) -> dict[str, dict]:
+        """Score ``splits`` with the model of this run's checkpoint of ``step`` (the best
+        evaluation's, ``eval.select_best``), read as ``dsa-train eval`` reads it, beside the live
+        model; each record names the checkpoint's step."""
+        path, task = _checkpoint_task(self.store, self.recipe, step, world=self.world)
+        final = {}
+        try:
+            for split in splits:
+                started = time.perf_counter()
+                final[split] = metrics = task.evaluate(split, final=True)
+                progress.current().eval_done(split, task.headline(metrics))
+                record = {
+                    "kind": "eval",
+                    "split": split,
+                    "step": int(path.name),
+                    "epoch": self.best["epoch"] if self.best else self.epoch,
+                    "seconds": round(time.perf_counter() - started, 2),
+                    **metrics,
+                }
+                self.metrics.log(record)
+                self.last_eval = record
+        finally:
+            task.close()
+        return final
+
     # -- checkpoints and cleanup -------------------------------------------------------------
     def save_checkpoint(self) -> Path:
         trainer = {
@@ -349,6 +402,10 @@ class Training:
             "optimizer_ram": self.optimizer_ram,
             "metrics_records": self.metrics.records,
             "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
+            "best": self.best,
+            "stale": self.stale,
+            # a checkpoint pruning keeps (CheckpointStore.retained): the best evaluation's
+            "best_checkpoint": self.best["step"] if self.best and self.recipe.eval.select_best else None,
         }
         extra = {DENSE_STATE: self.dense_optimizer.state_dict()} if self.dense_optimizer is not None else {}
         saved = self.store.save(
@@ -403,6 +460,16 @@ def _check_trainer_state(checkpoint: Path, trainer: dict, run_id: str) -> None:
         )
     bad = [k for k, kind in TRAINER_FIELDS.items() if not isinstance(trainer.get(k), kind) or trainer[k] < 0]
     bad += [k for k in ("window", "epoch_loss") if not (isinstance(trainer.get(k), list) and len(trainer[k]) == 2)]
+    best = trainer.get("best")  # absent from checkpoints older than eval.select_best
+    if best is not None and not (
+        isinstance(best, dict)
+        and all(isinstance(best.get(k), int) for k in ("step", "epoch"))
+        and isinstance(best.get("value"), float)
+        and isinstance(best.get("metric"), str)
+    ):
+        bad.append("best")
+    if not isinstance(trainer.get("stale", 0), int) or trainer.get("stale", 0) < 0:
+        bad.append("stale")
     if bad:
         raise DsaError(
             f"checkpoint '{checkpoint}' has missing or invalid trainer fields: {', '.join(bad)}",
@@ -421,6 +488,22 @@ def _allocated_bytes(folder: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in folder.iterdir() if p.is_file())
 
 
+def _checkpoint_task(store: CheckpointStore, recipe: Recipe, step: int | None, *, world=None) -> tuple[Path, Task]:
+    """The checkpoint of ``step`` (the newest intact one for ``None``) and a task with its
+    model, read-only, in evaluation mode."""
+    path, _, damaged = store.find(step)
+    for warning in damaged:
+        logger.warning(f"warning: {warning}")
+    torch.manual_seed(recipe.train.seed)
+    site = TableSite(
+        store.get_tables_dir(path), writable=False, versions=store.table_versions(path)
+    )  # deltas read through their chains
+    task = make_task(recipe, resolve_device(recipe.train.device), site, world=world)
+    store.load_model(path, task.model)
+    task.model.eval()
+    return path, task
+
+
 def evaluate_run(
     run: RunFolder,
     split: str,
@@ -435,17 +518,7 @@ def evaluate_run(
     is one rank of a torchrun job, ``run`` its rank folder (every rank scores its share).
     ``save_ranks``: write each query's rank there (knowledge graphs, one process)."""
     recipe = with_data_root(run.read_config([f"train.device={device}"] if device else []), stored=True)
-    store = CheckpointStore(run.checkpoints)
-    path, _, damaged = store.find(checkpoint)
-    for warning in damaged:
-        logger.warning(f"warning: {warning}")
-    torch.manual_seed(recipe.train.seed)
-    site = TableSite(
-        store.get_tables_dir(path), writable=False, versions=store.table_versions(path)
-    )  # deltas read through their chains
-    task = make_task(recipe, resolve_device(recipe.train.device), site, world=world)
-    store.load_model(path, task.model)
-    task.model.eval()
+    path, task = _checkpoint_task(CheckpointStore(run.checkpoints), recipe, checkpoint, world=world)
     if save_ranks is not None and not task.saves_ranks:
         raise DsaError(
             f"--save-ranks writes the ranks of knowledge-graph queries; model.kind {recipe.model.kind!r} has none",

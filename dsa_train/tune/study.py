@@ -29,7 +29,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from pathlib import Path
 
 from ..errors import ConfigError, DatasetError, DsaError, StateError, TrainingError
 from ..fsutil import DirectoryLock, atomic_write_bytes, create_owned_folder, read_json_object
+from ..eval.objective import objective_of
 from ..recipe import Recipe, load_recipe, recipe_to_yaml
 from .space import Space, apply, choice_text, load_space, space_to_yaml
 
@@ -47,22 +47,12 @@ STUDY = "tune"  # the study's name in the database
 #: the earlier ones at an evaluation stops there.
 PRUNER_STARTUP_TRIALS = 2
 
-#: Where the objective is found in a final evaluation's metrics: (group, metric, label).
-OBJECTIVES = (
-    ("both", "mrr", "MRR"),
-    ("classifier", "accuracy", "accuracy"),
-    ("probe", "accuracy", "probe accuracy"),
-    ("link", "auc", "link AUC"),
-    ("clicks", "auc", "AUC"),
-)
-
 
 def objective(metrics: dict) -> tuple[str, float]:
     """The metric a trial maximises, from an evaluation's metrics: its label and value."""
-    for group, name, label in OBJECTIVES:
-        value = metrics.get(group, {}).get(name) if isinstance(metrics.get(group), dict) else None
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            return label, float(value)
+    found = objective_of(metrics)
+    if found is not None:
+        return found
     raise DatasetError(  # the dataset's, not the settings': every trial would fail alike, so the search stops
         f"the valid split gave nothing to maximise (metrics: {', '.join(metrics) or 'none'}): the dataset has no valid split to search on",
         hint="tune needs a valid split: knowledge graphs' valid.txt, labelled nodes in valid, dataset.link_split: [0.05, 0.05] "
