@@ -14,7 +14,7 @@ from dsa_train.errors import ConfigError
 from dsa_train.recipe import parse_recipe
 from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog
-from dsa_train.train.schedule import lr_factor
+from dsa_train.train.schedule import lr_factor, plateau_update
 
 from .helpers import error_at_step
 
@@ -189,3 +189,76 @@ def test_dry_run_says_the_schedule(tmp_path):
     assert "(lr 0.01, 0.001 after epoch 1)" in invoke("run", path, "--dry-run").output
     path.write_text(RECIPE)
     assert "(lr 0.01, cosine to 0.001)" in invoke("run", path, "--dry-run").output
+
+
+PLATEAU = {"plateau_factor": 0.5, "plateau_patience": 1, "final_lr_ratio": 0.1}
+
+
+def torchs_plateau_rates(values: list[float], lr: float = 1.0) -> list[float]:
+    """The rate after each evaluation, by torch's ReduceLROnPlateau (mode max, no threshold, no
+    cooldown, min_lr = lr x final_lr_ratio)."""
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        opt,
+        mode="max",
+        factor=PLATEAU["plateau_factor"],
+        patience=PLATEAU["plateau_patience"],
+        threshold=0.0,
+        min_lr=lr * PLATEAU["final_lr_ratio"],
+    )
+    rates = []
+    for value in values:
+        scheduler.step(value)
+        rates.append(opt.param_groups[0]["lr"])
+    return rates
+
+
+def test_plateau_factors_are_torchs_reduce_lr_on_plateau():
+    cfg = type("Optimizer", (), PLATEAU)
+    values = [0.1, 0.2, 0.2, 0.15, 0.3, 0.25, 0.25, 0.24, 0.31, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]
+    state, ours = None, []
+    for value in values:
+        state = plateau_update(state, value, cfg)
+        ours.append(state["factor"])
+    theirs = torchs_plateau_rates(values)
+    assert ours == pytest.approx(theirs, rel=1e-12)
+    assert len(set(ours)) > 3 and min(ours) == 0.1  # it lowered the rate several times, down to the floor
+
+
+def test_a_plateau_run_lowers_its_rate_after_its_evaluations_and_resumes_exactly(tmp_path):
+    """The rate each step ran at (the train records' lr) is torch's ReduceLROnPlateau fed the
+    run's own evaluations; a run killed after a reduction resumes with the reduced rate."""
+    path = tmp_path / "plateau.yaml"
+    path.write_text(
+        RECIPE.replace(
+            "schedule: cosine, final_lr_ratio: 0.1", "schedule: plateau, plateau_patience: 1, final_lr_ratio: 0.1"
+        )
+        .replace("epochs: 2,", "epochs: 8,")
+        .replace("lr: 0.01,", "lr: 0.3,")  # too high: the evaluations stop improving
+    )
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    assert invoke("run", path, "--output", whole).exit_code == 0
+    evals = [r for r in records(whole, "eval") if r["split"] == "valid"]
+    rate_after = dict(zip([r["step"] for r in evals], torchs_plateau_rates([r["clicks"]["auc"] for r in evals], 0.3)))
+    expected, rate = {}, 0.3
+    for r in records(whole, "train"):  # a step runs at the rate set by the evaluations before it
+        rate = next((v for s, v in sorted(rate_after.items(), reverse=True) if s < r["step"]), 0.3)
+        expected[r["step"]] = rate
+    got = {r["step"]: r["lr"] for r in records(whole, "train")}
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert min(got.values()) < 0.3  # it did lower the rate
+    with error_at_step(155):  # resumes from step 150, after the reduction at the evaluation of step 120
+        assert invoke("run", path, "--output", broken).exit_code == 1
+    assert invoke("run", path, "--output", broken, "--resume").exit_code == 0
+    for kind in ("train", "eval", "summary"):
+        ours, theirs = records(broken, kind), records(whole, kind)
+        for r in ours + theirs:
+            r.pop("tables_on_disk_mib", None), r.pop("optimizer_state_on_disk_mib", None)
+        assert ours == theirs, kind
+
+
+def test_a_plateau_without_evaluations_is_refused():
+    with pytest.raises(ConfigError, match="every_epochs"):
+        parse_recipe(
+            "name: x\ndataset: {kind: synthetic}\nmodel: {kind: transe}\noptimizer: {schedule: plateau, final_lr_ratio: 0.1}\n"
+        )

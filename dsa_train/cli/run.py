@@ -334,4 +334,9 @@ def _rate(optimizer) -> str:
         return f"lr {lr:g}, {final:g} after epoch {optimizer.decay_after_epochs}"
     if schedule in ("cosine", "linear"):
         return f"lr {lr:g}, {schedule} to {final:g}"
+    if schedule == "plateau":
+        return (
+            f"lr {lr:g}, x{optimizer.plateau_factor:g} after {optimizer.plateau_patience + 1} evaluations without a "
+            f"better one, down to {final:g}"
+        )
     return f"lr {lr:g}"

@@ -592,16 +592,29 @@ class OptimizerConfig:
     lr: float = _help("learning rate", _positive, default=1e-3)
     betas: tuple[float, float] = _help("Adam's betas", _betas, default=(0.9, 0.999))
     eps: float = _help("Adam's epsilon", _positive, default=1e-8)
-    schedule: Literal["constant", "cosine", "linear", "step"] = _help(
+    schedule: Literal["constant", "cosine", "linear", "step", "plateau"] = _help(
         "learning rate over the run's steps: constant; decayed (cosine or linear) from `lr` to `lr * final_lr_ratio` "
-        "over train.epochs; or step: `lr`, then `lr * final_lr_ratio` from epoch decay_after_epochs on. "
-        "The dense layers' dense_lr follows the same curve",
+        "over train.epochs; step: `lr`, then `lr * final_lr_ratio` from epoch decay_after_epochs on; or plateau: "
+        "multiplied by plateau_factor whenever more than plateau_patience evaluations in a row were no better (torch's "
+        "ReduceLROnPlateau on eval.split's MRR, accuracy or AUC; needs eval.every_epochs), never below "
+        "`lr * final_lr_ratio`. The dense layers' dense_lr follows the same curve",
         default="constant",
     )
     final_lr_ratio: float = _help(
-        "cosine, linear: the rate at the last step as a fraction of `lr`; step: the rate after decay_after_epochs",
+        "cosine, linear: the rate at the last step as a fraction of `lr`; step: the rate after decay_after_epochs; "
+        "plateau: the lowest rate, as a fraction of `lr`",
         _fraction,
         default=0.0,
+    )
+    plateau_factor: float = _help(
+        "plateau: each reduction multiplies the rate by this (LibKGE's configs use 0.5-0.95)",
+        _fraction,
+        default=0.5,
+    )
+    plateau_patience: int = _help(
+        "plateau: evaluations in a row without a better one that are tolerated; one more lowers the rate",
+        _non_negative,
+        default=2,
     )
     decay_after_epochs: int = _help(
         "step: the epochs run at `lr`; every later step runs at `lr * final_lr_ratio` (none if train.epochs is not more)",
@@ -637,6 +650,8 @@ class OptimizerConfig:
 
     def problems(self) -> list[tuple[str, str]]:
         found = []
+        if self.schedule == "plateau" and not self.plateau_factor:
+            found.append(("plateau_factor", "schedule 'plateau' multiplies the rate by it: set it above 0, e.g. 0.5"))
         if self.schedule == "constant" and self.final_lr_ratio != 0:
             found.append(
                 (
@@ -844,6 +859,14 @@ class Recipe:
                     "model.relation_dropout",
                     f"drops coordinates of {', '.join(dropped[:-1])} and {dropped[-1]} relation vectors; {self.model.kind!r} has no relation "
                     f"vectors ({why}): set it to 0",
+                )
+            ]
+        if self.optimizer.schedule == "plateau" and not self.eval.every_epochs:
+            return [
+                (
+                    "optimizer.schedule",
+                    "'plateau' lowers the rate when the evaluations during training stop improving: set eval.every_epochs "
+                    "(e.g. 1)",
                 )
             ]
         t = self.train

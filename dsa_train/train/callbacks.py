@@ -17,7 +17,7 @@ import threading
 from .. import progress
 from ..eval.objective import objective_of
 from ..memory import PeakRssAnon, rss_anon_bytes
-from .schedule import lr_factor
+from .schedule import lr_factor, plateau_update
 
 MiB = 1 << 20
 logger = logging.getLogger(__name__)
@@ -69,15 +69,26 @@ class Progress(Callback):
 
 class LearningRateSchedule(Callback):
     """The recipe's rates scaled by the schedule at this step (see :mod:`.schedule`); nothing
-    with ``optimizer.schedule: constant`` (the rates the optimizers were built or resumed with)."""
+    with ``optimizer.schedule: constant`` (the rates the optimizers were built or resumed with).
+    With ``plateau`` the factor is ``training.plateau``'s, which each evaluation during training
+    updates (:func:`~.schedule.plateau_update`) and each checkpoint keeps."""
+
+    def evaluated(self, training, record: dict) -> None:
+        if training.recipe.optimizer.schedule == "plateau":
+            found = objective_of(record)
+            if found is not None:
+                training.plateau = plateau_update(training.plateau, found[1], training.recipe.optimizer)
 
     def before_optimizer_step(self, training) -> None:
         cfg = training.recipe.optimizer
         if cfg.schedule == "constant":
             return
-        total_steps = training.recipe.train.epochs * training.steps_per_epoch
-        decay_after = cfg.decay_after_epochs * training.steps_per_epoch
-        factor = lr_factor(cfg.schedule, training.step_count, total_steps, cfg.final_lr_ratio, decay_after)
+        if cfg.schedule == "plateau":
+            factor = training.plateau["factor"]
+        else:
+            total_steps = training.recipe.train.epochs * training.steps_per_epoch
+            decay_after = cfg.decay_after_epochs * training.steps_per_epoch
+            factor = lr_factor(cfg.schedule, training.step_count, total_steps, cfg.final_lr_ratio, decay_after)
         for optimizer, rate in ((training.optimizer, cfg.lr), (training.dense_optimizer, cfg.dense_lr)):
             for group in optimizer.param_groups if optimizer is not None else ():
                 group["lr"] = rate * factor

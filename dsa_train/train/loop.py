@@ -110,6 +110,9 @@ class Training:
         #: evaluations since it that were no better
         self.best: dict | None = None
         self.stale = 0
+        #: optimizer.schedule plateau: the rate's factor, the best evaluation and the count since
+        #: it (schedule.plateau_update)
+        self.plateau: dict = {"factor": 1.0, "best": None, "bad": 0}
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self, *, resume: bool, at_step: int | None = None) -> None:
@@ -134,9 +137,12 @@ class Training:
                 _check_trainer_state(checkpoint, trainer, self.run.run_id)
             self.store.restore_tables(checkpoint, tables)
             restore_state_dir(checkpoint, state_dir, owned={self.run.marker.get("state_id")})
-        if self.world is not None and (recipe.eval.select_best or recipe.eval.patience):
+        if self.world is not None and (
+            recipe.eval.select_best or recipe.eval.patience or recipe.optimizer.schedule == "plateau"
+        ):
             raise DsaError(
-                "eval.select_best and eval.patience choose among a run's evaluations in one process; a torchrun job cannot yet",
+                "eval.select_best, eval.patience and optimizer.schedule plateau follow a run's evaluations in one "
+                "process; a torchrun job cannot yet",
                 hint="leave them out of a torchrun job's recipe",
             )
         torch.manual_seed(recipe.train.seed)
@@ -156,6 +162,7 @@ class Training:
             self.window, self.epoch_loss = trainer["window"], trainer["epoch_loss"]
             self.optimizer_ram = trainer["optimizer_ram"]
             self.best, self.stale = trainer.get("best"), trainer.get("stale", 0)
+            self.plateau = trainer.get("plateau", self.plateau)
             MetricsLog.truncate(self.run.metrics_path, trainer["metrics_records"])
             logger.info(f"resuming from {checkpoint} (step {self.step_count}, epoch {self.epoch + 1})")
         elif resume:
@@ -404,6 +411,7 @@ class Training:
             "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
             "best": self.best,
             "stale": self.stale,
+            "plateau": self.plateau,
             # a checkpoint pruning keeps (CheckpointStore.retained): the best evaluation's
             "best_checkpoint": self.best["step"] if self.best and self.recipe.eval.select_best else None,
         }
@@ -470,6 +478,14 @@ def _check_trainer_state(checkpoint: Path, trainer: dict, run_id: str) -> None:
         bad.append("best")
     if not isinstance(trainer.get("stale", 0), int) or trainer.get("stale", 0) < 0:
         bad.append("stale")
+    plateau = trainer.get("plateau", {"factor": 1.0, "best": None, "bad": 0})
+    if not (
+        isinstance(plateau, dict)
+        and isinstance(plateau.get("factor"), float)
+        and (plateau.get("best") is None or isinstance(plateau.get("best"), float))
+        and isinstance(plateau.get("bad"), int)
+    ):
+        bad.append("plateau")
     if bad:
         raise DsaError(
             f"checkpoint '{checkpoint}' has missing or invalid trainer fields: {', '.join(bad)}",

@@ -14,6 +14,14 @@ progress :math:`p = s / S`:
   (``--set train.epochs=5`` for a quick look) is the prefix of the recipe's run, and one given
   more keeps the lower rate to its end.
 
+- ``plateau``: :math:`\eta_s = \eta f_s`, where :math:`f` starts at 1 and, at an evaluation
+  during training, becomes :math:`\max(f \cdot \phi, r)` (:math:`\phi`:
+  ``optimizer.plateau_factor``) once more than ``optimizer.plateau_patience`` evaluations in a
+  row were no better than the best so far; the count then starts again (torch's
+  ``ReduceLROnPlateau`` in mode ``max`` with no threshold and no cooldown, on the evaluation's
+  MRR, accuracy or AUC). It depends on the evaluations, so its state :math:`(f,` best, count)
+  is :func:`plateau_update`'s, kept in every checkpoint.
+
 The two decays start at :math:`\eta` and end near :math:`r\eta`. The rate is a pure function of
 the step, so a resumed run (or one rank of a torchrun job) sets the same rate at the same step
 as an uninterrupted run, with nothing stored; a run stopped by ``train.max_steps`` is the
@@ -40,3 +48,17 @@ def lr_factor(schedule: str, step: int, total_steps: int, final_ratio: float, mi
     if schedule == "cosine":
         return final_ratio + (1.0 - final_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
     raise ValueError(f"unknown learning-rate schedule {schedule!r}")
+
+
+def plateau_update(state: dict | None, value: float, cfg) -> dict:
+    """The ``plateau`` schedule's state ``{"factor", "best", "bad"}`` (``None``: a run's
+    start) after an evaluation scoring ``value``; ``cfg``: the recipe's optimizer section
+    (``plateau_factor``, ``plateau_patience``, ``final_lr_ratio``)."""
+    state = dict(state or {"factor": 1.0, "best": None, "bad": 0})
+    if state["best"] is None or value > state["best"]:
+        state["best"], state["bad"] = value, 0
+    else:
+        state["bad"] += 1
+    if state["bad"] > cfg.plateau_patience:
+        state["factor"], state["bad"] = max(state["factor"] * cfg.plateau_factor, cfg.final_lr_ratio), 0
+    return state
