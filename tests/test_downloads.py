@@ -1,0 +1,161 @@
+"""Downloading a file: fresh, resumed from a ``.part`` (with and without a server that honours
+Range), a wrong digest, offline, a link in the way. Every request goes to a threaded HTTP
+server on 127.0.0.1 serving bytes from memory (``$DSA_DOWNLOAD_MIRROR`` points at it): no
+network."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from dsa_train.data.downloads import MIRROR_ENV, DownloadFailed, Expected, address, download, part_path
+from dsa_train.errors import DatasetError
+
+URL = "https://example.org/data/file.bin"
+BODY = bytes(range(256)) * 5000  # 1.25 MB: more than one block, so a download is several reads
+
+
+class Server:
+    """Files by path (``/<host>/<path>``, as :func:`address` asks for them); records each
+    request's path and Range header. ``honour_range=False`` answers every request whole."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.requests: list[tuple[str, str | None]] = []
+        self.honour_range = True
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                server.requests.append((self.path, self.headers.get("Range")))
+                body = server.files.get(self.path)
+                if body is None:
+                    self.send_error(404)
+                    return
+                asked = self.headers.get("Range")
+                if asked and server.honour_range:
+                    start = int(asked.removeprefix("bytes=").split("-")[0])
+                    if start >= len(body):
+                        self.send_error(416)
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                    body = body[start:]
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def serve(self, url: str, body: bytes) -> None:
+        self.files[address(url).removeprefix(self.base)] = body
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server(monkeypatch):
+    s = Server()
+    monkeypatch.setenv(MIRROR_ENV, s.base)
+    yield s
+    s.close()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_fresh_download_is_checked_and_renamed_into_place(server, tmp_path):
+    server.serve(URL, BODY)
+    dest = tmp_path / "d" / "file.bin"
+    assert download(URL, dest, Expected(sha256=sha(BODY), size=len(BODY)), what="w") == sha(BODY)
+    assert dest.read_bytes() == BODY and not part_path(dest).exists()
+    assert server.requests == [("/example.org/data/file.bin", None)]
+
+
+def test_a_git_blob_id_is_checked_too(server, tmp_path):
+    server.serve(URL, BODY)
+    blob = hashlib.sha1(f"blob {len(BODY)}\0".encode() + BODY).hexdigest()
+    download(URL, tmp_path / "ok.bin", Expected(git_blob=blob), what="w")
+    with pytest.raises(DatasetError, match=f"git blob id {blob}, expected 0+"):
+        download(URL, tmp_path / "bad.bin", Expected(git_blob="0" * 40), what="w")
+
+
+def test_a_partial_download_is_resumed_with_a_range_request(server, tmp_path):
+    server.serve(URL, BODY)
+    dest = tmp_path / "file.bin"
+    part_path(dest).write_bytes(BODY[:300_001])
+    download(URL, dest, Expected(sha256=sha(BODY)), what="w")
+    assert server.requests == [("/example.org/data/file.bin", "bytes=300001-")]
+    assert dest.read_bytes() == BODY
+
+
+def test_a_server_that_ignores_range_restarts_the_part(server, tmp_path):
+    server.serve(URL, BODY)
+    server.honour_range = False
+    dest = tmp_path / "file.bin"
+    part_path(dest).write_bytes(b"x" * 1000)  # not even a prefix: appending would be wrong
+    download(URL, dest, Expected(sha256=sha(BODY)), what="w")
+    assert server.requests[0][1] == "bytes=1000-"
+    assert dest.read_bytes() == BODY
+
+
+def test_a_part_longer_than_the_file_starts_again(server, tmp_path):
+    server.serve(URL, BODY)
+    dest = tmp_path / "file.bin"
+    part_path(dest).write_bytes(BODY + b"more")
+    download(URL, dest, Expected(sha256=sha(BODY)), what="w")  # 416 for the range, then whole
+    assert dest.read_bytes() == BODY and [r for _, r in server.requests] == [f"bytes={len(BODY) + 4}-", None]
+
+
+def test_a_wrong_digest_deletes_the_part_and_names_both_digests(server, tmp_path):
+    server.serve(URL, BODY[:-1] + b"?")
+    dest = tmp_path / "file.bin"
+    with pytest.raises(DatasetError) as caught:
+        download(URL, dest, Expected(sha256=sha(BODY)), what="w")
+    message = str(caught.value)
+    assert "file.bin" in message and sha(BODY) in message and sha(BODY[:-1] + b"?") in message
+    assert not dest.exists() and not part_path(dest).exists()
+
+
+def test_offline_keeps_the_part_and_says_where_it_tried(tmp_path, monkeypatch):
+    with socket.socket() as s:  # a port nobody listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv(MIRROR_ENV, f"http://127.0.0.1:{port}")
+    dest = tmp_path / "file.bin"
+    part_path(dest).write_bytes(b"abc")
+    with pytest.raises(DownloadFailed, match=f"http://127.0.0.1:{port}/example.org/data/file.bin could not be reached"):
+        download(URL, dest, Expected(), what="w")
+    assert part_path(dest).read_bytes() == b"abc" and not dest.exists()
+
+
+def test_links_at_the_destination_are_never_followed(server, tmp_path):
+    server.serve(URL, BODY)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"mine")
+    dest = tmp_path / "file.bin"
+    os.symlink(victim, part_path(dest))
+    with pytest.raises(DatasetError, match=r"file.bin.part.*is a symbolic link"):
+        download(URL, dest, Expected(), what="w")
+    os.unlink(part_path(dest))
+    os.symlink(victim, dest)
+    with pytest.raises(DatasetError, match="is already there"):
+        download(URL, dest, Expected(), what="w")
+    assert victim.read_bytes() == b"mine" and Path(dest).is_symlink()
