@@ -8,70 +8,22 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from dsa_train.data.downloads import MIRROR_ENV, DownloadFailed, Expected, address, download, part_path
+from dsa_train.data.downloads import MIRROR_ENV, DownloadFailed, Expected, download, part_path
 from dsa_train.errors import DatasetError
+
+from .helpers import FileServer
 
 URL = "https://example.org/data/file.bin"
 BODY = bytes(range(256)) * 5000  # 1.25 MB: more than one block, so a download is several reads
 
 
-class Server:
-    """Files by path (``/<host>/<path>``, as :func:`address` asks for them); records each
-    request's path and Range header. ``honour_range=False`` answers every request whole."""
-
-    def __init__(self) -> None:
-        self.files: dict[str, bytes] = {}
-        self.requests: list[tuple[str, str | None]] = []
-        self.honour_range = True
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                server.requests.append((self.path, self.headers.get("Range")))
-                body = server.files.get(self.path)
-                if body is None:
-                    self.send_error(404)
-                    return
-                asked = self.headers.get("Range")
-                if asked and server.honour_range:
-                    start = int(asked.removeprefix("bytes=").split("-")[0])
-                    if start >= len(body):
-                        self.send_error(416)
-                        return
-                    self.send_response(206)
-                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-                    body = body[start:]
-                else:
-                    self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def serve(self, url: str, body: bytes) -> None:
-        self.files[address(url).removeprefix(self.base)] = body
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def server(monkeypatch):
-    s = Server()
+    s = FileServer()
     monkeypatch.setenv(MIRROR_ENV, s.base)
     yield s
     s.close()
@@ -144,6 +96,10 @@ def test_offline_keeps_the_part_and_says_where_it_tried(tmp_path, monkeypatch):
     with pytest.raises(DownloadFailed, match=f"http://127.0.0.1:{port}/example.org/data/file.bin could not be reached"):
         download(URL, dest, Expected(), what="w")
     assert part_path(dest).read_bytes() == b"abc" and not dest.exists()
+    part_path(dest).unlink()
+    with pytest.raises(DownloadFailed):
+        download(URL, dest, Expected(), what="w")
+    assert not part_path(dest).exists()  # nothing came: no empty .part left behind
 
 
 def test_links_at_the_destination_are_never_followed(server, tmp_path):

@@ -93,7 +93,12 @@ def download(url: str, dest: Path, expected: Expected, *, what: str) -> str:
                 f"'{part}' is being downloaded by another process",
                 hint="wait for it to finish (or stop it), then run again",
             ) from None
-        _fetch_into(f, address(url), expected, what=what)
+        try:
+            _fetch_into(f, address(url), expected, what=what)
+        except DownloadFailed:
+            if f.seek(0, os.SEEK_END) == 0:  # nothing came: leave no empty .part behind
+                part.unlink(missing_ok=True)
+            raise
         f.flush()
         os.fsync(f.fileno())
         digest = _check(f, part, expected, url=url, dest=dest)
