@@ -215,3 +215,24 @@ def test_the_real_files_of_umls_and_nations_match_the_registry(test_data, server
             assert (getattr(fetched, split) == getattr(direct, split)).all(), (name, split)
         ids = range(direct.num_entities)
         assert fetched.entity_names(ids) == direct.entity_names(ids)
+
+
+def test_yago3_10_by_name_checks_the_archive_by_its_git_blob_id_and_imports_its_files(server, monkeypatch):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, body in SPLITS.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    archive = buffer.getvalue()
+    real = remote.DATASETS["yago3-10"]
+    server.serve(real.files[0].url, archive)
+    blob = hashlib.sha1(f"blob {len(archive)}\0".encode() + archive).hexdigest()
+    fixture = dataclasses.replace(real.files[0], expected=Expected(git_blob=blob))
+    monkeypatch.setitem(remote.DATASETS, "yago3-10", dataclasses.replace(real, files=(fixture,)))
+    kg = load_knowledge_graph(DatasetConfig(kind="tsv", fetch="yago3-10"))
+    assert (kg.num_entities, kg.num_relations, len(kg.train), len(kg.valid), len(kg.test)) == (3, 2, 3, 1, 1)
+    record = json.loads((Path(os.environ["DSA_DATA_ROOT"]) / "yago3-10" / "digests.json").read_text())["files"]
+    assert record["YAGO3-10.tar.gz"]["sha256"] == sha(archive) and record["test.txt"]["sha256"] == sha(
+        SPLITS["test.txt"]
+    )

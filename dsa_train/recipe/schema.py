@@ -318,7 +318,7 @@ class DatasetConfig:
         _inside_data_root,
         default=None,
     )
-    fetch: Literal["umls", "nations"] | None = _help(
+    fetch: Literal["umls", "nations", "yago3-10", "wikidata5m"] | None = _help(
         "tsv: a dataset by name, downloaded into <data root>/<name>/ on first use and checked against its digest "
         "(docs/data.md, datasets by name); instead of dataset.path",
         default=None,
