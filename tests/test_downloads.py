@@ -5,9 +5,11 @@ network."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,20 @@ def test_links_at_the_destination_are_never_followed(server, tmp_path):
     with pytest.raises(DatasetError, match="is already there"):
         download(URL, dest, Expected(), what="w")
     assert victim.read_bytes() == b"mine" and Path(dest).is_symlink()
+
+
+def test_a_second_process_waits_for_the_first_and_finds_the_file(server, tmp_path):
+    server.serve(URL, BODY)
+    dest = tmp_path / "file.bin"
+    holder = open(part_path(dest), "wb")  # the "other process": holds the .part's lock
+    fcntl.flock(holder.fileno(), fcntl.LOCK_EX)
+    result = []
+    waiting = threading.Thread(target=lambda: result.append(download(URL, dest, Expected(sha256=sha(BODY)), what="w")))
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive() and not server.requests  # it waits, asking nothing
+    dest.write_bytes(BODY)  # the other one finishes: its file is in place
+    os.unlink(part_path(dest))
+    holder.close()
+    waiting.join(10)
+    assert result == [None] and not server.requests and dest.read_bytes() == BODY

@@ -1,7 +1,7 @@
 """Downloading one file over HTTP(S) whole, resumably, and checked: :func:`download`.
 
-The bytes go to ``<dest>.part`` (created without following a link, locked with ``flock`` so
-two processes never write it at once); a ``.part`` left by an interrupted download is
+The bytes go to ``<dest>.part`` (created without following a link, locked with ``flock``: a
+second process downloading the same file waits, then finds it in place); a ``.part`` left by an interrupted download is
 continued with an HTTP ``Range`` request (a server that ignores it sends the whole file again,
 and the ``.part`` is restarted). The finished ``.part`` is checked (size, SHA-256, and a git
 blob id where that is what is known), fsynced and renamed onto ``dest``; a digest that does not
@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import urllib.error
 import urllib.parse
@@ -33,6 +34,8 @@ from ..progress import work
 BLOCK = 1 << 20  # bytes read from the network (and hashed) at once
 TIMEOUT_S = 60.0  # per connection attempt and per read
 MIRROR_ENV = "DSA_DOWNLOAD_MIRROR"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -65,34 +68,23 @@ def part_path(dest: Path) -> Path:
     return dest.with_name(dest.name + ".part")
 
 
-def download(url: str, dest: Path, expected: Expected, *, what: str) -> str:
+def download(url: str, dest: Path, expected: Expected, *, what: str) -> str | None:
     """Download ``url`` (through :func:`address`) to ``dest``, continuing a ``.part`` left by
     an earlier attempt, check it against ``expected`` and rename it into place. Returns the
-    file's SHA-256. ``dest`` must not exist. Raises :class:`DownloadFailed` (network, HTTP) or
-    ``DatasetError`` (a wrong digest or size, a link in the way)."""
+    file's SHA-256, or ``None`` when another process put ``dest`` in place while this one
+    waited for it (the caller checks that file). ``dest`` must not exist. Raises
+    :class:`DownloadFailed` (network, HTTP) or ``DatasetError`` (a wrong digest or size, a link
+    in the way)."""
     if os.path.lexists(dest):
         raise DatasetError(
             f"'{dest}' is already there: it is not downloaded again", hint="move it aside to download it"
         )
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = part_path(dest)
-    try:
-        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise DatasetError(
-                f"'{part}' (where '{dest.name}' is downloaded) is a symbolic link: it is never written through",
-                hint=f"remove the link '{part}' and run again",
-            ) from None
-        raise DatasetError(f"cannot write '{part}': {e.strerror}", hint="the data root must be writable") from None
-    with os.fdopen(fd, "r+b") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DatasetError(
-                f"'{part}' is being downloaded by another process",
-                hint="wait for it to finish (or stop it), then run again",
-            ) from None
+    f = _open_part(part, dest)
+    if f is None:
+        return None
+    with f:
         try:
             _fetch_into(f, address(url), expected, what=what)
         except DownloadFailed:
@@ -105,6 +97,41 @@ def download(url: str, dest: Path, expected: Expected, *, what: str) -> str:
         os.replace(part, dest)  # still under our lock: nobody else wrote the part meanwhile
     fsync_directory(dest.parent)
     return digest
+
+
+def _open_part(part: Path, dest: Path):
+    """The ``.part`` of ``dest``, open and locked (``flock``), never through a link; ``None``
+    when another process, which held the lock, put ``dest`` in place meanwhile. Two processes
+    (the ranks of a job) that start the same download take turns."""
+    while True:
+        try:
+            fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise DatasetError(
+                    f"'{part}' (where '{dest.name}' is downloaded) is a symbolic link: it is never written through",
+                    hint=f"remove the link '{part}' and run again",
+                ) from None
+            raise DatasetError(f"cannot write '{part}': {e.strerror}", hint="the data root must be writable") from None
+        f = os.fdopen(fd, "r+b")
+        try:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                logger.info(f"another process is downloading '{dest}': waiting for it")
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            if os.path.lexists(dest):
+                f.close()
+                return None
+            try:  # the name still holds the file we locked (not renamed or deleted meanwhile)
+                if os.stat(part, follow_symlinks=False).st_ino == os.fstat(f.fileno()).st_ino:
+                    return f
+            except FileNotFoundError:
+                pass
+        except BaseException:
+            f.close()
+            raise
+        f.close()
 
 
 def _fetch_into(f, url: str, expected: Expected, *, what: str) -> None:

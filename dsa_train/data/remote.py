@@ -181,6 +181,9 @@ def fetch(name: str, root: Path) -> Path:
         except DownloadFailed as e:
             _save_record(folder, record, changed)
             raise _offline(dataset, folder, needed[i:], str(e)) from None
+        if sha256 is None:  # another process downloaded it meanwhile
+            changed |= _check_present(folder, remote.name, expected, record, dataset)
+            continue
         trusted = expected.sha256 is not None or expected.git_blob is not None
         if not trusted:
             logger.warning(
