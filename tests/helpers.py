@@ -133,12 +133,14 @@ class FileServer:
     """A threaded HTTP server on 127.0.0.1 (a free port) serving bytes from memory by path
     (``/<host>/<path>``, as ``dsa_train.data.downloads.address`` asks for them under
     ``$DSA_DOWNLOAD_MIRROR``); records each request's path and Range header and answers a
-    Range with 206 (416 past the end). ``honour_range=False`` answers every request whole."""
+    Range with 206 (416 past the end). ``honour_range=False`` answers every request whole;
+    ``cut_after=n`` sends the next answer's first ``n`` bytes only, as a dropped connection does."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
         self.requests: list[tuple[str, str | None]] = []
         self.honour_range = True
+        self.cut_after: int | None = None  # send this many bytes of the next body, then drop the connection
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -161,6 +163,9 @@ class FileServer:
                     self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
+                if server.cut_after is not None:
+                    body, server.cut_after = body[: server.cut_after], None
+                    self.close_connection = True
                 self.wfile.write(body)
 
             def log_message(self, *args):

@@ -134,3 +134,14 @@ def test_a_second_process_waits_for_the_first_and_finds_the_file(server, tmp_pat
     holder.close()
     waiting.join(10)
     assert result == [None] and not server.requests and dest.read_bytes() == BODY
+
+
+def test_a_connection_dropped_halfway_keeps_the_bytes_and_the_next_attempt_resumes(server, tmp_path):
+    server.serve(URL, BODY)
+    server.cut_after = 400_000
+    dest = tmp_path / "file.bin"
+    with pytest.raises(DownloadFailed, match="stopped after"):
+        download(URL, dest, Expected(sha256=sha(BODY)), what="w")
+    assert part_path(dest).stat().st_size == 400_000 and not dest.exists()
+    download(URL, dest, Expected(sha256=sha(BODY)), what="w")
+    assert server.requests[-1][1] == "bytes=400000-" and dest.read_bytes() == BODY

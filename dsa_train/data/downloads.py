@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import http.client
 import logging
 import os
 import urllib.error
@@ -153,7 +154,7 @@ def _fetch_into(f, url: str, expected: Expected, *, what: str) -> None:
             f.truncate(0)
             return _fetch_into(f, url, expected, what=what)
         raise DownloadFailed(f"HTTP {e.code} {e.reason} from {url}") from None
-    except (urllib.error.URLError, OSError) as e:
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", e)
         raise DownloadFailed(f"{url} could not be reached ({reason})") from None
     with response:
@@ -171,7 +172,10 @@ def _fetch_into(f, url: str, expected: Expected, *, what: str) -> None:
                 f.write(block)
                 done += len(block)
                 work(what, done, max(total or 0, done + 1))
-        except OSError as e:  # a reset or a timeout halfway: the bytes so far stay for the next attempt
+        except (
+            OSError,
+            http.client.HTTPException,
+        ) as e:  # a reset, a timeout, a short body halfway: the bytes so far stay for the next attempt
             raise DownloadFailed(f"the download from {url} stopped after {done:,} bytes ({e})") from None
         work(what, done, done)
         if total is not None and done < total:
