@@ -135,8 +135,8 @@ DATASETS: dict[str, RemoteDataset] = {
         tuple(Member(f"{s}.txt", "YAGO3-10.tar.gz", f"{s}.txt") for s in ("train", "valid", "test")),
         source="the ConvE release of YAGO3-10 (github.com/TimDettmers/ConvE), as PyKEEN fetches it",
     ),
-    # The transductive split from the Zenodo record PyKEEN downloads (the authors' Dropbox links
-    # are gone). No digest or size is published where we could read it: trust on first use.
+    # The transductive split from the Zenodo record PyKEEN downloads. No digest or size of it
+    # could be read from here: trust on first use (docs/data.md says so).
     "wikidata5m": RemoteDataset(
         "wikidata5m",
         "wikidata5m",
