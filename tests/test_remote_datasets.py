@@ -236,3 +236,15 @@ def test_yago3_10_by_name_checks_the_archive_by_its_git_blob_id_and_imports_its_
     assert record["YAGO3-10.tar.gz"]["sha256"] == sha(archive) and record["test.txt"]["sha256"] == sha(
         SPLITS["test.txt"]
     )
+
+
+def test_a_path_set_over_a_recipe_by_name_is_read_instead(umls, server, tmp_path):
+    own = tmp_path / "own"
+    own.mkdir()
+    for name, body in SPLITS.items():
+        (own / name).write_bytes(body.replace(b"a", b"x"))
+    recipe = parse_recipe("dataset: {kind: tsv, fetch: umls}\nmodel: {kind: transe}\n", source="r")
+    kg = load_knowledge_graph(dataclasses.replace(recipe.dataset, path=str(own)))  # as --set dataset.path= does
+    assert sorted(kg.entity_names(range(3))) == ["b", "c", "x"] and not server.requests
+    switched = dataclasses.replace(recipe.dataset, kind="synthetic")  # --set dataset.kind=synthetic: fetch unread
+    assert not switched.problems()

@@ -73,7 +73,7 @@ def _knowledge_graph_source(config: DatasetConfig):
         write = partial(synthetic.write_synthetic_knowledge_graph, config=config.synthetic)
         return f"synthetic-{config.synthetic.entities}", import_target(config, "synthetic", sources), sources, write
     if config.kind == "tsv":
-        if config.fetch:  # a dataset by name: its folder under the data root, downloaded if missing
+        if config.fetch and not config.path:  # by name: its folder under the data root, downloaded if missing
             folder = remote.fetch(config.fetch, data_root(config))
             files = tsv.tsv_files(folder)
         else:

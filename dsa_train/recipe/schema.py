@@ -320,7 +320,7 @@ class DatasetConfig:
     )
     fetch: Literal["umls", "nations", "yago3-10", "wikidata5m"] | None = _help(
         "tsv: a dataset by name, downloaded into <data root>/<name>/ on first use and checked against its digest "
-        "(docs/data.md, datasets by name); instead of dataset.path",
+        "(docs/data.md, datasets by name); read where dataset.path is not set (a set path wins, e.g. --set dataset.path=...)",
         default=None,
     )
     edges: EdgeListConfig = _help("edge_list: how the file's lines read", default_factory=EdgeListConfig)
@@ -348,17 +348,6 @@ class DatasetConfig:
     )
 
     def problems(self) -> list[tuple[str, str]]:
-        if self.fetch and self.kind != "tsv":
-            return [
-                ("fetch", f"names a TSV knowledge graph to download, for kind 'tsv', not {self.kind!r}; leave it out")
-            ]
-        if self.fetch and self.path:
-            return [
-                (
-                    "path",
-                    f"is not read with dataset.fetch ({self.fetch!r} goes into <data root>/{self.fetch}/); leave one out",
-                )
-            ]
         if self.kind == "tsv" and not self.path and not self.fetch:
             return [
                 (
