@@ -248,3 +248,17 @@ def test_a_path_set_over_a_recipe_by_name_is_read_instead(umls, server, tmp_path
     assert sorted(kg.entity_names(range(3))) == ["b", "c", "x"] and not server.requests
     switched = dataclasses.replace(recipe.dataset, kind="synthetic")  # --set dataset.kind=synthetic: fetch unread
     assert not switched.problems()
+
+
+def test_a_folder_that_cannot_be_written_is_used_without_a_record(umls, server, monkeypatch):
+    folder = umls / "umls"
+    folder.mkdir()
+    for name, body in SPLITS.items():
+        (folder / name).write_bytes(body)
+
+    def read_only(path, *data):  # as on a read-only copy of the files (root writes through chmod 555)
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(remote, "atomic_write_bytes", read_only)
+    assert load_knowledge_graph(DatasetConfig(kind="tsv", fetch="umls")).num_entities == 3
+    assert not (folder / "digests.json").exists() and not server.requests

@@ -341,6 +341,13 @@ def _remember(record: dict, folder: Path, name: str, sha256: str, how: str) -> N
 
 
 def _save_record(folder: Path, record: dict, changed: bool) -> None:
+    """Write the record; a folder that cannot be written (a read-only copy of the files) keeps
+    none, and its files are read and checked again next time."""
     if changed:
         body = {"format": RECORD_FORMAT, "version": 1, "files": record}
-        atomic_write_bytes(folder / RECORD, json.dumps(body, indent=1, sort_keys=True).encode() + b"\n")
+        try:
+            atomic_write_bytes(folder / RECORD, json.dumps(body, indent=1, sort_keys=True).encode() + b"\n")
+        except OSError as e:
+            logger.info(
+                f"could not record the digests in '{folder / RECORD}' ({e.strerror}): they are checked again next time"
+            )
