@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from unittest import mock
 
 import pytest
@@ -125,3 +127,60 @@ def node_recipe(
         storage=storage,
     )
     return NODE_RECIPE.format(**fields, train=train, eval=eval)
+
+
+class FileServer:
+    """A threaded HTTP server on 127.0.0.1 (a free port) serving bytes from memory by path
+    (``/<host>/<path>``, as ``dsa_train.data.downloads.address`` asks for them under
+    ``$DSA_DOWNLOAD_MIRROR``); records each request's path and Range header and answers a
+    Range with 206 (416 past the end). ``honour_range=False`` answers every request whole;
+    ``cut_after=n`` sends the next answer's first ``n`` bytes only, as a dropped connection does."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.requests: list[tuple[str, str | None]] = []
+        self.honour_range = True
+        self.cut_after: int | None = None  # send this many bytes of the next body, then drop the connection
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                server.requests.append((self.path, self.headers.get("Range")))
+                body = server.files.get(self.path)
+                if body is None:
+                    self.send_error(404)
+                    return
+                asked = self.headers.get("Range")
+                if asked and server.honour_range:
+                    start = int(asked.removeprefix("bytes=").split("-")[0])
+                    if start >= len(body):
+                        self.send_error(416)
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                    body = body[start:]
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if server.cut_after is not None:
+                    body, server.cut_after = body[: server.cut_after], None
+                    self.close_connection = True
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def serve(self, url: str, body: bytes) -> None:
+        from dsa_train.data.downloads import address
+
+        self.files[address(url).removeprefix(self.base)] = body
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import socket
+
 import pytest
 import torch
 
-from dsa_train.data import load_knowledge_graph
+from dsa_train.data import load_knowledge_graph, remote
+from dsa_train.data.downloads import Expected
 from dsa_train.errors import DatasetError
 from dsa_train.recipe import DatasetConfig, SyntheticConfig
 
@@ -74,21 +78,25 @@ def test_missing_files_say_what_to_place_where(tmp_path):
 
 
 def test_pyg_dataset_offline_says_which_files_to_place_where(tmp_path, monkeypatch):
-    import torch_geometric.data
-
-    def offline(url, folder, log=True):
-        raise OSError("Network is unreachable")
-
-    monkeypatch.setattr(torch_geometric.data, "download_url", offline)
-    with pytest.raises(DatasetError, match=r"FB15k-237/raw/train.txt.*missing and could not be downloaded") as err:
+    with socket.socket() as s:  # nobody listens there: the connection is refused
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("DSA_DOWNLOAD_MIRROR", f"http://127.0.0.1:{s.getsockname()[1]}")
+    with pytest.raises(DatasetError, match=r"'fb15k237' could not be downloaded") as err:
         load_knowledge_graph(DatasetConfig(kind="fb15k237", root=str(tmp_path)))
-    assert "place train.txt, valid.txt, test.txt in" in err.value.hint and "villmow" in err.value.hint
+    for f in ("train.txt", "valid.txt", "test.txt"):
+        assert f"{tmp_path / 'FB15k-237' / 'raw' / f}  <-  " in err.value.message
+        assert f"/villmow/datasets_knowledge_embedding/master/FB15k-237/{f}" in err.value.message
+    assert "by hand" in err.value.hint
 
 
-def test_pyg_raw_files_are_checked_before_pyg_reads_them(tmp_path):
+def test_pyg_raw_files_are_checked_before_pyg_reads_them(tmp_path, monkeypatch):
     raw = write_folder(tmp_path / "FB15k-237" / "raw", train=b"a\tr\tb\r\n")
     assert raw.is_dir()
-    with pytest.raises(DatasetError, match="CRLF"):
+    with pytest.raises(DatasetError, match="is not fb15k237's raw/train.txt"):  # its digest first
+        load_knowledge_graph(DatasetConfig(kind="fb15k237", root=str(tmp_path)))
+    unknown = tuple(dataclasses.replace(f, expected=Expected()) for f in remote.DATASETS["fb15k237"].files)
+    monkeypatch.setitem(remote.DATASETS, "fb15k237", dataclasses.replace(remote.DATASETS["fb15k237"], files=unknown))
+    with pytest.raises(DatasetError, match="CRLF"):  # then every line, whatever the digest
         load_knowledge_graph(DatasetConfig(kind="fb15k237", root=str(tmp_path)))
 
 

@@ -33,9 +33,7 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_folder(tmp_path, monke
     recipe.write_text("name: u\ndataset: {kind: tsv, path: umls}\nmodel: {kind: transe, dim: 8}\n")
     result = _run(str(recipe), "-o", str(tmp_path / "runs" / "u"))
     assert result.exit_code == 1 and "lacks train.txt" in result.output
-    assert (
-        "download it from PyKEEN" in result.output and "set DSA_DATA_ROOT" in result.output
-    )  # where the files come from
+    assert "set dataset.fetch: umls" in result.output and "set DSA_DATA_ROOT" in result.output  # how to get the files
     assert not (tmp_path / "runs" / "u").exists() and "removed" in result.output
     again = _run(str(recipe), "-o", str(tmp_path / "runs" / "u"), "--resume")  # nothing to pick up
     assert again.exit_code == 1 and "does not exist" in again.output

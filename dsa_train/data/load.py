@@ -31,6 +31,7 @@ from . import (
     graph_pyg,
     graph_synthetic,
     pyg,
+    remote,
     synthetic,
     tsv,
     tsv_import,
@@ -72,8 +73,12 @@ def _knowledge_graph_source(config: DatasetConfig):
         write = partial(synthetic.write_synthetic_knowledge_graph, config=config.synthetic)
         return f"synthetic-{config.synthetic.entities}", import_target(config, "synthetic", sources), sources, write
     if config.kind == "tsv":
-        folder = dataset_path(config, config.path)
-        files = tsv.tsv_files(folder, looked=places_looked(config, config.path))
+        if config.fetch and not config.path:  # by name: its folder under the data root, downloaded if missing
+            folder = remote.fetch(config.fetch, data_root(config))
+            files = tsv.tsv_files(folder)
+        else:
+            folder = dataset_path(config, config.path)
+            files = tsv.tsv_files(folder, looked=places_looked(config, config.path))
         delimiter, header = tsv.triple_format(
             files[0], delimiter=config.triples.delimiter, header=config.triples.header
         )

@@ -1,11 +1,12 @@
 """FB15k-237 and WN18RR through PyTorch Geometric's dataset classes.
 
-PyG downloads the raw files into ``<root>/<folder>/raw`` and processes them into
-``<root>/<folder>/processed``; the result is imported into the dataset format like any other
+The raw files are downloaded (where missing) into ``<root>/<folder>/raw`` and checked against
+their digests by :mod:`.remote` (the files PyG's classes download, from the same address); PyG
+processes them into ``<root>/<folder>/processed``; the result is imported into the dataset format like any other
 knowledge graph (see :mod:`.store`). Before PyG reads them, the raw files are checked line by line
 (PyG's readers split on whitespace or tabs without looking, so a CRLF or a stray column would
 silently become a different entity). Offline, a missing file is a ``DatasetError`` that says
-which files to place where.
+which files to place where, and from which address.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DatasetError
+from . import remote
 from .store import SPLITS, DatasetWriter
 from .tsv import check_tsv_file
 
@@ -34,8 +36,7 @@ def pyg_source(kind: str, root: Path) -> tuple[str, list[Path], Callable[[Datase
     folder = root / folder_name
     raw = folder / "raw"
     files = [f"{split}.txt" for split in SPLITS]
-    if any(not (raw / f).is_file() for f in files):
-        _download(folder, raw, files, dataset_class.url)
+    remote.fetch(kind, root)  # downloads what is missing, checks every file's digest
     for f in files:  # the check only: PyG assigns the ids
         check_tsv_file(raw / f, final_newline=True)
     return folder_name, [raw / f for f in files], partial(_write, kind=kind, folder=folder, dataset_class=dataset_class)
@@ -67,19 +68,3 @@ def _write(writer: DatasetWriter, *, kind: str, folder: Path, dataset_class) -> 
 
 def _triples(edge_index: torch.Tensor, edge_type: torch.Tensor) -> torch.Tensor:
     return torch.stack([edge_index[0], edge_type, edge_index[1]], dim=1).long()
-
-
-def _download(folder: Path, raw: Path, files: list[str], url: str) -> None:
-    from torch_geometric.data import download_url
-
-    try:
-        for f in files:
-            if not (raw / f).is_file():
-                download_url(f"{url}/{f}", str(raw), log=False)
-    except Exception as e:  # no network, a proxy, an HTTP error: all mean the same to the user
-        raise DatasetError(
-            f"dataset files {', '.join(str(raw / f) for f in files if not (raw / f).is_file())} are "
-            f"missing and could not be downloaded ({type(e).__name__}: {e})",
-            hint=f"place {', '.join(files)} in '{raw}' (from {url}/), or set DSA_DATA_ROOT to a "
-            f"folder that has {folder.name}/raw/",
-        ) from None

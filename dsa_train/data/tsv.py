@@ -87,8 +87,8 @@ def tsv_files(folder: Path, looked: str | None = None) -> list[Path]:
 
 #: Where the TSV datasets the shipped recipes name come from.
 KNOWN_SOURCES = {
-    "umls": "not shipped with dsa-train: download it from PyKEEN, src/pykeen/datasets/umls/ in github.com/pykeen/pykeen",
-    "nations": "not shipped with dsa-train: download it from PyKEEN, src/pykeen/datasets/nations/ in github.com/pykeen/pykeen",
+    name: f"or set dataset.fetch: {name} (and leave dataset.path out) to download it on first use"
+    for name in ("umls", "nations", "yago3-10", "wikidata5m")
 }
 
 

@@ -318,6 +318,11 @@ class DatasetConfig:
         _inside_data_root,
         default=None,
     )
+    fetch: Literal["umls", "nations", "yago3-10", "wikidata5m"] | None = _help(
+        "tsv: a dataset by name, downloaded into <data root>/<name>/ on first use and checked against its digest "
+        "(docs/data.md, datasets by name); read where dataset.path is not set (a set path wins, e.g. --set dataset.path=...)",
+        default=None,
+    )
     edges: EdgeListConfig = _help("edge_list: how the file's lines read", default_factory=EdgeListConfig)
     triples: TriplesConfig = _help("tsv: how the split files' lines read", default_factory=TriplesConfig)
     name: str | None = _help("planetoid: Cora, CiteSeer or PubMed", default=None)
@@ -343,8 +348,13 @@ class DatasetConfig:
     )
 
     def problems(self) -> list[tuple[str, str]]:
-        if self.kind == "tsv" and not self.path:
-            return [("path", "is required for kind 'tsv' (the folder holding train.txt, valid.txt, test.txt)")]
+        if self.kind == "tsv" and not self.path and not self.fetch:
+            return [
+                (
+                    "path",
+                    "is required for kind 'tsv' (the folder holding train.txt, valid.txt, test.txt), or dataset.fetch",
+                )
+            ]
         if self.kind == "edge_list" and not self.path:
             return [("path", "is required for kind 'edge_list' (the edge-list file, or a folder of them)")]
         if self.labels and self.kind != "edge_list":
