@@ -194,7 +194,7 @@ def test_the_data_is_imported_once_before_the_workers_start(tmp_path, monkeypatc
 
     seen = []
 
-    def spawn(path, trials, deadline, jobs):
+    def spawn(path, trials, deadline, share, jobs):
         imported = tmp_path / "data" / "imported"
         seen.append(
             [p.name.startswith(PARTIAL) for p in imported.iterdir() if p.is_dir()] if imported.is_dir() else None
@@ -304,6 +304,46 @@ def test_schedule_choices_get_their_companions():
     assert apply(base, {"optimizer.schedule": "constant"}).optimizer.final_lr_ratio == 0
     step = apply(base, {"optimizer.schedule": "step"}).optimizer
     assert step.decay_after_epochs == 2 and step.final_lr_ratio == 0.1
+
+
+def test_kge_default_space_searches_what_the_best_published_configs_turn():
+    base = parse_recipe(BASE.replace("kind: transe", "kind: complex"))
+    space = default_space(base)
+    for key in ("model.relation_dropout", "train.labels", "train.label_smoothing", "train.regularization"):
+        assert key in space, key
+    assert "margin" not in space["train.loss"].choices  # k-vs-all has several answers
+    kvsall = apply(base, {"train.labels": "all"}).train
+    assert kvsall.candidates == "all" and kvsall.query_chunk is None
+    assert apply(base, {"train.loss": "softplus", "train.label_smoothing": 0.1}).train.label_smoothing == 0.0
+    assert apply(base, {"train.loss": "cross_entropy", "train.label_smoothing": 0.1}).train.label_smoothing == 0.1
+    rotate = default_space(parse_recipe(BASE.replace("kind: transe", "kind: rotate")))
+    assert "model.relation_dropout" not in rotate  # its relations are angles
+
+
+def test_trial_share_by_hand():
+    from dsa_train.tune.budget import TRIALS_IN_BUDGET, trial_share
+
+    assert trial_share(None, 5, 1) is None
+    assert trial_share(1800, None, 1) == 1800 / TRIALS_IN_BUDGET
+    assert trial_share(1800, 6, 2) == 600  # 6 trials, 2 at a time: 3 rounds of 10 minutes
+
+
+def test_a_trial_ends_at_the_last_epoch_within_its_share(tmp_path, monkeypatch):
+    """A trial whose next epoch would pass its share of --timeout ends after the epoch under way,
+    then scores valid and completes: here a share too short for any second epoch."""
+    from dsa_train.cli import tune as tune_cli
+
+    monkeypatch.setattr(tune_cli, "trial_share", lambda seconds, trials, jobs: 1e-6)
+    result = _invoke(_recipe(tmp_path, epochs=3), "-o", tmp_path / "t", "--trials", 1, "--timeout", "1h")
+    assert result.exit_code == 0, result.output
+    assert "each trial trains at most" in result.output
+    (run,) = (tmp_path / "t" / "trials").iterdir()
+    records = MetricsLog.read(run / "metrics.jsonl")
+    summary = next(r for r in records if r["kind"] == "summary")
+    assert summary["epochs"] == 1 and [r["epoch"] for r in records if r["kind"] == "epoch"] == [1]
+    assert "valid" in summary["final"]  # a whole trial's ending: valid scored, the trial counted
+    (row,) = rows(TuneFolder(tmp_path / "t"))
+    assert row.state == "COMPLETE" and row.value == summary["final"]["valid"]["both"]["mrr"]
 
 
 @pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("30m", 1800), ("1.5h", 5400), (" 8m ", 480)])

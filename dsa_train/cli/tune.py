@@ -18,6 +18,7 @@ from ._errors import handle_errors
 from ._output import command_output, metrics_table, stderr, stdout
 from .import_data import import_recipe_data
 from .recipes import find_recipe
+from ..tune.budget import TRIALS_IN_BUDGET, trial_share
 
 UNITS = {"s": 1, "m": 60, "h": 3600}
 PR_SET_PDEATHSIG = 1  # prctl: a signal to this process when its parent dies
@@ -133,19 +134,26 @@ def tune(
     try:
         stderr.print(f"tune folder: {folder.path}; searching {', '.join(folder.space())}", highlight=False)
         deadline = time.time() + seconds if seconds is not None else None
+        share = trial_share(seconds, trials, jobs)
+        if share is not None:
+            stderr.print(
+                f"each trial trains at most {share / 60:,.1f} minutes (--timeout over "
+                f"{trials or TRIALS_IN_BUDGET} trials, {jobs} at a time): one that would run longer ends at the epoch before",
+                highlight=False,
+            )
         if jobs == 1:
-            _search(str(folder.path), trials, deadline, 0, 1)
+            _search(str(folder.path), trials, deadline, share, 0, 1)
         else:
             import_recipe_data(
                 folder.base()
             )  # once, here: the workers would race to import it, and all but one be refused
-            _spawn(folder.path, trials, deadline, jobs)
+            _spawn(folder.path, trials, deadline, share, jobs)
         _report(folder)
     finally:
         folder.release()
 
 
-def _search(path: str, trials: int | None, deadline: float | None, worker: int, jobs: int) -> None:
+def _search(path: str, trials: int | None, deadline: float | None, share: float | None, worker: int, jobs: int) -> None:
     """One worker: trials until the study has enough or the deadline passed."""
     from ..tune.study import TuneFolder, search
 
@@ -153,10 +161,17 @@ def _search(path: str, trials: int | None, deadline: float | None, worker: int, 
         import torch
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // jobs))
-    search(TuneFolder(Path(path)), trials=trials, deadline=deadline, worker=worker, report=_print_trial)
+    search(
+        TuneFolder(Path(path)),
+        trials=trials,
+        deadline=deadline,
+        trial_seconds=share,
+        worker=worker,
+        report=_print_trial,
+    )
 
 
-def _worker(path: str, trials: int | None, deadline: float | None, worker: int, jobs: int) -> None:
+def _worker(path: str, trials: int | None, deadline: float | None, share: float | None, worker: int, jobs: int) -> None:
     """A worker process's main: dies with its parent (a killed tune leaves no orphans), ends on
     an error with one line, as the CLI does."""
     from ..fsutil import libc
@@ -164,7 +179,7 @@ def _worker(path: str, trials: int | None, deadline: float | None, worker: int, 
     libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     try:
         with command_output(shown=False):
-            _search(path, trials, deadline, worker, jobs)
+            _search(path, trials, deadline, share, worker, jobs)
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     except DsaError as e:
@@ -172,10 +187,12 @@ def _worker(path: str, trials: int | None, deadline: float | None, worker: int, 
         raise SystemExit(1) from None
 
 
-def _spawn(path: Path, trials: int | None, deadline: float | None, jobs: int) -> None:
+def _spawn(path: Path, trials: int | None, deadline: float | None, share: float | None, jobs: int) -> None:
     context = multiprocessing.get_context("spawn")  # fresh interpreters: torch's threads and locks are not forked
     workers = [
-        context.Process(target=_worker, args=(str(path), trials, deadline, i, jobs), name=f"dsa-train tune worker {i}")
+        context.Process(
+            target=_worker, args=(str(path), trials, deadline, share, i, jobs), name=f"dsa-train tune worker {i}"
+        )
         for i in range(jobs)
     ]
     for w in workers:

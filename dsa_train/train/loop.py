@@ -113,6 +113,8 @@ class Training:
         #: optimizer.schedule plateau: the rate's factor, the best evaluation and the count since
         #: it (schedule.plateau_update)
         self.plateau: dict = {"factor": 1.0, "best": None, "bad": 0}
+        #: set by a callback to end training after this epoch (why, in words)
+        self.stop_reason: str | None = None
 
     # -- setup ----------------------------------------------------------------------------
     def setup(self, *, resume: bool, at_step: int | None = None) -> None:
@@ -270,6 +272,9 @@ class Training:
                     f"stopping early: {self.stale} evaluations without a better {self.best['metric']} than "
                     f"{self.best['value']:.4f} (epoch {self.best['epoch']}; eval.patience {self.recipe.eval.patience})"
                 )
+                break
+            if self.stop_reason:
+                logger.info(f"stopping after epoch {self.epoch}: {self.stop_reason}")
                 break
         if cfg.final_checkpoint:
             self.checkpoint_unless_saved()

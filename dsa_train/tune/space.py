@@ -123,10 +123,19 @@ def apply(base: Recipe, values: dict[str, Any], *, source: str = "trial") -> Rec
     schedule picked without its companions gets what it needs: ``constant`` drops
     ``final_lr_ratio`` and ``decay_after_epochs``, ``cosine``/``linear`` drop
     ``decay_after_epochs``, ``step`` decays by 10x after three quarters of the epochs (each
-    unless the space sets that key itself)."""
+    unless the space sets that key itself). ``train.labels: all`` (k-vs-all) brings
+    ``train.candidates: all`` and drops ``train.query_chunk``; a label smoothing drawn beside a
+    loss other than cross_entropy is 0 (the trial's recipe says so)."""
     data = yaml.safe_load(recipe_to_yaml(base))
     for key, value in values.items():
         _set(data, key, value)
+    train = data["train"]
+    if values.get("train.labels") == "all" and "train.candidates" not in values:  # k-vs-all scores every entity
+        train["candidates"] = "all"
+    if train.get("candidates") == "all" and "train.query_chunk" not in values:
+        train.pop("query_chunk", None)
+    if train.get("loss", "cross_entropy") != "cross_entropy" and "train.label_smoothing" in values:
+        train["label_smoothing"] = 0.0  # it spreads the cross-entropy's target: drawn beside another loss, none
     schedule = values.get("optimizer.schedule")
     if schedule is not None:
         optimizer, fixed = data["optimizer"], {}
@@ -327,8 +336,10 @@ def space_to_yaml(space: Space) -> str:
 def default_space(base: Recipe) -> Space:
     """What ``dsa-train tune`` searches when no ``--space`` is given, around the recipe's own
     values: the learning rate (10x either way, log scale), the dimension, batch size and
-    negatives (halved and doubled), dropout, loss and schedule; TransE's norm and entity
-    normalisation; node2vec's p, q and window; SAGE's and DLRM's dense rate and widths."""
+    negatives (halved and doubled), dropout, loss and schedule; for knowledge graphs also what
+    the best published configs turn (LibKGE's, the ComplEx-N3 paper's): relation dropout,
+    k-vs-all against sampled negatives, label smoothing and the N3 weight; TransE's norm and
+    entity normalisation; node2vec's p, q and window; SAGE's and DLRM's dense rate and widths."""
     m, t, o = base.model, base.train, base.optimizer
     entries: dict[str, Any] = {
         "optimizer.lr": {"low": o.lr / 10, "high": min(o.lr * 10, 1.0), "log": True},
@@ -339,10 +350,19 @@ def default_space(base: Recipe) -> Space:
         "optimizer.schedule": list(dict.fromkeys([o.schedule, "constant", "cosine"])),
     }
     if base.is_kge:
+        scoring = scoring_functions().get(m.kind, {})
         entries["model.dropout"] = {"low": 0.0, "high": 0.4}
+        if not scoring.get("relation_dropout_unsupported"):
+            entries["model.relation_dropout"] = {"low": 0.0, "high": 0.4}
         if t.candidates == "sampled":
             entries["train.negatives"] = _around(t.negatives, (0.25, 0.5, 1, 2))
-        entries["train.loss"] = ["cross_entropy", "softplus"] + (["margin"] if t.labels == "one" else [])
+        if t.order == "random" and base.model.embedding_storage == "memory":  # what the best published configs train
+            entries["train.labels"] = list(dict.fromkeys([t.labels, "one", "all"]))  # all: k-vs-all
+            entries["train.loss"] = ["cross_entropy", "softplus"]  # margin takes one answer
+        else:
+            entries["train.loss"] = ["cross_entropy", "softplus"] + (["margin"] if t.labels == "one" else [])
+        entries["train.label_smoothing"] = list(dict.fromkeys([t.label_smoothing, 0.0, 0.1]))
+        entries["train.regularization"] = list(dict.fromkeys([t.regularization, 0.0, 0.001, 0.01]))  # N3
         if m.kind == "transe":
             entries["model.p_norm"] = [1, 2]
             entries["model.normalize_entities"] = [True, False]

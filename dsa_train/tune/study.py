@@ -216,11 +216,14 @@ def search(
     *,
     trials: int | None,
     deadline: float | None,
+    trial_seconds: float | None = None,
     worker: int = 0,
     report: Callable[[TrialResult], None] | None = None,
 ) -> None:
     """Run trials until ``trials`` count in the study (all workers together) or the wall-clock
-    ``deadline`` passes (a trial under way then finishes). A trial that stops on a bad
+    ``deadline`` passes (a trial under way then finishes). Each trial trains at most
+    ``trial_seconds`` (and no later than the deadline): it ends at the last epoch that fits,
+    then scores valid as a whole trial does (:func:`~dsa_train.tune.budget.trial_share`). A trial that stops on a bad
     combination of settings (a ``ConfigError``, a non-finite loss) is failed and the search goes
     on; any other error ends it, after marking the trial failed and queueing its settings again."""
     optuna = _optuna()
@@ -231,12 +234,17 @@ def search(
         deadline is None or time.time() < deadline
     ):
         trial = study.ask()
-        result = _run_trial(folder, study, trial, base, space, optuna)
+        limit = trial_seconds
+        if deadline is not None and limit is not None:
+            limit = min(limit, deadline - time.time())
+        result = _run_trial(folder, study, trial, base, space, optuna, limit)
         if report is not None:
             report(result)
 
 
-def _run_trial(folder: TuneFolder, study, trial, base: Recipe, space: Space, optuna) -> TrialResult:
+def _run_trial(
+    folder: TuneFolder, study, trial, base: Recipe, space: Space, optuna, seconds: float | None
+) -> TrialResult:
     from ..train.callbacks import Callback, default_callbacks
     from ..train.loop import Training
     from ..train.run_folder import RunFolder
@@ -254,6 +262,20 @@ def _run_trial(folder: TuneFolder, study, trial, base: Recipe, space: Space, opt
             trial.report(value, record["epoch"])
             if trial.should_prune():
                 raise optuna.TrialPruned()
+
+    class WithinShare(Callback):
+        """Ends training at an epoch's end when the next epoch (at the mean pace so far,
+        evaluations included) would pass the trial's ``seconds``."""
+
+        def epoch_start(self, training, steps: int) -> None:
+            if not hasattr(self, "started"):
+                self.started, self.first_epoch = time.perf_counter(), training.epoch
+
+        def epoch_done(self, training, record: dict) -> None:
+            elapsed = time.perf_counter() - self.started
+            pace = elapsed / max(training.epoch - self.first_epoch, 1)
+            if seconds is not None and elapsed + pace > seconds and training.epoch < training.recipe.train.epochs:
+                training.stop_reason = f"its share of the search's time ({seconds:,.0f} s) ends before another epoch"
 
     def result(state: str, value: float | None, error: str | None = None) -> TrialResult:
         return TrialResult(
@@ -273,7 +295,7 @@ def _run_trial(folder: TuneFolder, study, trial, base: Recipe, space: Space, opt
         run = RunFolder.create(recipe, folder.trials / f"trial-{trial.number:04d}")
         trial.set_user_attr("run", run.path.name)
         try:
-            training = Training(recipe, run, callbacks=[*default_callbacks(), ReportToStudy()])
+            training = Training(recipe, run, callbacks=[*default_callbacks(), ReportToStudy(), WithinShare()])
             training.setup(resume=False)
             training.train()
             training.close()
