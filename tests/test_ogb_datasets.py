@@ -278,3 +278,30 @@ def test_the_ogb_protocol_needs_an_ogb_dataset():
         parse_recipe("dataset: {kind: tsv, path: x}\nmodel: {kind: transe}\neval: {protocol: ogb}\n", source="r")
     with pytest.raises(Exception, match="set dataset.kind: ogbl"):
         parse_recipe("dataset: {kind: tsv, fetch: ogbl-biokg}\nmodel: {kind: transe}\n", source="r")
+
+
+def test_a_run_reports_the_ogb_group_beside_the_filtered_one(server, tmp_path):
+    """``dsa-train run`` end to end on the fixture zip: a disk table, an evaluation during
+    training on a seeded sample of valid (max_queries), the final ones in full."""
+    from typer.testing import CliRunner
+
+    from dsa_train.cli.app import app
+    from dsa_train.train.run_folder import MetricsLog
+
+    server.serve(f"{URL}/wikikg-v2.zip", wikikg2_zip(wikikg2_splits(np.random.default_rng(8))))
+    recipe, out = tmp_path / "ogb.yaml", tmp_path / "run"
+    recipe.write_text(
+        "dataset: {kind: ogbl, fetch: ogbl-wikikg2}\n"
+        "model: {kind: rotate, dim: 8, gamma: 5.0, reciprocal: false, embedding_storage: disk}\n"
+        "train: {epochs: 2, batch_size: 64, negatives: 8, batch_negatives: false, loss: softplus}\n"
+        "eval: {protocol: both, every_epochs: 1, max_queries: 10, final_splits: [valid, test]}\n"
+    )
+    result = CliRunner().invoke(app, ["run", str(recipe), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    records = MetricsLog.read(out / "metrics.jsonl")
+    final = [r for r in records if r["kind"] == "summary"][0]["final"]
+    assert final["test"]["ogb"]["queries"] == 34 and final["valid"]["ogb"]["queries"] == 30
+    assert final["test"]["both"]["queries"] == 34
+    during = [r for r in records if r["kind"] == "eval" and r["step"] == 4]  # epoch 1: 10 of valid's 15 triples
+    assert len(during) == 1 and during[0]["ogb"]["queries"] == during[0]["both"]["queries"] == 20
+    assert "OGB MRR" in result.output
