@@ -305,3 +305,15 @@ def test_a_run_reports_the_ogb_group_beside_the_filtered_one(server, tmp_path):
     during = [r for r in records if r["kind"] == "eval" and r["step"] == 4]  # epoch 1: 10 of valid's 15 triples
     assert len(during) == 1 and during[0]["ogb"]["queries"] == during[0]["both"]["queries"] == 20
     assert "OGB MRR" in result.output
+
+
+def test_a_dry_run_sizes_wikikg2s_table_before_any_download():
+    from dsa_train.recipe import load_recipe
+    from dsa_train.train.estimate import estimate
+
+    root = Path(__file__).resolve().parent.parent / "recipes"
+    forecast = estimate(load_recipe(root / "ogbl-wikikg2-complex.yaml"))
+    assert forecast.rows == 2_500_604 + 535  # entities and (not reciprocal) relations
+    assert forecast.ram == 0 and dict((w, b) for w, b, _ in forecast.parts if "table file" in w)
+    reciprocal = estimate(load_recipe(root / "ogbl-biokg-complex.yaml", ["model.reciprocal=true"]))
+    assert reciprocal.rows == 93_773 + 2 * 51
