@@ -260,6 +260,8 @@ def test_the_split_reader_checks_keys_and_dtypes(tmp_path):
         load_split(path, split="valid", typed=False)
     with pytest.raises(DatasetError, match="tail is float64, not an array of integer ids"):
         load_split(path, split="train", typed=False)
+    path.write_bytes(saved({"head": torch.arange(3), "relation": np.zeros(3, np.int32), "tail": np.ones(3, np.int64)}))
+    assert load_split(path, split="train", typed=False)["head"].tolist() == [0, 1, 2]  # tensors read as arrays
 
 
 def test_an_id_outside_its_type_is_an_error_naming_the_file_and_row(server):

@@ -93,6 +93,8 @@ def _checked(data, path: Path, *, split: str, typed: bool) -> dict[str, np.ndarr
     out = {}
     for key in wanted:
         value = data[key]
+        if isinstance(value, torch.Tensor):  # not what OGB's files hold, but as good
+            value = value.numpy()
         if key in TYPE_KEYS:
             value = np.asarray(value if isinstance(value, np.ndarray) else list(value))
             if value.dtype.kind == "O" and not all(isinstance(v, str) for v in value[:1000]):
