@@ -27,6 +27,7 @@ from .train.run_folder import MetricsLog, RunFolder
 HEADLINES = {
     ("both", "mrr"): "MRR",
     ("both", "hits_at_10"): "Hits@10",
+    ("ogb", "mrr"): "OGB MRR",  # eval.protocol: ogb or both
     ("classifier", "accuracy"): "classifier accuracy",
     ("probe", "accuracy"): "probe accuracy",
     ("link", "auc"): "link AUC",

@@ -40,7 +40,7 @@ def test_every_problem_at_once_with_path_line_and_suggestion():
     assert problems == [
         "--set 'nokey': expected key=value, for example train.epochs=5",
         "dataset.pth (line 3): unknown key; did you mean 'path'?",
-        "dataset.kind (line 2): must be one of 'tsv', 'fb15k237', 'wn18rr', 'synthetic', 'planetoid', 'karate', "
+        "dataset.kind (line 2): must be one of 'tsv', 'fb15k237', 'wn18rr', 'ogbl', 'synthetic', 'planetoid', 'karate', "
         "'synthetic_graph', 'edge_list', 'click_log', 'synthetic_clicks', got 'tsvv'; did you mean 'tsv'?",
         "model.dimm (line 6): unknown key; did you mean 'dim'?",
         "model.dim (line 7): expected a whole number, got text ('ten')",

@@ -45,6 +45,13 @@ class KnowledgeGraph:
         """The ``picked`` triples of a split, read from disk, as int64."""
         return self.split(split)[picked].long()
 
+    def fixed_negatives(self, split: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """OGB's fixed negatives of a split, ``(head_neg, tail_neg)``, each ``(M, K)`` global
+        entity ids mapped read-only from the dataset (``None`` where the dataset has none)."""
+        if self.dataset is None or not self.dataset.has(f"{split}.head_neg"):
+            return None
+        return self.dataset.array(f"{split}.head_neg"), self.dataset.array(f"{split}.tail_neg")
+
     def filter_index(self) -> TripleIndex:
         """Every true triple of every split, on disk: what filtered ranking filters out."""
         if self.dataset is None:

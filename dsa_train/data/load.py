@@ -30,6 +30,7 @@ from . import (
     graph_import,
     graph_pyg,
     graph_synthetic,
+    ogb_import,
     pyg,
     remote,
     synthetic,
@@ -88,6 +89,12 @@ def _knowledge_graph_source(config: DatasetConfig):
         sources = file_sources(files, importer=f"tsv-{tsv_import.IMPORTER_VERSION}", **form)
         write = partial(tsv_import.write_knowledge_graph, files=files, delimiter=delimiter, header=header)
         return folder.name, import_target(config, f"tsv-{folder.name}", str(folder.resolve())), sources, write
+    if config.kind == "ogbl":  # OGB's zip, by name: downloaded on first use, its files taken out of it
+        folder = remote.fetch(config.fetch, data_root(config))
+        files = ogb_import.ogb_files(config.fetch, folder)
+        sources = file_sources(files, importer=f"ogbl-{ogb_import.IMPORTER_VERSION}")
+        write = partial(ogb_import.write_ogbl, name=config.fetch, folder=folder)
+        return config.fetch, import_target(config, config.fetch, str(folder.resolve())), sources, write
     name, files, write = pyg.pyg_source(config.kind, data_root(config))
     sources = file_sources(files, importer="pyg-1")
     return name, import_target(config, config.kind, config.kind), sources, write

@@ -6,7 +6,7 @@ each downloaded from its address (:mod:`.downloads`: resumable, checked, renamed
 or taken out of a downloaded archive. A file already in place is checked, never replaced:
 against the digest known here, else against the one recorded when it arrived
 (``<folder>/digests.json``); one that does not match is an error naming it. Where no digest is
-known here (Wikidata5M), the first download's SHA-256 is recorded there and every later use is
+known here (Wikidata5M, OGB's zips), the first download's SHA-256 is recorded there and every later use is
 checked against it (trust on first use). The record also keeps each file's size and mtime, so
 an unchanged file is not read again.
 
@@ -21,6 +21,7 @@ import logging
 import os
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,22 @@ def _pyg(name: str, folder: str, base: str, sums: dict[str, tuple[str, int]]) ->
     files = tuple(RemoteFile(f"raw/{f}", f"{base}/{f}", Expected(sha256=s, size=n)) for f, (s, n) in sums.items())
     return RemoteDataset(
         name, folder, files, source="the files PyG's class downloads (villmow/datasets_knowledge_embedding)"
+    )
+
+
+def _ogb(name: str, download_name: str, split: str, raw: tuple[str, ...]) -> RemoteDataset:
+    """An OGB link-prediction dataset: its zip (top folder ``download_name``), and the files
+    dsa-train reads taken out of it: the counts of nodes, and the split's three ``.pt`` files."""
+    archive = f"{download_name}.zip"
+    members = tuple(Member(f.split("/")[-1], archive, f"{download_name}/{f}") for f in raw) + tuple(
+        Member(f"{s}.pt", archive, f"{download_name}/split/{split}/{s}.pt") for s in ("train", "valid", "test")
+    )
+    return RemoteDataset(
+        name,
+        name,
+        (RemoteFile(archive, f"http://snap.stanford.edu/ogb/data/linkproppred/{archive}"),),
+        members,
+        source=f"OGB's {name} (ogb.stanford.edu), the zip ogb 1.3.6 downloads",
     )
 
 
@@ -152,6 +169,10 @@ DATASETS: dict[str, RemoteDataset] = {
         ),
         source="Wikidata5M's transductive split (Wang et al. 2021) from Zenodo record 5546383, as PyKEEN fetches it",
     ),
+    # OGB's zips, from the address ogb 1.3.6's master.csv names. OGB publishes no digest of them
+    # (ogb checks none): trust on first use, like Wikidata5M.
+    "ogbl-wikikg2": _ogb("ogbl-wikikg2", "wikikg-v2", "time", ("raw/num-node-list.csv.gz",)),
+    "ogbl-biokg": _ogb("ogbl-biokg", "biokg", "random", ("raw/num-node-dict.csv.gz",)),
 }
 
 
@@ -270,26 +291,17 @@ def _offline(dataset: RemoteDataset, folder: Path, missing: list[RemoteFile], re
 
 
 def _extract(folder: Path, members: list[Member], record: dict) -> None:
-    """Take ``members`` out of their archives (in one pass over each), each written under a
-    temporary name, fsynced and renamed; the archive's own entries never choose a path."""
+    """Take ``members`` out of their archives (a tar, or a zip by its name), each written under
+    a temporary name, fsynced and renamed; the archive's own entries never choose a path."""
     for archive in sorted({m.archive for m in members}):
         wanted = {m.member: m for m in members if m.archive == archive}
         path = folder / archive
         try:
-            with tarfile.open(path, "r:*") as tar:
-                for info in tar:
-                    member = wanted.pop(info.name.removeprefix("./"), None)
-                    if member is None:
-                        continue
-                    if not info.isreg():
-                        raise DatasetError(
-                            f"'{info.name}' in '{path}' is not a regular file", hint="the archive is damaged"
-                        )
-                    sha256 = _write_member(tar, info, folder / member.name)
-                    _remember(record, folder, member.name, sha256, f"taken out of {archive}")
-                    if not wanted:
-                        break
-        except (tarfile.TarError, EOFError, OSError) as e:
+            if archive.endswith(".zip"):
+                _extract_zip(path, folder, wanted, record)
+            else:
+                _extract_tar(path, folder, wanted, record)
+        except (tarfile.TarError, zipfile.BadZipFile, EOFError, OSError) as e:
             raise DatasetError(
                 f"cannot read the archive '{path}': {e}", hint=f"delete '{path}' and run again to download it afresh"
             ) from None
@@ -300,10 +312,40 @@ def _extract(folder: Path, members: list[Member], record: dict) -> None:
             )
 
 
-def _write_member(tar: tarfile.TarFile, info: tarfile.TarInfo, dest: Path) -> str:
+def _extract_tar(path: Path, folder: Path, wanted: dict[str, Member], record: dict) -> None:
+    with tarfile.open(path, "r:*") as tar:
+        for info in tar:
+            member = wanted.pop(info.name.removeprefix("./"), None)
+            if member is None:
+                continue
+            if not info.isreg():
+                raise DatasetError(f"'{info.name}' in '{path}' is not a regular file", hint="the archive is damaged")
+            sha256 = _write_member(tar.extractfile(info), info.size, folder / member.name)
+            _remember(record, folder, member.name, sha256, f"taken out of {path.name}")
+            if not wanted:
+                break
+
+
+def _extract_zip(path: Path, folder: Path, wanted: dict[str, Member], record: dict) -> None:
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            member = wanted.pop(info.filename.removeprefix("./"), None)
+            if member is None:
+                continue
+            if info.is_dir():
+                raise DatasetError(
+                    f"'{info.filename}' in '{path}' is a folder, not a file", hint="the archive is damaged"
+                )
+            with zf.open(info) as source:  # checks the member's CRC-32 as it is read
+                sha256 = _write_member(source, info.file_size, folder / member.name)
+            _remember(record, folder, member.name, sha256, f"taken out of {path.name}")
+            if not wanted:
+                break
+
+
+def _write_member(source, size: int, dest: Path) -> str:
     import hashlib
 
-    source = tar.extractfile(info)
     digest = hashlib.sha256()
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.tmp-")
     try:
@@ -313,7 +355,7 @@ def _write_member(tar: tarfile.TarFile, info: tarfile.TarInfo, dest: Path) -> st
                 f.write(block)
                 digest.update(block)
                 done += len(block)
-                work(f"taking {dest.name} out of the archive", done, max(info.size, done + 1))
+                work(f"taking {dest.name} out of the archive", done, max(size, done + 1))
             work(f"taking {dest.name} out of the archive", done, done)
             f.flush()
             os.fsync(f.fileno())

@@ -10,6 +10,7 @@ import math
 #: Where the objective is found in an evaluation's metrics: (group, metric, label).
 OBJECTIVES = (
     ("both", "mrr", "MRR"),
+    ("ogb", "mrr", "OGB MRR"),  # eval.protocol: ogb (with both, the filtered MRR above comes first)
     ("classifier", "accuracy", "accuracy"),
     ("probe", "accuracy", "probe accuracy"),
     ("link", "auc", "link AUC"),

@@ -281,7 +281,7 @@ class EdgeListConfig:
         return []
 
 
-KG_DATASETS = ("tsv", "fb15k237", "wn18rr", "synthetic")
+KG_DATASETS = ("tsv", "fb15k237", "wn18rr", "ogbl", "synthetic")
 GRAPH_DATASETS = ("planetoid", "karate", "synthetic_graph", "edge_list")
 CLICK_DATASETS = ("click_log", "synthetic_clicks")
 
@@ -294,6 +294,7 @@ class DatasetConfig:
         "tsv",
         "fb15k237",
         "wn18rr",
+        "ogbl",
         "synthetic",
         "planetoid",
         "karate",
@@ -302,7 +303,8 @@ class DatasetConfig:
         "click_log",
         "synthetic_clicks",
     ] = _help(
-        "knowledge graphs: tsv (a folder of train/valid/test.txt), fb15k237, wn18rr (PyG), synthetic; "
+        "knowledge graphs: tsv (a folder of train/valid/test.txt), fb15k237, wn18rr (PyG), ogbl (OGB's ogbl-wikikg2 or "
+        "ogbl-biokg, named by dataset.fetch), synthetic; "
         "graphs: planetoid (PyG: Cora, CiteSeer, PubMed), karate (built in), synthetic_graph, edge_list (your own text or parquet file, or folder); "
         "click logs: click_log (a TSV or CSV file, with a header or dataset.columns.names or dataset.layout), synthetic_clicks"
     )
@@ -318,9 +320,10 @@ class DatasetConfig:
         _inside_data_root,
         default=None,
     )
-    fetch: Literal["umls", "nations", "yago3-10", "wikidata5m"] | None = _help(
+    fetch: Literal["umls", "nations", "yago3-10", "wikidata5m", "ogbl-wikikg2", "ogbl-biokg"] | None = _help(
         "tsv: a dataset by name, downloaded into <data root>/<name>/ on first use and checked against its digest "
-        "(docs/data.md, datasets by name); read where dataset.path is not set (a set path wins, e.g. --set dataset.path=...)",
+        "(docs/data.md, datasets by name); read where dataset.path is not set (a set path wins, e.g. --set dataset.path=...); "
+        "ogbl: ogbl-wikikg2 or ogbl-biokg (OGB's zip, its splits and fixed negatives)",
         default=None,
     )
     edges: EdgeListConfig = _help("edge_list: how the file's lines read", default_factory=EdgeListConfig)
@@ -348,6 +351,16 @@ class DatasetConfig:
     )
 
     def problems(self) -> list[tuple[str, str]]:
+        ogbl = bool(self.fetch and self.fetch.startswith("ogbl-"))
+        if self.kind == "ogbl" and not ogbl:
+            return [("fetch", f"names the OGB dataset of kind 'ogbl': ogbl-wikikg2 or ogbl-biokg, got {self.fetch!r}")]
+        if self.kind == "tsv" and ogbl:
+            return [
+                (
+                    "fetch",
+                    f"{self.fetch!r} is OGB's (splits and fixed negatives, not TSV files): set dataset.kind: ogbl",
+                )
+            ]
         if self.kind == "tsv" and not self.path and not self.fetch:
             return [
                 (
@@ -716,6 +729,12 @@ class EvalConfig:
     sampled_negatives: int | None = _help(
         "rank against this many sampled entities instead of all (OGB-style), for huge tables", _positive, default=None
     )
+    protocol: Literal["filtered", "ogb", "both"] = _help(
+        "filtered: our filtered ranking (MR, MRR, Hits@k; sides tail, head, both); ogb: OGB's protocol, each answer "
+        "against the split's fixed negatives, unfiltered, as ogb's Evaluator computes it (group 'ogb'), for "
+        "dataset.kind: ogbl only; both: the two side by side",
+        default="filtered",
+    )
     link_negatives: int = _help(
         "graphs: sampled non-edges each held-out edge is ranked against (MRR)", _positive, default=100
     )
@@ -869,6 +888,14 @@ class Recipe:
                     "model.relation_dropout",
                     f"drops coordinates of {', '.join(dropped[:-1])} and {dropped[-1]} relation vectors; {self.model.kind!r} has no relation "
                     f"vectors ({why}): set it to 0",
+                )
+            ]
+        if self.eval.protocol != "filtered" and self.dataset.kind != "ogbl":
+            return [
+                (
+                    "eval.protocol",
+                    f"{self.eval.protocol!r} ranks against OGB's fixed negatives, which only dataset.kind: ogbl has "
+                    f"(not {self.dataset.kind!r}): use 'filtered'",
                 )
             ]
         if self.optimizer.schedule == "plateau" and not self.eval.every_epochs:

@@ -16,7 +16,8 @@ A checkpoint holds the model's weights (``T`` for a table in memory) and the opt
 (the moments of the rows touched, up to ``2T``; a disk table's checkpoint is a delta of the rows
 written since the previous one, up to ``3T``); the run keeps ``train.keep_checkpoints`` of them
 plus the one being written. Rows come from the recipe where
-it sets them (a generated dataset, DLRM's ``recsys.rows``); an edge list's nodes and a click
+it sets them (a generated dataset, DLRM's ``recsys.rows``) or from OGB's published counts
+(``dataset.kind: ogbl``); an edge list's nodes and a click
 log's impressions are estimated from the file's size and its first lines
 (:mod:`~dsa_train.data.size_guess`), and so is the disk its import takes (the estimate says
 so); other datasets read from files have their row count only once imported, and the
@@ -32,6 +33,10 @@ from ..memory import free_disk_bytes, host_total_bytes, human_bytes
 from ..recipe import Recipe
 
 FLOAT_BYTES = 4
+
+#: OGB's published counts of its link-prediction knowledge graphs (entities, relations), so that
+#: a dry run sizes their tables before the zip is downloaded (the import counts them itself).
+OGBL_SHAPES = {"ogbl-wikikg2": (2_500_604, 535), "ogbl-biokg": (93_773, 51)}
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,9 @@ def table_rows(recipe: Recipe) -> tuple[int | None, str]:
     if data.kind == "synthetic":
         reciprocal = 2 if model.reciprocal else 1
         return data.synthetic.entities + reciprocal * data.synthetic.relations, ""
+    if data.kind == "ogbl" and data.fetch in OGBL_SHAPES:
+        entities, relations = OGBL_SHAPES[data.fetch]
+        return entities + (2 if model.reciprocal else 1) * relations, ""
     if data.kind == "synthetic_graph":
         return data.graph.nodes, ""
     if data.kind == "karate":

@@ -22,7 +22,9 @@ from .. import progress
 from ..data import KnowledgeGraph, load_knowledge_graph
 from ..data.kg_queries import DistinctQueries, QueryBatch
 from ..data.order import Shuffle
+from ..errors import DatasetError
 from ..eval import RankingMetrics, TripleIndex, evaluate_link_prediction
+from ..eval.ogb_protocol import evaluate_ogb
 from ..eval.ranking import RankingScope, ScoreFn
 from ..fsutil import atomic_write_bytes
 from ..models import SCORING_FUNCTIONS, KGEModel, build_kge_model
@@ -365,16 +367,28 @@ class KGETask(Task):
         return loss
 
     def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
-        """Filtered ranking of a split; during training at most ``eval.max_queries`` triples."""
+        """Filtered ranking of a split (sides ``tail``, ``head``, ``both``), and/or OGB's
+        protocol (group ``ogb``), as ``eval.protocol`` says; during training at most
+        ``eval.max_queries`` triples (the same ones for both)."""
+        cfg = self.recipe.eval
+        triples = self.kg.split(split)
+        limit = None if final else cfg.max_queries
+        picked = slice(None)
+        if limit is not None and len(triples) > limit:
+            picked = Shuffle(len(triples), self.recipe.train.seed).slice(0, limit)
+        triples = self.kg.rows(split, picked)
+        groups: dict[str, dict] = {}
+        if cfg.protocol in ("filtered", "both"):
+            groups.update(self.filtered_ranking(split, triples))
+        if cfg.protocol in ("ogb", "both"):
+            groups["ogb"] = self.ogb_ranking(split, triples, picked)
+        return groups
+
+    def filtered_ranking(self, split: str, triples: Tensor) -> dict[str, dict]:
+        """Filtered ranking of ``triples`` of a split against every entity (or a sample)."""
         cfg = self.recipe.eval
         if self.index is None:  # every true triple of every split: what filtered ranking filters out
             self.index = self.kg.filter_index()
-        triples = self.kg.split(split)
-        limit = None if final else cfg.max_queries
-        if limit is not None and len(triples) > limit:
-            triples = self.kg.rows(split, Shuffle(len(triples), self.recipe.train.seed).slice(0, limit))
-        else:
-            triples = self.kg.rows(split, slice(None))
         progress.current().eval_start(split, 2 * len(triples))
         score_fn, scope = self.ranking()
         ranks: dict[str, Tensor] = {}
@@ -394,11 +408,63 @@ class KGETask(Task):
         self.last_ranks = (triples, ranks)  # for `eval --save-ranks`
         return {side: m.as_dict() for side, m in metrics.items()}
 
+    def ogb_ranking(self, split: str, triples: Tensor, picked) -> dict:
+        """OGB's protocol (:mod:`~dsa_train.eval.ogb_protocol`): each query against the split's
+        fixed negatives, read from the dataset a batch at a time."""
+        negatives = self.kg.fixed_negatives(split)
+        if negatives is None:
+            raise DatasetError(
+                f"eval.protocol: {self.recipe.eval.protocol} ranks against OGB's fixed negatives, and the {split} split "
+                f"of '{self.kg.name}' has none",
+                hint="use eval.protocol: filtered, or an OGB dataset (dataset.kind: ogbl)",
+            )
+        head_neg, tail_neg = negatives
+        if not isinstance(picked, slice):  # a seeded sample during training: the same rows of the negatives
+            order = picked.numpy()
+            head_neg, tail_neg = head_neg[order], tail_neg[order]
+        progress.current().eval_start(f"{split} (OGB)", 2 * len(triples))
+        metrics = evaluate_ogb(
+            self.score_each(),
+            triples,
+            head_neg,
+            tail_neg,
+            batch_size=max(1, self.recipe.eval.batch_size // 4),
+            progress=progress.current().eval_advance,
+        )
+        return metrics.as_dict()
+
+    def score_each(self):
+        """How OGB's protocol scores: each query against candidate ids of its own, ``(B, K)``."""
+        model = self.model
+        if self.layout.rows_here != self.kg.num_entities:
+            raise DatasetError(
+                "eval.protocol: ogb scores each query against its own negatives, which needs every entity row in this "
+                "process; a sharded (torchrun) run does not have them",
+                hint="evaluate the finished run in one process (dsa-train eval), or use eval.protocol: filtered",
+            )
+
+        def score(anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
+            device = model.rel_emb.weight.device
+            b, k = candidates.shape
+            rel, scored = model.query_relations(relation.to(device), side)
+            anchors = model.entities(anchor.to(device))
+            rows = model.entities(candidates.reshape(-1).to(device))
+            return model.answer_scores(
+                anchors.repeat_interleave(k, 0), rel.repeat_interleave(k, 0), rows, scored
+            ).reshape(b, k)
+
+        return score
+
     def write_ranks(self, path: Path) -> int:
         """Write the last evaluation's per-query ranks to ``path`` as TSV (atomically): a
         header, then one line per query, ``side head relation tail rank``, ids as in the
         dataset (tail queries first, then head queries, each in the split's order). Returns
         the lines written."""
+        if getattr(self, "last_ranks", None) is None:
+            raise DatasetError(
+                "no filtered ranks to write: eval.protocol is 'ogb', which ranks against fixed negatives only",
+                hint="run the evaluation with --set eval.protocol=both to write the filtered ranks",
+            )
         triples, ranks = self.last_ranks
         lines = ["side\thead\trelation\ttail\trank"]
         for side in ("tail", "head"):
@@ -412,5 +478,13 @@ class KGETask(Task):
         return self.model.score_entities, None
 
     def headline(self, metrics: dict[str, dict]) -> str:
-        both = metrics["both"]
-        return f"MRR {both['mrr']:.4f}, Hits@1 {both['hits_at_1']:.4f}, Hits@10 {both['hits_at_10']:.4f}, MR {both['mr']:.1f}"
+        parts = []
+        if "both" in metrics:
+            both = metrics["both"]
+            parts.append(
+                f"MRR {both['mrr']:.4f}, Hits@1 {both['hits_at_1']:.4f}, Hits@10 {both['hits_at_10']:.4f}, MR {both['mr']:.1f}"
+            )
+        if "ogb" in metrics:
+            ogb = metrics["ogb"]
+            parts.append(f"OGB MRR {ogb['mrr']:.4f}, Hits@1 {ogb['hits_at_1']:.4f}, Hits@10 {ogb['hits_at_10']:.4f}")
+        return "; ".join(parts)
