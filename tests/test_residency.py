@@ -16,12 +16,12 @@ from dsa_train import DiskEmbedding, DiskSparseAdam
 from dsa_train.errors import ConfigError, StateError
 from dsa_train.optim import disk_sparse_adam, residency
 from dsa_train.optim.format import HEADER_BYTES
-from dsa_train.optim.residency import PAGE, pagemap_readable, resolve_budget
+from dsa_train.optim.residency import PAGE, resolve_budget
 from dsa_train.recipe import load_recipe
 
-pytestmark = pytest.mark.skipif(
-    not pagemap_readable(), reason="this kernel hides /proc/self/pagemap: row files are mapped shared"
-)
+from .helpers import pagemap_hidden
+
+pytestmark = pytest.mark.skipif(pagemap_hidden() is not None, reason=str(pagemap_hidden()))
 
 N, D, LOOKUPS = 6000, 16, 400
 
