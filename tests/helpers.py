@@ -106,6 +106,41 @@ def file_system_of(path) -> str:
     return kind
 
 
+@contextlib.contextmanager
+def small_tmpfs(folder, size: str = "4m"):
+    """A tmpfs of ``size`` mounted at ``folder`` (made here) for the block: a real file system
+    that fills up. Needs root (CI runs as root); skips with the reason where mounting is
+    impossible. Unmounted after, whatever happened."""
+    import subprocess
+
+    os.makedirs(folder, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root: a real full disk cannot be made here")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}): a real full disk cannot be made")
+    try:
+        yield folder
+    finally:
+        if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def fill(folder, leave: int = 0) -> None:
+    """Fill ``folder``'s file system with a file ``filler`` until at most ``leave`` bytes are free."""
+    stat = os.statvfs(folder)
+    room = stat.f_bavail * stat.f_frsize - leave
+    with open(os.path.join(folder, "filler"), "wb") as f:
+        try:
+            while room > 0:
+                room -= f.write(b"\0" * min(room, 1 << 20))
+                f.flush()
+        except OSError:
+            pass
+
+
 def pagemap_hidden() -> str | None:
     """Why this process cannot read ``/proc/self/pagemap`` (the state is then mapped shared), or
     ``None`` where it can. Read here with plain file IO, independently of the product's

@@ -17,7 +17,7 @@ import torch
 
 from dsa_train.train.checkpoint_store import CheckpointStore
 
-from .helpers import assert_same_tensors
+from .helpers import assert_same_tensors, fill, small_tmpfs
 from .test_checkpoint_deltas import cli, final_versions, history
 
 RECIPE = """\
@@ -107,3 +107,39 @@ def test_kill_9_at_a_step_and_inside_a_checkpoint_then_resume_ends_as_the_uninte
     assert_same_tensors(final_model(victim), final_model(whole), "the final checkpoint's model.pt")
     ours, theirs = final_versions(victim), final_versions(whole)
     assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_a_full_disk_inside_a_checkpoint_then_resume_ends_as_the_uninterrupted_run(
+    uninterrupted, tmp_path, monkeypatch
+):
+    """A real full file system (a small tmpfs filled up as checkpoint 6 starts) under the run
+    folder, its DiskSparseAdam state and its disk table: the checkpoint fails with a StateError
+    naming the step, leaves no partial folder and checkpoint 3 intact; once space is freed
+    ``--resume`` ends as the uninterrupted run."""
+    from dsa_train.train import checkpoint_rows
+
+    recipe, whole = uninterrupted
+    real = checkpoint_rows.write_checkpoint
+
+    def on_a_full_disk(partial, *args):
+        if partial.name.endswith("0000000006"):
+            fill(disk, leave=16 << 10)  # room for model.pt, not for the rows' deltas
+        return real(partial, *args)
+
+    with small_tmpfs(tmp_path / "disk", "16m") as disk:
+        victim = disk / "victim"
+        monkeypatch.setattr(checkpoint_rows, "write_checkpoint", on_a_full_disk)
+        failed = cli("run", recipe, "--output", victim)
+        assert failed.exit_code == 1, failed.stderr
+        assert "the disk is full" in failed.stderr and "checkpoint of step 6" in failed.stderr, failed.stderr
+        assert complete(victim) == ["0000000003"]
+        assert not list((victim / "checkpoints").glob(".partial-*"))
+        monkeypatch.setattr(checkpoint_rows, "write_checkpoint", real)
+        (disk / "filler").unlink()  # space freed
+        resumed = cli("run", recipe, "--output", victim, "--resume")
+        assert resumed.exit_code == 0, resumed.stderr
+        assert "resuming from" in resumed.stderr and "step 3" in resumed.stderr, resumed.stderr
+        assert history(victim) == history(whole)
+        assert_same_tensors(final_model(victim), final_model(whole), "the final checkpoint's model.pt")
+        ours, theirs = final_versions(victim), final_versions(whole)
+        assert ours.keys() == theirs.keys() and all(np.array_equal(ours[k], theirs[k]) for k in ours)
