@@ -1,7 +1,7 @@
 """Seeded runs repeat bit for bit (docs/guarantees.md, "Exactness"): small versions (a few
 ``--set`` overrides) of three shipped recipes, a knowledge graph (quickstart), node2vec
-(karate-node2vec) and DLRM (recsys-quickstart), each run whole in two separate processes, each
-with its own data root (the dataset generated or imported again). Their metrics.jsonl, timing
+(karate-node2vec) and DLRM (recsys-quickstart), each run whole in two separate processes
+(slow: about 15 s each on 2 cores), each with its own data root (the dataset generated or imported again). Their metrics.jsonl, timing
 and memory fields aside, and every tensor of their final checkpoints (model.pt, optimizer.pt,
 the optimizer's row-file records) are equal."""
 
@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from dsa_train.train.checkpoint_store import CheckpointStore
@@ -87,16 +88,18 @@ def flatten(prefix: str, obj) -> dict:
     return {}
 
 
+@pytest.mark.slow  # two processes, each importing torch_geometric and running three recipes: ~30 s on 2 cores
 def test_seeded_runs_of_shipped_recipes_repeat_bit_for_bit_across_processes(tmp_path):
+    runs = SMALL
     children = []
     for n in (1, 2):
         env = {**os.environ, "DSA_DATA_ROOT": str(tmp_path / f"data{n}")}
-        script = CHILD.format(runs=SMALL, out=str(tmp_path / f"runs{n}"))
+        script = CHILD.format(runs=runs, out=str(tmp_path / f"runs{n}"))
         children.append(subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.PIPE, text=True))
     for child in children:
         _, err = child.communicate(timeout=300)
         assert child.returncode == 0, err[-3000:]
-    for name in SMALL:
+    for name in runs:
         first, second = tmp_path / "runs1" / name, tmp_path / "runs2" / name
         records = history(first)
         assert any("loss" in r for r in records) and any(r.get("kind") == "eval" for r in records), records
