@@ -12,12 +12,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 
 from .helpers import small_tmpfs
-
-ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = textwrap.dedent(
     """
@@ -25,7 +22,16 @@ CHILD = textwrap.dedent(
     import torch
     from dsa_train import DiskSparseAdam, StateError
     from dsa_train.optim import row_file
-    from tests.helpers import fill
+
+    def fill(folder, leave):  # (tests.helpers.fill: not imported, it would import the whole trainer)
+        room = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize - leave
+        with open(os.path.join(folder, "filler"), "wb") as f:
+            try:
+                while room > 0:
+                    room -= f.write(bytes(min(room, 1 << 20)))
+                    f.flush()
+            except OSError:
+                pass
 
     disk, real = {disk!r}, row_file.pagemap_readable
     rows, dim = 200_001, 8  # a 12.8 MB row file, sparse, on a 4 MB file system; its last page is partly a record
@@ -67,7 +73,7 @@ def test_a_step_on_a_full_file_system_is_a_state_error_not_a_sigbus(tmp_path):
     """Both mappings in one child process (one start-up of torch): private, then shared."""
     with small_tmpfs(tmp_path / "disk", "4m") as disk:
         script = CHILD.format(disk=str(disk))
-        child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert child.returncode != -signal.SIGBUS, (
         f"SIGBUS: a step wrote into a hole of the mapping on a full disk: {child.stderr[-500:]}"
     )
