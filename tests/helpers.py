@@ -53,20 +53,39 @@ def assert_same_tensors(a: dict, b: dict, what: str = "") -> None:
         assert isinstance(b[k], torch.Tensor) and torch.equal(a[k], b[k]), f"{what}: {k} differs"
 
 
+def in_ci() -> bool:
+    """Whether this is CI (``CI=true``, as .ci/run and hosted CI set it): there, what the suite
+    needs and .ci/run installs (a C compiler, setuptools) is a failure when missing, never a skip."""
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def skip_unless_ci(reason: str) -> None:
+    """Skip with ``reason`` on a developer's machine; fail with it in CI."""
+    if in_ci():
+        pytest.fail(f"CI=true: {reason}")
+    pytest.skip(reason)
+
+
+def require_compiler(what: str) -> str:
+    """The C compiler (``$CC``, else ``cc``): a skip saying ``what`` needs it where there is none,
+    a failure in CI, whose .ci/run checks that one is there."""
+    compiler = os.environ.get("CC", "cc")
+    if shutil.which(compiler) is None:
+        skip_unless_ci(f"no C compiler ({compiler}) on this machine: {what}")
+    return compiler
+
+
 def fused_kernel() -> native.RowKernel:
     """The compiled kernel. Skips only where it cannot be had: no C compiler (``$CC``, else
-    ``cc``) on this machine, or ``DSA_NATIVE=0``. Where a compiler is there, a kernel that does
-    not build, or fails its self-test, fails the test: broken C source must not pass as a skip."""
+    ``cc``) on this machine (a failure in CI), or ``DSA_NATIVE=0``. Where a compiler is there,
+    a kernel that does not build, or fails its self-test, fails the test: broken C source must
+    not pass as a skip."""
     loaded = native.load()
     if loaded is not None:
         return loaded
-    compiler = os.environ.get("CC", "cc")
     if os.environ.get("DSA_NATIVE", "1") == "0":
         pytest.skip("DSA_NATIVE=0 turns the fused kernel off")
-    if shutil.which(compiler) is None:
-        pytest.skip(
-            f"no C compiler ({compiler}) on this machine: install gcc or clang to build and test the fused kernel"
-        )
+    compiler = require_compiler("install gcc or clang to build and test the fused kernel")
     try:
         native.build()
     except Exception as e:
@@ -85,6 +104,55 @@ def file_system_of(path) -> str:
             if inside and len(mount_point) >= len(best):
                 best, kind = mount_point, rest.split()[0]
     return kind
+
+
+@contextlib.contextmanager
+def small_tmpfs(folder, size: str = "4m"):
+    """A tmpfs of ``size`` mounted at ``folder`` (made here) for the block: a real file system
+    that fills up. Needs root (CI runs as root); skips with the reason where mounting is
+    impossible. Unmounted after, whatever happened."""
+    import subprocess
+
+    os.makedirs(folder, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root: a real full disk cannot be made here")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip()}): a real full disk cannot be made")
+    try:
+        yield folder
+    finally:
+        if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def fill(folder, leave: int = 0) -> None:
+    """Fill ``folder``'s file system with a file ``filler`` until at most ``leave`` bytes are free."""
+    stat = os.statvfs(folder)
+    room = stat.f_bavail * stat.f_frsize - leave
+    with open(os.path.join(folder, "filler"), "wb") as f:
+        try:
+            while room > 0:
+                room -= f.write(b"\0" * min(room, 1 << 20))
+                f.flush()
+        except OSError:
+            pass
+
+
+def pagemap_hidden() -> str | None:
+    """Why this process cannot read ``/proc/self/pagemap`` (the state is then mapped shared), or
+    ``None`` where it can. Read here with plain file IO, independently of the product's
+    ``pagemap_readable``: a regression there fails the memory-budget tests instead of skipping them."""
+    try:
+        with open("/proc/self/pagemap", "rb", buffering=0) as f:
+            first = f.read(8)
+    except OSError as e:
+        return f"this kernel hides /proc/self/pagemap ({e.strerror}): row files are mapped shared"
+    if len(first) != 8:
+        return f"/proc/self/pagemap gave {len(first)} bytes, not an 8-byte entry: row files are mapped shared"
+    return None
 
 
 NODE_RECIPE = """\

@@ -17,8 +17,6 @@ from dsa_train.results import ann
 
 from .test_results import entity_name, graph, runs  # noqa: F401  (module fixtures: one trained run for this file)
 
-NEEDS_FAISS = "faiss-cpu (the faiss extra: pip install 'dsa-train[faiss]') is the index under test"
-
 
 class TableRun:
     """Just what ``ann.open_index`` reads of a run, over a table held here: a table larger
@@ -46,7 +44,8 @@ def brute_top(weights: torch.Tensor, rows: torch.Tensor, k: int, metric: str) ->
 
 
 def test_a_flat_index_answers_exactly_in_the_models_metric(runs, tmp_path, notes):  # noqa: F811
-    faiss = pytest.importorskip("faiss", reason=NEEDS_FAISS)
+    import faiss  # the test extra installs it: its absence fails, never skips
+
     trained = open_run(runs())
     assert trained.default_metric == "l2"  # TransE, p_norm 2
     notes.clear()
@@ -68,7 +67,8 @@ def test_a_flat_index_answers_exactly_in_the_models_metric(runs, tmp_path, notes
 
 
 def test_recall_is_the_share_of_the_exact_top_10_found(tmp_path):
-    faiss = pytest.importorskip("faiss", reason=NEEDS_FAISS)
+    import faiss  # the test extra installs it: its absence fails, never skips
+
     weights = torch.randn(5000, 16, generator=torch.Generator().manual_seed(5))
     for metric in ("cosine", "l2"):
         table = TableRun(tmp_path / metric, weights)
@@ -90,7 +90,8 @@ def test_recall_is_the_share_of_the_exact_top_10_found(tmp_path):
 
 
 def test_search_effort_trades_time_for_recall_measured_again(tmp_path, notes):
-    pytest.importorskip("faiss", reason=NEEDS_FAISS)
+    import faiss  # noqa: F401  (the test extra installs it: its absence fails, never skips)
+
     weights = torch.randn(5000, 16, generator=torch.Generator().manual_seed(5))
     sample = torch.randperm(5000, generator=torch.Generator().manual_seed(1))[: ann.RECALL_QUERIES]
     exact = brute_top(weights, sample, 10, "l2")
@@ -121,7 +122,8 @@ def test_search_effort_trades_time_for_recall_measured_again(tmp_path, notes):
 
 
 def test_a_stale_index_is_rebuilt_never_used(tmp_path, notes):
-    pytest.importorskip("faiss", reason=NEEDS_FAISS)
+    import faiss  # noqa: F401  (the test extra installs it: its absence fails, never skips)
+
     weights = torch.randn(300, 8, generator=torch.Generator().manual_seed(2))
     notes.clear()
     first = ann.open_index(TableRun(tmp_path, weights, step=7), "nodes", "dot")
@@ -140,7 +142,8 @@ def test_a_stale_index_is_rebuilt_never_used(tmp_path, notes):
 
 
 def test_bad_input_gets_named_errors(runs, tmp_path):  # noqa: F811
-    pytest.importorskip("faiss", reason=NEEDS_FAISS)
+    import faiss  # noqa: F401  (the test extra installs it: its absence fails, never skips)
+
     trained = open_run(runs())
     with pytest.raises(DsaError, match="supports the metrics cosine, dot, l2, not 'l1'"):
         trained.ann_index(metric="l1")
@@ -164,7 +167,7 @@ def test_bad_input_gets_named_errors(runs, tmp_path):  # noqa: F811
 
 
 def test_a_failed_save_leaves_nothing_under_the_name(tmp_path, monkeypatch):
-    faiss = pytest.importorskip("faiss", reason=NEEDS_FAISS)
+    import faiss  # the test extra installs it: its absence fails, never skips
 
     def full_disk(index):
         raise OSError(28, "No space left on device")
@@ -183,7 +186,8 @@ def test_missing_faiss_says_how_to_install_it(runs, monkeypatch):  # noqa: F811
 
 
 def test_approximate_neighbors_from_the_command_line(runs, tmp_path):  # noqa: F811
-    pytest.importorskip("faiss", reason=NEEDS_FAISS)
+    import faiss  # noqa: F401  (the test extra installs it: its absence fails, never skips)
+
     run = runs()
     name = entity_name(9)
     result = CliRunner().invoke(

@@ -28,7 +28,6 @@ from dsa_train.nn import DiskEmbedding
 from dsa_train.optim import deltas
 from dsa_train.optim.deltas import DELTA_SUFFIX, read_delta_header
 from dsa_train.optim.format import load_manifest
-from dsa_train.optim.residency import pagemap_readable
 from dsa_train.train import checkpoint_rows as ckpt
 from dsa_train.train import checkpoint_store
 from dsa_train.train.changed_rows import DirtyRows, changed_rows
@@ -38,7 +37,7 @@ from dsa_train.train.checkpoint_store import CheckpointStore
 from dsa_train.train.cleanup import plan_clean, remove
 from dsa_train.train.optimizers import load_optimizer_state, restore_state_dir
 
-from .helpers import error_at_step
+from .helpers import error_at_step, pagemap_hidden
 
 ROWS = 4000  # table rows; a step touches a few of them, so deltas stay small
 
@@ -875,9 +874,7 @@ def _on_disk(paths: list[Path]) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in paths}
 
 
-@pytest.mark.skipif(
-    not pagemap_readable(), reason="no /proc/self/pagemap: the state is mapped shared, and a base flushes first"
-)
+@pytest.mark.skipif(pagemap_hidden() is not None, reason=f"{pagemap_hidden()}, and a base flushes first")
 def test_a_checkpoint_writes_the_changed_rows_once_into_itself_and_leaves_the_live_files(parts, tmp_path):
     """Bases (the first checkpoint) and deltas (the second) are taken from the rows as the
     optimizer holds them: the live files on disk are not written, the changed rows stay in
@@ -903,9 +900,7 @@ def test_a_checkpoint_writes_the_changed_rows_once_into_itself_and_leaves_the_li
         assert back == parts.files()  # what a flush writes now is what the checkpoint holds
 
 
-@pytest.mark.skipif(
-    not pagemap_readable(), reason="no /proc/self/pagemap: the state is mapped shared, and a base flushes first"
-)
+@pytest.mark.skipif(pagemap_hidden() is not None, reason=f"{pagemap_hidden()}, and a base flushes first")
 def test_a_base_copied_from_memory_is_the_flushed_file_with_its_holes(tmp_path):
     """RowFile.copy_to: changed pages over the file's data and over its holes come from memory,
     the rest from the file; the copy is what a flush then writes, as sparse as the file."""

@@ -251,8 +251,9 @@ def _wait_for(condition, seconds: float) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["killed", "hung"])
 def test_a_lost_rank_stops_the_others_with_the_rank_and_step_and_resume_is_exact(tmp_path, fault):
-    """kill -9 (or SIGSTOP) one rank mid-run: the other stops after the recipe's timeout (4 s;
-    under 30 s is allowed, for a busy machine) with an error naming itself and the step;
+    """kill -9 (or SIGSTOP) one rank mid-run: the other stops within the recipe's timeout (4 s;
+    a stopped rank is waited for that long at least; under 12 s in all, for a busy machine) with
+    an error naming itself and the step;
     resuming finishes bit-equal to a run never interrupted."""
     import signal
     import time
@@ -273,9 +274,11 @@ def test_a_lost_rank_stops_the_others_with_the_rank_and_step_and_resume_is_exact
     message = (folder / "error0.txt").read_text()
     assert message.startswith("rank 0 of 2 stopped at step ") and "another rank stopped answering" in message
     assert int(message.split("at step ")[1].split()[0]) >= 8
-    assert (
-        waited < 30
-    )  # the recipe's 4 s timeout and a margin a busy 2-core machine needs (a rank that waits forever fails here)
+    if fault == "hung":  # a stopped peer sends nothing: only the recipe's timeout can end the wait
+        assert waited >= 3.9, f"stopped after {waited:.1f} s, before the recipe's 4 s timeout"
+    # the 4 s timeout, plus the time to write the error and exit on a busy 2-core machine: a rank
+    # that waits a second timeout (or torch's default 30 minutes) fails here
+    assert waited < 12, f"the surviving rank took {waited:.1f} s to stop after a 4 s timeout"
     resumed = train_job(2, folder, text, resume=True)
     assert_same(resumed, reference)
 

@@ -9,15 +9,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa  # the test extra installs it: its absence fails, never skips
+import pyarrow.parquet as pq
 import pytest
 
 from dsa_train.data import edge_parquet, load_graph
 from dsa_train.errors import ConfigError, DatasetError
 
 from .test_edge_list import graph_of, named_edges, nothing_imported
-
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
 
 
 def write_parquet(path: Path, row_group_size: int | None = None, **columns) -> Path:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -360,18 +361,25 @@ def test_a_read_only_data_root_says_so_and_how_to_copy_it(tmp_path, monkeypatch,
     assert "DSA_DATA_ROOT" in error.value.hint and "free space" not in error.value.hint
 
 
-@pytest.mark.skipif(
-    os.geteuid() == 0,
-    reason="running as root, which writes into a folder without write permission: the refusal cannot happen",
-)
-def test_a_data_root_without_write_permission_is_refused_on_creating_imported(tmp_path):
+def test_a_data_root_without_write_permission_is_refused_on_creating_imported(tmp_path, monkeypatch):
     folder = write_random_kg(tmp_path / "kg")
-    tmp_path.chmod(0o555)  # the data root: kg/ is readable, imported/ cannot be made beside it
+    if os.geteuid() != 0:
+        tmp_path.chmod(0o555)  # the data root: kg/ is readable, imported/ cannot be made beside it
+    else:  # root writes anywhere (CI runs as root): make the file system say no, as the permission would
+        real_mkdir = os.mkdir
+
+        def refuse(path, *args, **kwargs):
+            if Path(path).parent == tmp_path:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real_mkdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "mkdir", refuse)
     try:
         with pytest.raises(DatasetError, match=r"cannot create .*imported.*Permission denied.*must be writable"):
             load_knowledge_graph(DatasetConfig(kind="tsv", path=str(folder), root=str(tmp_path)))
     finally:
         tmp_path.chmod(0o755)
+    assert not (tmp_path / "imported").exists()
 
 
 def opened(path):

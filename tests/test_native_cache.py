@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -21,16 +20,15 @@ import pytest
 
 from dsa_train.optim import native
 
+from .helpers import require_compiler
+
 JUNK = b"#!/bin/sh\necho this is not a shared library\n"
 
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """A kernel built once into a scratch cache: its file name and its bytes."""
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip(
-            f"no C compiler ({os.environ.get('CC', 'cc')}) on this machine: the kernel's cache is tested with one"
-        )
+    require_compiler("the kernel's cache is tested with one")
     old = os.environ.get("DSA_CACHE_DIR")
     os.environ["DSA_CACHE_DIR"] = str(tmp_path_factory.mktemp("scratch-cache"))
     try:

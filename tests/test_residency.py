@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import signal
 import subprocess
 import sys
 import warnings
@@ -16,12 +17,12 @@ from dsa_train import DiskEmbedding, DiskSparseAdam
 from dsa_train.errors import ConfigError, StateError
 from dsa_train.optim import disk_sparse_adam, residency
 from dsa_train.optim.format import HEADER_BYTES
-from dsa_train.optim.residency import PAGE, pagemap_readable, resolve_budget
+from dsa_train.optim.residency import PAGE, resolve_budget
 from dsa_train.recipe import load_recipe
 
-pytestmark = pytest.mark.skipif(
-    not pagemap_readable(), reason="this kernel hides /proc/self/pagemap: row files are mapped shared"
-)
+from .helpers import pagemap_hidden
+
+pytestmark = pytest.mark.skipif(pagemap_hidden() is not None, reason=str(pagemap_hidden()))
 
 N, D, LOOKUPS = 6000, 16, 400
 
@@ -188,9 +189,12 @@ w.grad = torch.sparse_coo_tensor(torch.arange(100)[None], torch.ones(100, {D}), 
 opt.step(); opt.flush()
 w.grad = torch.sparse_coo_tensor(torch.arange(200, 300)[None], torch.ones(100, {D}), ({N}, {D}))
 opt.step()
+print("stepped", opt.state[w]["step"], flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
-    subprocess.run([sys.executable, "-c", script], check=False)
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]  # killed, not ended by an error
+    assert child.stdout.split() == ["stepped", "2"]  # and killed after the unflushed step
     on_disk = _file_moments(tmp_path / "s" / "w.rows", N, D)
     assert on_disk[:100].any(dim=(1, 2)).all()  # the flushed step is there
     assert not on_disk[100:].any()  # the step after it never reached the file

@@ -455,7 +455,8 @@ def test_a_warm_started_disk_run_resumes_exactly(runs, grown, tmp_path):
 
 
 def test_parquet_export_round_trips(runs, tmp_path):
-    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow (in the [test] and [parquet] extras) is not installed")
+    import pyarrow.parquet as pq  # the test extra installs it: its absence fails, never skips
+
     trained = open_run(runs("rotate", "disk"))
     manifest = export_run(trained, tmp_path / "pq", "parquet", chunk_rows=7)
     assert manifest["tables"]["relations"]["meaning"].startswith("phases in radians")

@@ -221,3 +221,38 @@ def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch):
     result = CliRunner().invoke(_app_raising(RuntimeError("shape mismatch")), ["go"])
     assert result.exit_code == 1
     assert "Error: RuntimeError: shape mismatch" in result.stderr and "out of memory" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        MemoryError(),
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 8000000000000000 bytes. Error code 12 (Cannot allocate memory)"
+        ),
+    ],
+    ids=["MemoryError", "DefaultCPUAllocator"],
+)
+def test_running_out_of_memory_in_a_real_run_ends_with_one_error_line(tmp_path, monkeypatch, error):
+    """The real ``dsa-train run`` (karate-node2vec), its third training step running out of
+    memory: one ``Error:`` line and its ``Hint:``, exit status 1, no traceback."""
+    from dsa_train.train import loop
+
+    monkeypatch.delenv("DSA_DEBUG", raising=False)
+    real_step = loop.Training.step
+
+    def step(self, picked):
+        if self.step_count == 2:
+            raise error
+        return real_step(self, picked)
+
+    monkeypatch.setattr(loop.Training, "step", step)
+    result, _ = run(KARATE, tmp_path, "train.epochs=3")
+    output = result.stdout + result.stderr
+    assert result.exit_code == 1, output
+    lines = result.stderr.splitlines()
+    errors = [i for i, line in enumerate(lines) if line.startswith("Error:")]
+    assert len(errors) == 1 and lines[errors[0]].startswith("Error: ran out of memory"), output
+    assert lines[errors[0] + 1 :] == [lines[-1]] and lines[-1].startswith("Hint: lower train.batch_size"), output
+    assert "Traceback" not in output and 'File "' not in output, output

@@ -224,6 +224,42 @@ def test_interpreter_exit_without_close_flushes(state_dir):
     assert manifest["clean"] is True and manifest["params"]["param0"]["step"] == 4
 
 
+def test_exit_without_close_after_the_directory_was_removed_warns_in_one_line(tmp_path):
+    """The common path (the seed's example never calls close()): the finalizer's flush at exit
+    fails because the state directory is gone. One warning line on stderr naming it, no
+    traceback, exit status 0; the optimizer beside it, whose directory is there, still flushes."""
+    gone, kept = tmp_path / "gone", tmp_path / "kept"
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                f"""
+                import shutil, torch
+                from dsa_train import DiskSparseAdam
+                a, b = torch.nn.Embedding(10, 2, sparse=True), torch.nn.Embedding(10, 2, sparse=True)
+                lost = DiskSparseAdam(a.parameters(), state_dir={str(gone)!r})
+                fine = DiskSparseAdam(b.parameters(), state_dir={str(kept)!r})
+                (a(torch.tensor([1, 2])).sum() + b(torch.tensor([3])).sum()).backward()
+                lost.step(); fine.step()
+                shutil.rmtree({str(gone)!r})
+                """
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr
+    assert "Traceback" not in child.stderr and "Exception ignored" not in child.stderr, child.stderr
+    lines = child.stderr.splitlines()
+    assert len(lines) == 1, child.stderr
+    assert lines[0].startswith("dsa-train: warning: DiskSparseAdam was never closed"), lines
+    assert f"could not flush state_dir '{gone}'" in lines[0], lines
+    manifest = json.loads((kept / "manifest.json").read_text())
+    assert manifest["clean"] is True and manifest["params"]["param0"]["step"] == 1
+
+
 def test_killed_writer_leaves_an_unclean_directory(state_dir):
     run_python(
         f"""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import time
 import warnings
 import weakref
@@ -180,7 +181,7 @@ class DiskSparseAdam(Optimizer):
                 stacklevel=2,
             )
         # Flush and unlock if the optimizer is dropped or the interpreter exits without close().
-        self._finalizer = weakref.finalize(self, _flush_and_close, store)
+        self._finalizer = weakref.finalize(self, _flush_and_close_unattended, store)
 
     # -- parameters ---------------------------------------------------------------------
     def add_param_group(self, param_group: dict) -> None:
@@ -737,6 +738,24 @@ def _check_grad(p: Tensor, key: str) -> None:
             f"DiskSparseAdam parameter '{key}' has {p.shape[0]} rows, but its sparse gradient "
             f"touches rows {rows.min().item()} to {rows.max().item()}"
         )
+
+
+def _flush_and_close_unattended(store: StateDirectory) -> None:
+    """The finalizer of an optimizer never closed: flush and unlock as it is dropped or the
+    interpreter exits. No caller is left to raise to, and a traceback printed at exit
+    ("Exception ignored in: <finalize object ...>") helps no one: a failure (its directory
+    removed, a full disk) is one warning line on stderr, and the directory stays unclean."""
+    try:
+        _flush_and_close(store)
+    except Exception as e:
+        said = (getattr(e, "message", None) or str(e) or type(e).__name__).splitlines()[0]
+        try:
+            sys.stderr.write(
+                f"dsa-train: warning: DiskSparseAdam was never closed, and flushing it at exit (or as it was dropped) failed: {said}\n"
+            )
+            sys.stderr.flush()
+        except Exception:  # stderr already closed: nothing left to tell
+            pass
 
 
 def _flush_and_close(store: StateDirectory) -> None:

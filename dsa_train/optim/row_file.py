@@ -166,7 +166,10 @@ class RowFile:
         last = (HEADER_BYTES + (rows + 1) * self.spec.row_bytes - 1) // page
         try:
             for start, stop in _page_runs(first.tolist(), last.tolist()):
-                os.posix_fallocate(self._fd, start * page, (stop - start) * page)
+                # never past the file's end: fallocate would grow the file to a whole page, and a
+                # row file whose size is not a header and whole records is refused as damaged
+                end = min(stop * page, self.spec.file_bytes)
+                os.posix_fallocate(self._fd, start * page, end - start * page)
         except OSError as e:
             raise StateError(
                 f"the disk is full: no room for the rows this step writes to '{self.path}' "
