@@ -54,7 +54,7 @@ PEERS = ROOT / "scripts" / "peers"
 GRAPHS = ("umls", "nations")
 MODELS = ("transe", "distmult", "complex", "rotate")
 TOOLS = ("ours", "pykeen", "pyg", "pbg", "libkge")
-SETTINGS = ("equal", "default")
+SETTINGS = ("equal", "default", "equal-nssa")
 NOT_INSTALLED = "not installed"
 
 
@@ -76,6 +76,8 @@ def command(tool: str, python: Path, graph: str, model: str, setting: str, args,
     common += ["--valid-every", str(args.valid_every), "--threads", str(args.threads), "--out", str(out)]
     if tool == "ours":
         return [str(python), "-m", "dsa_train", "run", *ours_recipe(graph, model, setting, args)]
+    if setting == "equal-nssa" and tool != "pykeen":
+        return "the equal-nssa setting changes PyKEEN's loss only"
     if tool == "pykeen":
         return [
             str(python),
@@ -117,7 +119,7 @@ def ours_recipe(graph: str, model: str, setting: str, args) -> list[str]:
     shipped = ROOT / "recipes" / f"{graph}-{model}.yaml"
     recipe = shipped if shipped.exists() else ROOT / "recipes" / f"umls-{model}.yaml"
     sets = [] if shipped.exists() else [f"dataset.path={graph}"]
-    if setting == "equal":
+    if setting.startswith("equal"):
         sets += [
             f"model.dim={args.dim}",
             "model.dropout=0",
@@ -318,7 +320,7 @@ def main(argv=None) -> int:
     p.add_argument("--graphs", default=",".join(GRAPHS))
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--tools", default="ours,pykeen,pyg,pbg")
-    p.add_argument("--settings", default=",".join(SETTINGS))
+    p.add_argument("--settings", default="equal,default", help=f"of {', '.join(SETTINGS)}")
     p.add_argument("--epochs", type=int, default=20, help="equal setting (and PyG's default row): epochs of every tool")
     p.add_argument(
         "--default-epochs",
@@ -346,7 +348,15 @@ def main(argv=None) -> int:
     )
     p.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
     p.add_argument("--json", type=Path, help="write every run's figures here")
+    p.add_argument(
+        "--render", type=Path, nargs="+", help="print the tables of these --json files (one per graph), run nothing"
+    )
     args = p.parse_args(argv)
+    if args.render:
+        cells = [c for path in args.render for c in json.loads(path.read_text())["cells"]]
+        for graph in dict.fromkeys(c["graph"] for c in cells):
+            print(f"{graph}:\n\n{table([c for c in cells if c['graph'] == graph], args.target_mrr)}\n")
+        return 0
     graphs, models = names(args.graphs, GRAPHS, "graphs"), names(args.models, MODELS, "models")
     tools, settings = names(args.tools, TOOLS, "tools"), names(args.settings, SETTINGS, "settings")
     cells = []

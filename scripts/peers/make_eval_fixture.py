@@ -230,8 +230,8 @@ def names(path: Path) -> dict[str, int]:
 
 def evaluate_export(export: Path, data: Path) -> dict:
     info = json.loads((export / "export.json").read_text())
-    model_cfg = info.get("model", {})
-    kind = model_cfg.get("kind")
+    model_cfg = info["settings"]  # the recipe's model section
+    kind = info["model"]
     if model_cfg.get("reciprocal", True):
         raise SystemExit(
             "the run has reciprocal relations (head queries use inverse rows): train it with model.reciprocal=false"
