@@ -18,9 +18,9 @@ from pathlib import Path
 from .errors import DsaError
 
 
-def _status_bytes(field: str) -> int:
+def _status_bytes(field: str, pid: int | str = "self") -> int:
     try:
-        with open("/proc/self/status") as f:
+        with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith(field):
                     return int(line.split()[1]) * 1024
@@ -29,9 +29,10 @@ def _status_bytes(field: str) -> int:
     return 0
 
 
-def rss_anon_bytes() -> int:
-    """Current ``RssAnon`` of this process in bytes (0 where /proc is unavailable)."""
-    return _status_bytes("RssAnon:")
+def rss_anon_bytes(pid: int | str = "self") -> int:
+    """Current ``RssAnon`` of this process (or of process ``pid``) in bytes (0 where /proc is
+    unavailable or the process is gone)."""
+    return _status_bytes("RssAnon:", pid)
 
 
 def peak_rss_bytes() -> int:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -433,3 +434,41 @@ def test_long_run_benchmark_checkpoints_between_whole_minutes(tmp_path):
     assert all(m["median_ms"] == m["batch_median_ms"] for m in batches["minutes"])
     assert "the making of batches alone:" in result.stdout and "the step over it:" in result.stdout
     assert not list(tmp_path.iterdir()), "a child left its state behind"
+
+
+def test_bench_peers_runs_ours_and_pyg_and_names_a_missing_peer(tmp_path):
+    """One epoch of a small generated graph in a folder named nations, with dsa-train and PyG's
+    DistMult; PyKEEN, absent from an empty peers folder, is reported as not installed rather than
+    skipped."""
+    g = torch.Generator().manual_seed(0)
+    folder = tmp_path / "data" / "nations"
+    folder.mkdir(parents=True)
+    triples = torch.stack(
+        [
+            torch.randint(0, 20, (300,), generator=g),
+            torch.randint(0, 5, (300,), generator=g),
+            torch.randint(0, 20, (300,), generator=g),
+        ],
+        1,
+    )
+    for split, rows in (("train", triples[:240]), ("valid", triples[240:270]), ("test", triples[270:])):
+        (folder / f"{split}.txt").write_text("".join(f"e{h}\tr{r}\te{t}\n" for h, r, t in rows.tolist()))
+    result = run_script(
+        SCRIPTS / "bench_peers.py",
+        *("--graphs", "nations", "--models", "distmult", "--tools", "ours,pyg,pykeen", "--settings", "equal"),
+        *("--epochs", "1", "--valid-every", "0", "--data-root", str(tmp_path / "data")),
+        *("--peers-home", str(tmp_path / "peers"), "--json", str(tmp_path / "b.json")),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {line.split("|")[4].strip(): line for line in result.stdout.splitlines() if line.startswith("| nations")}
+    assert set(rows) == {"ours", "pyg", "pykeen"}, result.stdout
+    assert "| not installed |" in rows["pykeen"]
+    cells = {c["tool"]: c for c in json.loads((tmp_path / "b.json").read_text())["cells"]}
+    assert cells["pykeen"]["status"] == "not installed"
+    for tool in ("ours", "pyg"):
+        cell = cells[tool]
+        assert cell["status"] == "ok", cell.get("tail")
+        assert cell["triples_per_s"] > 0 and cell["peak_rss_anon_mib"] > 10 and cell["wall_s"] > 0
+        assert 0 < cell["test_mrr"] <= 1 and 0 < cell["test_hits_at_10"] <= 1
+        assert cell["result"]["train_triples"] == 240  # one epoch of the training split

@@ -1,0 +1,48 @@
+"""Reading a TSV knowledge graph (train.txt, valid.txt, test.txt: head<TAB>relation<TAB>tail)
+for the peer runners, which run in the peers' own environments (torch, no dsa_train)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+SPLITS = ("train", "valid", "test")
+
+
+def read_graph(folder: Path) -> tuple[dict[str, int], dict[str, int], dict[str, list[tuple[int, int, int]]]]:
+    """Entity and relation ids (in order of first appearance over train, valid, test) and each
+    split's triples as id tuples."""
+    entities: dict[str, int] = {}
+    relations: dict[str, int] = {}
+    splits = {}
+    for split in SPLITS:
+        rows = []
+        for line in (Path(folder) / f"{split}.txt").read_text().splitlines():
+            if not line.strip():
+                continue
+            h, r, t = line.split("\t")
+            rows.append(
+                (
+                    entities.setdefault(h, len(entities)),
+                    relations.setdefault(r, len(relations)),
+                    entities.setdefault(t, len(entities)),
+                )
+            )
+        splits[split] = rows
+    return entities, relations, splits
+
+
+class Clock:
+    """Training time without the validation passes made along the way."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.excluded = 0.0
+
+    def train_seconds(self) -> float:
+        return time.perf_counter() - self.start - self.excluded
+
+
+def write_result(path: Path, result: dict) -> None:
+    Path(path).write_text(json.dumps(result, indent=1) + "\n")

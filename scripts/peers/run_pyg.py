@@ -1,0 +1,150 @@
+"""One training run of PyG's ``torch_geometric.nn.kge`` models, as in PyG's
+``examples/kge_fb15k_237.py`` (``model.loader`` + a torch optimizer, ``model.loss``: one random
+corrupted triple per positive, each model's own loss). Run by ``scripts/bench_peers.py`` with the
+project's python (PyG is one of its dependencies); writes a JSON result to ``--out``.
+
+Test metrics: PyG's own ``model.test`` (raw: not filtered) and, so that the figures compare with
+the other tools', dsa-train's filtered realistic ranking of the same model's scores
+(``tests/test_peer_evaluation.py`` checks that ranking against PyKEEN's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch_geometric
+from torch_geometric.nn import kge
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kg_tsv import Clock, read_graph, write_result  # noqa: E402
+
+MODELS = {"transe": kge.TransE, "distmult": kge.DistMult, "complex": kge.ComplEx, "rotate": kge.RotatE}
+# examples/kge_fb15k_237.py: hidden_channels 50, batch 1,000, these optimizers (RotatE is not in
+# the example's stored version: Adam at 0.001).
+EXAMPLE_OPTIMIZERS = {
+    "transe": (torch.optim.Adam, {"lr": 0.01}),
+    "distmult": (torch.optim.Adam, {"lr": 0.0001, "weight_decay": 1e-6}),
+    "complex": (torch.optim.Adagrad, {"lr": 0.001, "weight_decay": 1e-6}),
+    "rotate": (torch.optim.Adam, {"lr": 0.001}),
+}
+
+
+def filtered_metrics(
+    model, test: torch.Tensor, everything: torch.Tensor, num_entities: int, num_relations: int
+) -> dict:
+    from dsa_train.eval import TripleIndex
+    from dsa_train.eval.ranking import evaluate_link_prediction
+
+    def score_fn(anchor, relation, candidates, side):
+        b, k = len(anchor), len(candidates)
+        a, r, c = anchor[:, None].expand(b, k), relation[:, None].expand(b, k), candidates[None, :].expand(b, k)
+        h, t = (a, c) if side == "tail" else (c, a)
+        return model(h.reshape(-1), r.reshape(-1), t.reshape(-1)).view(b, k)
+
+    index = TripleIndex.from_triples(everything, num_entities, num_relations)
+    metrics = evaluate_link_prediction(score_fn, test, index, num_entities=num_entities, batch_size=64)
+    return {side: m.as_dict() for side, m in metrics.items()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--model", choices=MODELS, required=True)
+    p.add_argument("--setting", choices=["equal", "default"], required=True)
+    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--dim", type=int, default=128, help="real coordinates (ComplEx and RotatE: dim / 2 complex)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--valid-every", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    entities, relations, splits = read_graph(args.data)
+    tensors = {s: torch.tensor(rows, dtype=torch.long) for s, rows in splits.items()}
+    train = tensors["train"]
+    n, r = len(entities), len(relations)
+    if args.setting == "equal":
+        hidden = args.dim // 2 if args.model in ("complex", "rotate") else args.dim
+        extra = {"p_norm": 2.0} if args.model == "transe" else {}
+        model = MODELS[args.model](n, r, hidden, **extra)
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+        batch_size = args.batch_size
+    else:
+        model = MODELS[args.model](n, r, 50)
+        kind, options = EXAMPLE_OPTIMIZERS[args.model]
+        optimizer = kind(model.parameters(), **options)
+        batch_size = 1000
+    loader = model.loader(
+        head_index=train[:, 0], rel_type=train[:, 1], tail_index=train[:, 2], batch_size=batch_size, shuffle=True
+    )
+    everything = torch.cat([tensors[s] for s in ("train", "valid", "test")])
+    clock, valid = Clock(), []
+    for epoch in range(1, args.epochs + 1):
+        model.train()
+        for h, rel, t in loader:
+            optimizer.zero_grad()
+            loss = model.loss(h, rel, t)
+            loss.backward()
+            optimizer.step()
+        if args.valid_every and epoch % args.valid_every == 0 and epoch < args.epochs:
+            seconds = clock.train_seconds()
+            model.eval()
+            with torch.no_grad():
+                both = filtered_metrics(model, tensors["valid"], everything, n, r)["both"]
+            valid.append({"epoch": epoch, "train_seconds": seconds, "mrr": both["mrr"]})
+            clock.excluded += clock.train_seconds() - seconds
+    train_seconds = clock.train_seconds()
+    model.eval()
+    with torch.no_grad():
+        valid.append(
+            {
+                "epoch": args.epochs,
+                "train_seconds": train_seconds,
+                "mrr": filtered_metrics(model, tensors["valid"], everything, n, r)["both"]["mrr"],
+            }
+        )
+        test = filtered_metrics(model, tensors["test"], everything, n, r)
+        raw_mr, raw_mrr, raw_hits = model.test(
+            tensors["test"][:, 0], tensors["test"][:, 1], tensors["test"][:, 2], batch_size=20000, k=10, log=False
+        )
+    write_result(
+        args.out,
+        {
+            "tool": "pyg",
+            "version": torch_geometric.__version__,
+            "train_seconds": train_seconds,
+            "train_triples": args.epochs * len(train),
+            "epochs": args.epochs,
+            "valid": valid,
+            "test": {
+                "mrr": test["both"]["mrr"],
+                "hits_at_10": test["both"]["hits_at_10"],
+                "evaluator": "dsa-train filtered realistic, on PyG's scores",
+            },
+            "own_test": {
+                "mrr": raw_mrr,
+                "hits_at_10": raw_hits,
+                "mr": raw_mr,
+                "evaluator": "PyG model.test (raw, not filtered)",
+            },
+            "settings": {
+                "hidden_channels": model.hidden_channels,
+                "batch_size": batch_size,
+                "optimizer": repr(optimizer).split("(")[0],
+                "lr": optimizer.param_groups[0]["lr"],
+                "negatives_per_positive": 1,
+                "loss": "PyG's own",
+            },
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

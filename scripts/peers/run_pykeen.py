@@ -1,0 +1,180 @@
+"""One training run of PyKEEN's ``pipeline()`` (sLCWA), run by ``scripts/bench_peers.py`` with
+the PyKEEN environment's python (``scripts/peers/setup.sh pykeen``); writes a JSON result to
+``--out``.
+
+``--setting equal``: the settings the benchmark holds equal across tools (dimension in reals,
+batch size, epochs, Adam and its rate, softplus loss, negatives per positive, no entity
+constraint). ``--setting equal-nssa``: the same, but
+the loss weighted as dsa-train's softplus (``nssa`` with margin 0 and temperature 0: the
+positive's term plus the mean of the negatives' terms, where PyKEEN's softplus averages all
+terms alike) and no regulariser or entity constraint for DistMult and ComplEx (PyKEEN's
+defaults for them). ``--setting default``: ``pipeline(model=...)`` with nothing else set (PyKEEN's
+defaults: 5 epochs, dimension 50, Adam, each model's default loss, one negative per positive).
+Validation MRR is measured every ``--valid-every`` epochs by a training callback, its time taken
+out of the training time. Test metrics: PyKEEN's ``RankBasedEvaluator``, filtered against
+train + valid + test, realistic ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pykeen
+import torch
+from pykeen.evaluation import RankBasedEvaluator
+from pykeen.pipeline import pipeline
+from pykeen.training.callbacks import TrainingCallback
+from pykeen.triples import TriplesFactory
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kg_tsv import Clock, read_graph, write_result  # noqa: E402
+
+NAMES = {"transe": "TransE", "distmult": "DistMult", "complex": "ComplEx", "rotate": "RotatE"}
+MRR = "both.realistic.inverse_harmonic_mean_rank"
+
+
+class ValidationTimes(TrainingCallback):
+    """Validation MRR every ``every`` epochs, with the training time so far (its own time excluded)."""
+
+    def __init__(self, clock: Clock, valid, filters, every: int, epochs: int) -> None:
+        super().__init__()
+        self.clock, self.valid, self.filters, self.every, self.epochs = clock, valid, filters, every, epochs
+        self.found: list[dict] = []
+
+    def post_epoch(self, epoch: int, epoch_loss: float, **kwargs) -> None:
+        if not self.every or epoch % self.every or epoch >= self.epochs:
+            return
+        seconds = self.clock.train_seconds()
+        began = time.perf_counter()
+        result = RankBasedEvaluator(filtered=True).evaluate(
+            self.model, self.valid, additional_filter_triples=self.filters, batch_size=256, use_tqdm=False
+        )
+        self.model.train()
+        self.found.append({"epoch": epoch, "train_seconds": seconds, "mrr": float(result.get_metric(MRR))})
+        self.clock.excluded += time.perf_counter() - began
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--model", choices=NAMES, required=True)
+    p.add_argument("--setting", choices=["equal", "equal-nssa", "default"], required=True)
+    p.add_argument("--epochs", type=int, required=True, help="equal setting only (default: PyKEEN's 5)")
+    p.add_argument("--dim", type=int, default=128, help="real coordinates (ComplEx and RotatE: dim / 2 complex)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--negatives", type=int, default=64, help="negatives per positive")
+    p.add_argument("--valid-every", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    entities, relations, splits = read_graph(args.data)
+    factories = {
+        s: TriplesFactory(torch.tensor(rows, dtype=torch.long), entity_to_id=entities, relation_to_id=relations)
+        for s, rows in splits.items()
+    }
+    equal = args.setting.startswith("equal")
+    epochs = args.epochs if equal else 5
+    clock = Clock()
+    callback = ValidationTimes(
+        clock,
+        factories["valid"].mapped_triples,
+        [factories["train"].mapped_triples, factories["test"].mapped_triples],
+        args.valid_every,
+        epochs,
+    )
+    kwargs: dict = {}
+    if equal:
+        complex_like = args.model in ("complex", "rotate")
+        model_kwargs = {"embedding_dim": args.dim // 2 if complex_like else args.dim}
+        if args.model == "transe":
+            model_kwargs.update(scoring_fct_norm=2, entity_constrainer=None)
+        kwargs = dict(
+            model_kwargs=model_kwargs,
+            loss="softplus",
+            optimizer="Adam",
+            optimizer_kwargs={"lr": args.lr},
+            negative_sampler="basic",
+            negative_sampler_kwargs={"num_negs_per_pos": args.negatives},
+        )
+        if args.setting == "equal-nssa":
+            # softplus(-s) + the mean of softplus(s') over the negatives, as dsa-train weighs
+            # them (PyKEEN's softplus averages all 65 terms alike), with no regulariser and no
+            # entity constraint (DistMult's and ComplEx's defaults have them)
+            kwargs.update(loss="nssa", loss_kwargs={"margin": 0.0, "adversarial_temperature": 0.0})
+            if args.model in ("distmult", "complex"):
+                model_kwargs["regularizer"] = None
+            if args.model == "distmult":
+                model_kwargs["entity_constrainer"] = None
+    result = pipeline(
+        training=factories["train"],
+        validation=factories["valid"],
+        testing=factories["test"],
+        model=NAMES[args.model],
+        training_loop="sLCWA",
+        training_kwargs={
+            "num_epochs": epochs,
+            "batch_size": args.batch_size if equal else None,
+            "callbacks": callback,
+            "use_tqdm": False,
+        },
+        evaluator="rankbased",
+        evaluator_kwargs={"filtered": True},
+        evaluation_kwargs={"use_tqdm": False},
+        random_seed=args.seed,
+        device="cpu",
+        **kwargs,
+    )
+    train_seconds = result.train_seconds - callback.clock.excluded
+    model = result.model
+    valid_final = RankBasedEvaluator(filtered=True).evaluate(
+        model,
+        factories["valid"].mapped_triples,
+        additional_filter_triples=[factories["train"].mapped_triples, factories["test"].mapped_triples],
+        batch_size=256,
+        use_tqdm=False,
+    )
+    valid = callback.found + [
+        {"epoch": epochs, "train_seconds": train_seconds, "mrr": float(valid_final.get_metric(MRR))}
+    ]
+    metrics = result.metric_results
+    write_result(
+        args.out,
+        {
+            "tool": "pykeen",
+            "version": pykeen.get_version(),
+            "train_seconds": train_seconds,
+            "train_triples": epochs * factories["train"].num_triples,
+            "epochs": epochs,
+            "valid": valid,
+            "test": {
+                "mrr": float(metrics.get_metric(MRR)),
+                "hits_at_10": float(metrics.get_metric("both.realistic.hits_at_10")),
+                "evaluator": "PyKEEN RankBasedEvaluator, filtered, realistic",
+            },
+            "settings": {
+                "model": repr(type(model).__name__),
+                "parameters": int(sum(np.prod(p.shape) for p in model.parameters())),
+                "loss": type(model.loss).__name__,
+                "epochs": epochs,
+                "batch_size": args.batch_size if equal else "default (256)",
+                **{k: v for k, v in kwargs.items() if k != "model_kwargs"},
+                **kwargs.get("model_kwargs", {}),
+            },
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
