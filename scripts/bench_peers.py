@@ -114,11 +114,13 @@ def command(tool: str, python: Path, graph: str, model: str, setting: str, args,
 
 
 def ours_recipe(graph: str, model: str, setting: str, args) -> list[str]:
-    """``dsa-train run`` arguments: the shipped recipe (the UMLS one with ``dataset.path`` set
-    where the graph has none of its own), plus the equal setting's overrides."""
+    """``dsa-train run`` arguments: the shipped recipe (the UMLS one where the graph has none of
+    its own) reading the graph's folder under ``--data-root`` (``dataset.path``, which a
+    recipe's ``dataset.fetch`` yields to: the same files every tool reads), plus the equal
+    setting's overrides."""
     shipped = ROOT / "recipes" / f"{graph}-{model}.yaml"
     recipe = shipped if shipped.exists() else ROOT / "recipes" / f"umls-{model}.yaml"
-    sets = [] if shipped.exists() else [f"dataset.path={graph}"]
+    sets = [f"dataset.path={(args.data_root / graph).resolve()}"]
     if setting.startswith("equal"):
         sets += [
             f"model.dim={args.dim}",
