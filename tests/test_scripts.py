@@ -436,6 +436,7 @@ def test_long_run_benchmark_checkpoints_between_whole_minutes(tmp_path):
     assert not list(tmp_path.iterdir()), "a child left its state behind"
 
 
+@pytest.mark.slow  # 15 s: two training processes, each importing torch_geometric
 def test_bench_peers_runs_ours_and_pyg_and_names_a_missing_peer(tmp_path):
     """One epoch of a small generated graph in a folder named nations, with dsa-train and PyG's
     DistMult; PyKEEN, absent from an empty peers folder, is reported as not installed rather than

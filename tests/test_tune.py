@@ -328,6 +328,7 @@ def test_trial_share_by_hand():
     assert trial_share(1800, 6, 2) == 600  # 6 trials, 2 at a time: 3 rounds of 10 minutes
 
 
+@pytest.mark.slow  # 12 s: a search of one trial
 def test_a_trial_ends_at_the_last_epoch_within_its_share(tmp_path, monkeypatch):
     """A trial whose next epoch would pass its share of --timeout ends after the epoch under way,
     then scores valid and completes: here a share too short for any second epoch."""
