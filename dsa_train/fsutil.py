@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -86,7 +86,13 @@ def temporary_prefix(name: str) -> str:
 
 def atomic_write_bytes(path: Path, *data: bytes | memoryview) -> None:
     """Replace ``path`` with ``data`` (one or more pieces, written in order) atomically and
-    durably (temporary name, fsync, rename).
+    durably: :func:`atomic_write_pieces`."""
+    atomic_write_pieces(path, data)
+
+
+def atomic_write_pieces(path: Path, data: Iterable[bytes | memoryview]) -> None:
+    """Replace ``path`` with the pieces ``data`` yields, written in order as they come (a
+    stream never held whole), atomically and durably (temporary name, fsync, rename).
 
     The temporary file is created exclusively (``O_EXCL | O_NOFOLLOW``, a fresh random name),
     so a link planted under a predictable name is never written through; the rename replaces

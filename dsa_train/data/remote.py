@@ -20,13 +20,12 @@ import json
 import logging
 import os
 import tarfile
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DatasetError
-from ..fsutil import atomic_write_bytes, fsync_directory
+from ..fsutil import atomic_write_bytes, atomic_write_pieces
 from ..progress import work
 from .downloads import MIRROR_ENV, DownloadFailed, Expected, address, download, file_digests, part_path
 
@@ -344,26 +343,21 @@ def _extract_zip(path: Path, folder: Path, wanted: dict[str, Member], record: di
 
 
 def _write_member(source, size: int, dest: Path) -> str:
+    """Write an archive member's bytes from ``source`` to ``dest`` atomically; its SHA-256."""
     import hashlib
 
     digest = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            done = 0
-            while block := source.read(1 << 20):
-                f.write(block)
-                digest.update(block)
-                done += len(block)
-                work(f"taking {dest.name} out of the archive", done, max(size, done + 1))
-            work(f"taking {dest.name} out of the archive", done, done)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_directory(dest.parent)
+
+    def blocks():
+        done = 0
+        while block := source.read(1 << 20):
+            digest.update(block)
+            done += len(block)
+            work(f"taking {dest.name} out of the archive", done, max(size, done + 1))
+            yield block
+        work(f"taking {dest.name} out of the archive", done, done)
+
+    atomic_write_pieces(dest, blocks())
     return digest.hexdigest()
 
 
