@@ -19,13 +19,13 @@ import statistics
 import subprocess
 import sys
 import time
-import types
 from pathlib import Path
 
 import torch
 
 from dsa_train.memory import PeakRssAnon, rss_anon_bytes
 from dsa_train.models.scoring import SCORING_FUNCTIONS
+from dsa_train.recipe.schema import TrainConfig
 from dsa_train.train.kge import SLICE_SCORES, query_chunk, sampled_loss
 
 ENTITIES, RELATIONS = 200_000, 100
@@ -50,7 +50,7 @@ def make_step(kind: str, batch: int, negatives: int, dim: int):
             (anchors[batch:], rel[batch:], answers[batch:], "tail"),
         ]
         masked = torch.zeros(2 * batch, candidates, dtype=torch.bool)
-        cfg = types.SimpleNamespace(loss="cross_entropy", margin=1.0, query_chunk=chunk)
+        cfg = TrainConfig(loss="cross_entropy", margin=1.0, query_chunk=chunk)  # the recipe's section, every key
         sampled_loss(model, cfg, sides, shared, masked).backward()
         model.zero_grad(set_to_none=True)
 
@@ -88,7 +88,7 @@ def main() -> None:
     results = []
     for kind in args.models.split(","):
         step, candidates = make_step(kind, args.batch_size, args.negatives, args.dim)
-        default = query_chunk(types.SimpleNamespace(query_chunk=None), candidates)
+        default = query_chunk(TrainConfig(), candidates)
         chunks = sorted({queries, 2048, 1024, default, max(1, default // 2), 128} - {0}, reverse=True)
         chunks = [c for c in chunks if c <= queries]
         times: dict[int, list[float]] = {c: [] for c in chunks}
