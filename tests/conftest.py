@@ -105,3 +105,16 @@ def copy_dataset(test_data, name, target):
     for path in (target / name).rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)
     return target
+
+
+@pytest.fixture
+def server(monkeypatch):
+    """A file server on 127.0.0.1 that dataset downloads reach through $DSA_DOWNLOAD_MIRROR."""
+    from dsa_train.data.downloads import MIRROR_ENV
+
+    from .helpers import FileServer
+
+    s = FileServer()
+    monkeypatch.setenv(MIRROR_ENV, s.base)
+    yield s
+    s.close()

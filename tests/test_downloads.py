@@ -17,18 +17,9 @@ import pytest
 from dsa_train.data.downloads import MIRROR_ENV, DownloadFailed, Expected, download, part_path
 from dsa_train.errors import DatasetError
 
-from .helpers import FileServer
 
 URL = "https://example.org/data/file.bin"
 BODY = bytes(range(256)) * 5000  # 1.25 MB: more than one block, so a download is several reads
-
-
-@pytest.fixture
-def server(monkeypatch):
-    s = FileServer()
-    monkeypatch.setenv(MIRROR_ENV, s.base)
-    yield s
-    s.close()
 
 
 def sha(data: bytes) -> str:

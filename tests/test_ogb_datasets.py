@@ -22,7 +22,6 @@ from dsa_train.data.ogb_split import load_split
 from dsa_train.errors import DatasetError
 from dsa_train.recipe import DatasetConfig, parse_recipe
 
-from .helpers import FileServer
 
 URL = "http://snap.stanford.edu/ogb/data/linkproppred"
 BIOKG_TYPES = {"protein": 12, "drug": 8, "disease": 5, "function": 10, "sideeffect": 6}  # OGB's CSV order is not sorted
@@ -111,14 +110,6 @@ def biokg_zip(splits: dict[str, dict]) -> bytes:
             **{f"biokg/split/random/{s}.pt": saved(d, numpy1=s == "test") for s, d in splits.items()},
         }
     )
-
-
-@pytest.fixture
-def server(monkeypatch):
-    s = FileServer()
-    monkeypatch.setenv(MIRROR_ENV, s.base)
-    yield s
-    s.close()
 
 
 def ogb_mrr_by_hand(model, splits: dict, split: str, offset_of) -> float:

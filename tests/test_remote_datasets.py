@@ -23,7 +23,6 @@ from dsa_train.data.paths import import_target
 from dsa_train.errors import DatasetError
 from dsa_train.recipe import DatasetConfig, parse_recipe
 
-from .helpers import FileServer
 
 SPLITS = {
     "train.txt": b"a\tr\tb\nb\tr\tc\nc\ts\ta\n",
@@ -44,14 +43,6 @@ def tiny_umls(digests: bool = True) -> remote.RemoteDataset:
         for name, body in SPLITS.items()
     )
     return dataclasses.replace(remote.DATASETS["umls"], files=files)
-
-
-@pytest.fixture
-def server(monkeypatch):
-    s = FileServer()
-    monkeypatch.setenv(MIRROR_ENV, s.base)
-    yield s
-    s.close()
 
 
 @pytest.fixture
