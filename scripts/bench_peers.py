@@ -87,6 +87,8 @@ def command(tool: str, python: Path, graph: str, model: str, setting: str, args,
             str(args.dim),
             "--batch-size",
             str(args.batch_size),
+            "--negatives",
+            str(args.negatives),
         ]
     if tool == "pyg":
         return [
@@ -109,6 +111,8 @@ def command(tool: str, python: Path, graph: str, model: str, setting: str, args,
             str(args.dim),
             "--batch-size",
             str(args.batch_size),
+            "--negatives",
+            str(max(1, args.negatives // 2)),  # per chunk, scored on both sides
         ]
     return f"no runner for {tool}"
 
@@ -129,12 +133,14 @@ def ours_recipe(graph: str, model: str, setting: str, args) -> list[str]:
             "model.normalize_entities=false",
             f"train.epochs={args.epochs}",
             f"train.batch_size={args.batch_size}",
-            f"train.negatives={args.negatives // 2}",  # shared by a step's head and tail queries: 2 x 32 scores
+            f"train.negatives={max(1, args.negatives // 2)}",  # shared by a step's head and tail queries: 2 x 32 scores
             "train.batch_negatives=false",
             "train.loss=softplus",
             "optimizer.lr=0.01",
             f"eval.every_epochs={args.valid_every}",
         ]
+        if model == "transe":
+            sets.append("model.p_norm=2")  # as every peer's TransE here (umls-transe ships L1)
     out = [str(recipe)]
     for s in sets:
         out += ["--set", s]
@@ -333,7 +339,12 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--dim", type=int, default=128, help="real coordinates per entity")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--negatives", type=int, default=64, help="negative scores per positive triple")
+    p.add_argument(
+        "--negatives",
+        type=int,
+        default=64,
+        help="negative scores per positive triple (PyG always scores 1; dsa-train and PBG share half as many per step, scored on both sides)",
+    )
     p.add_argument("--valid-every", type=int, default=5)
     p.add_argument("--target-mrr", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=2)

@@ -19,7 +19,6 @@ from dsa_train.data import load_knowledge_graph
 from dsa_train.data import tsv as tsv_module
 from dsa_train.data import tsv_import
 from dsa_train.data.fingerprint import fingerprint_of, fingerprints
-from dsa_train.data.order import Shuffle
 from dsa_train.data.store import Dataset
 from dsa_train.errors import DatasetError
 from dsa_train.recipe import DatasetConfig, SyntheticConfig
@@ -241,24 +240,6 @@ def test_synthetic_import_does_not_depend_on_the_memory_budget(tmp_path, monkeyp
     assert torch.equal(a.valid, b.valid) and torch.equal(a.test, b.test)
     train = set(map(tuple, a.train.tolist()))
     assert not train & set(map(tuple, a.valid.tolist())) and not train & set(map(tuple, a.test.tolist()))
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 17, 1000, 4097])
-def test_shuffle_is_a_seeded_permutation(n):
-    order = Shuffle(n, 11).slice(0, n)
-    assert sorted(order.tolist()) == list(range(n))
-    assert torch.equal(order, Shuffle(n, 11).slice(0, n))
-    assert torch.equal(Shuffle(n, 11).slice(n // 3, n), order[n // 3 :])  # any batch alone
-    if n > 16:
-        assert not torch.equal(order, Shuffle(n, 12).slice(0, n))
-
-
-def test_shuffle_spreads_items_uniformly():
-    n, seeds = 10, 4000
-    where_zero = torch.tensor([int((Shuffle(n, s).slice(0, n) == 0).nonzero()) for s in range(seeds)])
-    counts = torch.bincount(where_zero, minlength=n).double()
-    chi2 = ((counts - seeds / n) ** 2 / (seeds / n)).sum()
-    assert chi2 < 30  # 9 degrees of freedom: p ~ 0.0004
 
 
 def test_a_foreign_folder_in_the_way_is_left_alone(tmp_path):

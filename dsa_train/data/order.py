@@ -14,7 +14,9 @@ or beyond :math:`n` are sent through it again ("cycle walking") until they fall 
 :math:`n`, which restricts it to a permutation of :math:`[0, n)` (fewer than 4 passes on
 average, as :math:`2^{2b} < 4n`). ``shuffle(positions)`` gives the items at those positions of
 the epoch's order, so a batch costs its own size, and any batch of any epoch can be
-recomputed after a resume.
+recomputed after a resume. :meth:`Shuffle.slice` computes :data:`BLOCK` positions at a time
+and serves consecutive batches from them: one cycle-walking pass over a block instead of a dozen
+small ones per batch (the loop asks for each batch twice, once to prefetch it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from .fingerprint import mix64
 
 ROUNDS = 6
+BLOCK = 1 << 16  # positions computed at once by ``slice``: 512 KiB of int64
 
 
 class Shuffle:
@@ -37,6 +40,7 @@ class Shuffle:
         self.mask = np.uint64((1 << self.half) - 1)
         keys = np.random.default_rng(seed % 2**63).integers(0, 2**63, ROUNDS, dtype=np.int64)
         self.keys = keys.astype(np.uint64)
+        self._block_start, self._block = 0, torch.empty(0, dtype=torch.int64)
 
     def _network(self, x: np.ndarray) -> np.ndarray:
         half = np.uint64(self.half)
@@ -73,4 +77,10 @@ class Shuffle:
     def slice(self, start: int, stop: int) -> torch.Tensor:
         """The items at positions ``start .. stop - 1`` of the order."""
         stop = min(stop, self.n)
-        return self(torch.arange(start, max(start, stop)))
+        if stop <= start:
+            return torch.empty(0, dtype=torch.int64)
+        offset = start - self._block_start
+        if not (0 <= offset and stop - self._block_start <= len(self._block)):
+            end = min(self.n, max(stop, start + BLOCK))
+            self._block_start, self._block, offset = start, self(torch.arange(start, end)), 0
+        return self._block[offset : offset + stop - start].clone()  # the caller's own, never the cache
