@@ -123,6 +123,9 @@ def test_tensorboard_events_hold_the_metrics_records(tmp_path):
     assert [e.step for e in loss] == [r["step"] for r in train]
     assert [e.value for e in loss] == pytest.approx([r["loss"] for r in train], rel=1e-6)
     assert [e.value for e in events.Scalars("train/lr")] == pytest.approx([r["lr"] for r in train], rel=1e-6)
+    pace = events.Scalars("train/items_per_s")
+    assert [e.value for e in pace] == pytest.approx([r["items_per_s"] for r in train], rel=1e-6)
+    assert all(r["items_per_s"] > 0 for r in train)
     valid = [r for r in records if r.get("kind") == "eval" and r["split"] == "valid"]
     assert [e.value for e in events.Scalars("valid/both/mrr")] == pytest.approx(
         [r["both"]["mrr"] for r in valid], rel=1e-6

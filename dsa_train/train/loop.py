@@ -109,6 +109,7 @@ class Training:
         self.epoch = 0  # epochs fully done
         self.batch = 0  # batches done in the current epoch
         self.window = [0.0, 0]  # loss sum and steps since the last train log record
+        self.window_pace = [0.0, 0]  # step seconds and items since then: a machine figure, never checkpointed
         self.epoch_loss = [0.0, 0]  # loss sum and steps of the current epoch
         self.optimizer_ram = 0  # largest RssAnon growth across one sparse optimizer step
         self.dense_optimizer: torch.optim.Optimizer | None = None
@@ -256,8 +257,9 @@ class Training:
                 loss = self.step(picked)
                 self.batch += 1
                 epoch_items += len(picked)
-                rate = len(picked) / max(time.perf_counter() - step_started, 1e-9)
-                self._account(loss)
+                step_seconds = time.perf_counter() - step_started
+                rate = len(picked) / max(step_seconds, 1e-9)
+                self._account(loss, len(picked), step_seconds)
                 for callback in self.callbacks:
                     callback.step_done(self, loss, rate)
             if self.batch < steps_per_epoch:  # stopped by max_steps inside the epoch
@@ -350,9 +352,11 @@ class Training:
         self.step_count += 1
         return loss
 
-    def _account(self, loss: float) -> None:
+    def _account(self, loss: float, items: int, seconds: float) -> None:
         self.window[0] += loss
         self.window[1] += 1
+        self.window_pace[0] += seconds
+        self.window_pace[1] += items
         self.epoch_loss[0] += loss
         self.epoch_loss[1] += 1
         if self.step_count % self.recipe.train.log_every == 0:
@@ -363,9 +367,11 @@ class Training:
                     "epoch": self.epoch + 1,
                     "loss": self.window[0] / self.window[1],
                     "lr": self.optimizer.param_groups[0]["lr"],  # the rate of the step just taken
+                    # the window's items over its steps' own seconds (evaluations and checkpoints left out)
+                    "items_per_s": round(self.window_pace[1] / max(self.window_pace[0], 1e-9), 1),
                 }
             )
-            self.window = [0.0, 0]
+            self.window, self.window_pace = [0.0, 0], [0.0, 0]
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:

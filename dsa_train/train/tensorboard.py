@@ -6,7 +6,7 @@ torch's ``SummaryWriter`` (the ``tensorboard`` package must be installed: ``pip 
 dsa-train[tensorboard]``). A resumed run purges the events after its checkpoint's step, as
 it cuts metrics.jsonl back, so the curves do not fold back on themselves.
 
-Tags: ``train/loss``, ``train/lr``, ``epoch/loss``, ``epoch/items_per_s``, and per evaluation
+Tags: ``train/loss``, ``train/lr``, ``train/items_per_s``, ``epoch/loss``, ``epoch/items_per_s``, and per evaluation
 ``<split>/<group>/<metric>`` (``valid/both/mrr``, ``test/probe/accuracy``...), each at its step.
 """
 
@@ -32,7 +32,7 @@ def scalars(record: dict) -> list[tuple[str, float]]:
     """The (tag, value) pairs of one metrics record (see the module's docstring)."""
     kind = record.get("kind")
     if kind == "train":
-        return [(f"train/{k}", record[k]) for k in ("loss", "lr") if _number(record.get(k))]
+        return [(f"train/{k}", record[k]) for k in ("loss", "lr", "items_per_s") if _number(record.get(k))]
     if kind == "epoch":
         return [(f"epoch/{k}", record[k]) for k in ("loss", "items_per_s") if _number(record.get(k))]
     if kind == "eval":
