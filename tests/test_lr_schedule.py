@@ -140,7 +140,9 @@ def test_a_step_scheduled_run_lowers_both_rates_after_its_milestone(tmp_path, mo
     path = tmp_path / "step.yaml"
     step = f"schedule: step, final_lr_ratio: 0.1, decay_after_epochs: {milestone}"
     path.write_text(
-        RECIPE.replace("schedule: cosine, final_lr_ratio: 0.1", step).replace("epochs: 2,", f"epochs: {epochs},")
+        RECIPE.replace("schedule: cosine, final_lr_ratio: 0.1", step)
+        .replace("epochs: 2,", f"epochs: {epochs},")
+        .replace("checkpoint_every: 10,", "checkpoint_every: 1000,")  # no resume here: one checkpoint at the end
     )
     real_step = loop.Training.step
     rates = []
@@ -234,6 +236,7 @@ def test_a_plateau_run_lowers_its_rate_after_its_evaluations_and_resumes_exactly
             "schedule: cosine, final_lr_ratio: 0.1", "schedule: plateau, plateau_patience: 1, final_lr_ratio: 0.1"
         )
         .replace("epochs: 2,", "epochs: 8,")
+        .replace("checkpoint_every: 10,", "checkpoint_every: 50,")  # the resume below starts at 150
         .replace("lr: 0.01,", "lr: 0.3,")  # too high: the evaluations stop improving
     )
     whole, broken = tmp_path / "whole", tmp_path / "broken"
