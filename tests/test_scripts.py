@@ -3,6 +3,7 @@ benchmark scripts' quick versions."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -473,3 +474,28 @@ def test_bench_peers_runs_ours_and_pyg_and_names_a_missing_peer(tmp_path):
         assert cell["triples_per_s"] > 0 and cell["peak_rss_anon_mib"] > 10 and cell["wall_s"] > 0
         assert 0 < cell["test_mrr"] <= 1 and 0 < cell["test_hits_at_10"] <= 1
         assert cell["result"]["train_triples"] == 240  # one epoch of the training split
+
+
+@pytest.mark.slow  # about 15 s: four training processes on a generated graph
+def test_bench_peers_scale_trains_each_tool_and_refuses_a_table_the_ram_cannot_hold(tmp_path, monkeypatch):
+    """Thirty steps of each tool on a 3,000-entity graph; a tool whose tables need more than three
+    quarters of the RAM available is reported as not started, never started."""
+    result = run_script(
+        SCRIPTS / "bench_peers_scale.py",
+        *("--entities", "3000", "--steps", "30", "--work", str(tmp_path), "--json", str(tmp_path / "s.json")),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = {r["tool"]: r for r in json.loads((tmp_path / "s.json").read_text())["rows"]}
+    assert set(rows) == {"ours", "ours-disk", "pyg", "pyg-sparse"}
+    for tool, row in rows.items():
+        assert row["status"] == "ok", (tool, row.get("tail"))
+        assert row["triples_per_s"] > 0 and row["peak_rss_anon_mib"] > 10, row
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]  # graphs and runs removed
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_peers_scale
+
+    monkeypatch.setattr(bench_peers_scale, "available_bytes", lambda: 8 * bench_peers_scale.GiB)
+    refused = bench_peers_scale.run_tool("pyg", tmp_path / "never-read", 10**7, argparse.Namespace(dim=128))
+    assert refused["status"].startswith("not started: its tables need 19.1 GiB of RAM, 8.0 GiB available")

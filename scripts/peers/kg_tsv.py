@@ -3,6 +3,7 @@ for the peer runners, which run in the peers' own environments (torch, no dsa_tr
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -46,3 +47,16 @@ class Clock:
 
 def write_result(path: Path, result: dict) -> None:
     Path(path).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every peer runner takes besides ``--model`` and ``--setting``."""
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--epochs", type=int, required=True)
+    p.add_argument("--dim", type=int, default=128, help="real coordinates (ComplEx and RotatE: dim / 2 complex)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--valid-every", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", type=Path, required=True)

@@ -23,7 +23,7 @@ import torch_geometric
 from torch_geometric.nn import kge
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kg_tsv import Clock, read_graph, write_result  # noqa: E402
+from kg_tsv import Clock, add_run_arguments, read_graph, write_result  # noqa: E402
 
 MODELS = {"transe": kge.TransE, "distmult": kge.DistMult, "complex": kge.ComplEx, "rotate": kge.RotatE}
 # examples/kge_fb15k_237.py: hidden_channels 50, batch 1,000, these optimizers (RotatE is not in
@@ -97,17 +97,9 @@ def scale_run(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, required=True)
     p.add_argument("--model", choices=MODELS, required=True)
     p.add_argument("--setting", choices=["equal", "default"], required=True)
-    p.add_argument("--epochs", type=int, required=True)
-    p.add_argument("--dim", type=int, default=128, help="real coordinates (ComplEx and RotatE: dim / 2 complex)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--valid-every", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, required=True)
+    add_run_arguments(p)
     p.add_argument("--max-steps", type=int, help="train this many steps, evaluate nothing (scale runs)")
     p.add_argument("--sparse", action="store_true", help="sparse tables and torch.optim.SparseAdam")
     args = p.parse_args(argv)

@@ -33,7 +33,7 @@ from pykeen.training.callbacks import TrainingCallback
 from pykeen.triples import TriplesFactory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kg_tsv import Clock, read_graph, write_result  # noqa: E402
+from kg_tsv import Clock, add_run_arguments, read_graph, write_result  # noqa: E402
 
 NAMES = {"transe": "TransE", "distmult": "DistMult", "complex": "ComplEx", "rotate": "RotatE"}
 MRR = "both.realistic.inverse_harmonic_mean_rank"
@@ -62,18 +62,10 @@ class ValidationTimes(TrainingCallback):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, required=True)
     p.add_argument("--model", choices=NAMES, required=True)
     p.add_argument("--setting", choices=["equal", "equal-nssa", "default"], required=True)
-    p.add_argument("--epochs", type=int, required=True, help="equal setting only (default: PyKEEN's 5)")
-    p.add_argument("--dim", type=int, default=128, help="real coordinates (ComplEx and RotatE: dim / 2 complex)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=0.01)
+    add_run_arguments(p)  # --epochs: the equal setting's (the default setting runs PyKEEN's 5)
     p.add_argument("--negatives", type=int, default=64, help="negatives per positive")
-    p.add_argument("--valid-every", type=int, default=5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     logging.disable(logging.WARNING)
