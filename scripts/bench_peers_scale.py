@@ -13,12 +13,15 @@ these rows measure what a step costs and what the process holds, not quality.
 Tools: ``ours`` (the table in RAM, DiskSparseAdam's moments on disk), ``ours-disk`` (the table
 on disk too: ``model.embedding_storage: disk``), ``pyg`` (its example's dense Adam: the table,
 its gradient and two moments in RAM, every row updated each step), ``pyg-sparse``
-(``sparse=True`` and ``torch.optim.SparseAdam``: the table and two dense moments). A tool whose
+(``sparse=True`` and ``torch.optim.SparseAdam``: the table and two dense moments), ``pykeen``
+(sLCWA with dense Adam, in the environment ``scripts/peers/setup.sh pykeen`` makes; "not
+installed" without it). A tool whose
 tables would need more than three quarters of the RAM available is not started (starting it
 would push this shared machine into swap or the OOM killer); its row says how much it needs.
 
 Negatives: PyG scores one corrupted triple per positive and cannot score more; dsa-train shares
-``--negatives`` / 2 entities per step, scored on both sides (default 2, PyG's count plus one).
+``--negatives`` / 2 entities per step, scored on both sides (default 2, PyG's count plus one);
+PyKEEN corrupts ``--negatives`` triples per positive.
 Triples/s counts the steps after the first ten (PyG) or after the first logged window (ours:
 the ``items_per_s`` of its ``train`` records, steps' own seconds).
 """
@@ -40,7 +43,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_peers import run_measured  # noqa: E402
 
-TOOLS = ("ours", "ours-disk", "pyg", "pyg-sparse")
+TOOLS = ("ours", "ours-disk", "pyg", "pyg-sparse", "pykeen")
 RELATIONS = 100
 GiB = 2**30
 
@@ -68,7 +71,7 @@ def write_graph(folder: Path, entities: int, seed: int = 0) -> int:
 def need_bytes(tool: str, entities: int, dim: int) -> int:
     """RAM the tool's tables need: the entity table, plus what its optimizer keeps beside it."""
     table = entities * dim * 4
-    return {"ours": table, "ours-disk": 0, "pyg": 4 * table, "pyg-sparse": 3 * table}[tool]
+    return {"ours": table, "ours-disk": 0, "pyg": 4 * table, "pyg-sparse": 3 * table, "pykeen": 4 * table}[tool]
 
 
 def available_bytes() -> int:
@@ -110,6 +113,9 @@ def ours_recipe(graph: Path, args, disk: bool) -> str:
 
 def run_tool(tool: str, graph: Path, entities: int, args) -> dict:
     row = {"entities": entities, "tool": tool}
+    python = args.peers_home / "pykeen" / "bin" / "python" if tool == "pykeen" else Path(sys.executable)
+    if not python.exists():
+        return {**row, "status": "not installed"}
     need = need_bytes(tool, entities, args.dim)
     free = available_bytes()
     if need > 0.75 * free:  # the rest for torch, the ids, the page cache and this machine's other work
@@ -127,12 +133,15 @@ def run_tool(tool: str, graph: Path, entities: int, args) -> dict:
             argv = [sys.executable, "-m", "dsa_train", "run", str(recipe), "-o", str(tmp / "run")]
             env["DSA_DATA_ROOT"] = str(tmp / "data")  # the import's own folder, removed with tmp
         else:
-            argv = [sys.executable, str(ROOT / "scripts" / "peers" / "run_pyg.py"), "--data", str(graph)]
+            runner = "run_pykeen.py" if tool == "pykeen" else "run_pyg.py"
+            argv = [str(python), str(ROOT / "scripts" / "peers" / runner), "--data", str(graph)]
             argv += ["--model", "transe", "--setting", "equal", "--epochs", "1", "--dim", str(args.dim)]
             argv += ["--batch-size", str(args.batch_size), "--threads", str(args.threads)]
             argv += ["--max-steps", str(args.steps), "--out", str(tmp / "result.json")]
             if tool == "pyg-sparse":
                 argv.append("--sparse")
+            if tool == "pykeen":
+                argv += ["--negatives", str(args.negatives)]
         measured = run_measured(argv, env, tmp, args.timeout)
         row["command"] = " ".join(argv).replace(str(tmp), "$TMP").replace(str(graph), "$GRAPH")
         if measured["rc"] != 0:
@@ -176,6 +185,12 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
     p.add_argument("--work", type=Path, default=None, help="where the graphs and runs go (default: a temp folder)")
     p.add_argument("--json", type=Path, help="write the rows here")
+    p.add_argument(
+        "--peers-home",
+        type=Path,
+        default=Path(os.environ.get("PEERS_HOME", Path.home() / ".cache" / "dsa-train-peers")),
+        help="where scripts/peers/setup.sh put the peers' environments",
+    )
     args = p.parse_args(argv)
     tools = [t for t in args.tools.split(",") if t]
     unknown = set(tools) - set(TOOLS)

@@ -483,15 +483,17 @@ def test_bench_peers_scale_trains_each_tool_and_refuses_a_table_the_ram_cannot_h
     result = run_script(
         SCRIPTS / "bench_peers_scale.py",
         *("--entities", "3000", "--steps", "30", "--work", str(tmp_path), "--json", str(tmp_path / "s.json")),
+        *("--peers-home", str(tmp_path / "peers")),
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
     rows = {r["tool"]: r for r in json.loads((tmp_path / "s.json").read_text())["rows"]}
-    assert set(rows) == {"ours", "ours-disk", "pyg", "pyg-sparse"}
+    assert set(rows) == {"ours", "ours-disk", "pyg", "pyg-sparse", "pykeen"}
+    assert rows.pop("pykeen")["status"] == "not installed"  # an empty peers folder: named, not skipped
     for tool, row in rows.items():
         assert row["status"] == "ok", (tool, row.get("tail"))
         assert row["triples_per_s"] > 0 and row["peak_rss_anon_mib"] > 10, row
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]  # graphs and runs removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.json"]  # graphs and runs removed (no peers folder made)
 
     monkeypatch.syspath_prepend(str(SCRIPTS))
     import bench_peers_scale

@@ -13,6 +13,10 @@ defaults: 5 epochs, dimension 50, Adam, each model's default loss, one negative 
 Validation MRR is measured every ``--valid-every`` epochs by a training callback, its time taken
 out of the training time. Test metrics: PyKEEN's ``RankBasedEvaluator``, filtered against
 train + valid + test, realistic ranks.
+
+``--max-steps`` (the scale runs of ``scripts/bench_peers_scale.py``): that many sLCWA steps of the
+equal setting's TransE on ``ids.npz``, evaluating nothing: one epoch over the first
+``max_steps x batch_size`` training triples, with every entity of the graph in the model.
 """
 
 from __future__ import annotations
@@ -60,16 +64,61 @@ class ValidationTimes(TrainingCallback):
         self.clock.excluded += time.perf_counter() - began
 
 
+def scale_run(args) -> int:
+    """``--max-steps`` steps of TransE (L2, no entity constraint, softplus, Adam) on ``ids.npz``."""
+    from pykeen.models import TransE
+    from pykeen.training import SLCWATrainingLoop
+    from pykeen.triples import CoreTriplesFactory
+
+    ids = np.load(args.data / "ids.npz")
+    train = torch.from_numpy(ids["train"][: args.max_steps * args.batch_size])
+    factory = CoreTriplesFactory.create(
+        mapped_triples=train, num_entities=int(ids["entities"]), num_relations=int(ids["relations"])
+    )
+    model = TransE(
+        triples_factory=factory,
+        embedding_dim=args.dim,
+        scoring_fct_norm=2,
+        entity_constrainer=None,
+        loss="softplus",
+        random_seed=args.seed,
+    )
+    loop = SLCWATrainingLoop(
+        model=model,
+        triples_factory=factory,
+        optimizer=torch.optim.Adam(model.parameters(), lr=args.lr),
+        negative_sampler="basic",
+        negative_sampler_kwargs={"num_negs_per_pos": args.negatives},
+    )
+    clock = Clock()
+    loop.train(triples_factory=factory, num_epochs=1, batch_size=args.batch_size, use_tqdm=False)
+    write_result(
+        args.out,
+        {
+            "tool": "pykeen",
+            "version": pykeen.get_version(),
+            "train_seconds": clock.train_seconds(),
+            "train_triples": factory.num_triples,
+            "steps": -(-factory.num_triples // args.batch_size),
+            "settings": {"optimizer": "Adam (dense)", "negatives_per_positive": args.negatives},
+        },
+    )
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=NAMES, required=True)
     p.add_argument("--setting", choices=["equal", "equal-nssa", "default"], required=True)
     add_run_arguments(p)  # --epochs: the equal setting's (the default setting runs PyKEEN's 5)
     p.add_argument("--negatives", type=int, default=64, help="negatives per positive")
+    p.add_argument("--max-steps", type=int, help="train this many steps, evaluate nothing (scale runs)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
+    if args.max_steps is not None:
+        return scale_run(args)
     entities, relations, splits = read_graph(args.data)
     factories = {
         s: TriplesFactory(torch.tensor(rows, dtype=torch.long), entity_to_id=entities, relation_to_id=relations)
