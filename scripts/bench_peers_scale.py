@@ -222,7 +222,10 @@ def main(argv=None) -> int:
         print(f"| {r['entities']:,} | {r['tool']} | {rate} | {peak} | {wall} | {r['status']} |")
     if args.json:
         args.json.write_text(
-            json.dumps({"args": vars(args) | {"json": str(args.json), "work": str(args.work)}, "rows": rows}, indent=1)
+            json.dumps(
+                {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "rows": rows},
+                indent=1,
+            )
             + "\n"
         )
     return 0
