@@ -61,7 +61,8 @@ def train_child(
     from dsa_train.data.order import Shuffle
     from dsa_train.memory import peak_rss_bytes
     from dsa_train.recipe import load_recipe
-    from dsa_train.train.loop import Training, step_seed
+    from dsa_train.train.loop import Training
+    from dsa_train.train.seeding import step_seed
     from dsa_train.train.run_folder import RunFolder
 
     with tempfile.TemporaryDirectory(prefix=f"dsa-bench-{kind}-", dir=folder) as tmp:

@@ -45,6 +45,7 @@ from .optimizers import (
     restore_state_dir,
 )
 from .run_folder import MetricsLog, RunFolder
+from .seeding import seed_step, step_seed
 from .tables import TableSite
 from .task import Task
 from .tasks import make_task
@@ -64,19 +65,6 @@ def resolve_device(choice: str) -> torch.device:
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(choice)
-
-
-def step_seed(seed: int, step: int) -> int:
-    return (seed * 1_000_003 + step) % (1 << 62)
-
-
-def seed_step(seed: int) -> None:
-    """Seed the generators a step draws from: what ``torch.manual_seed`` does for the CPU and
-    CUDA, without its cost where CUDA is not initialised (there it records a stack trace for
-    each lazy device, about 1 ms a call, which a 256-triple step on a small graph noticed)."""
-    torch.default_generator.manual_seed(seed)
-    if torch.cuda.is_initialized():
-        torch.cuda.manual_seed_all(seed)
 
 
 class Training:

@@ -24,6 +24,7 @@ from ..distributed.group import World
 from ..models.node import SkipGram, distinct_nodes
 from ..recipe import Recipe
 from .node2vec import Node2VecTask, evaluate_node_embeddings
+from .seeding import seed_step
 from .shards import ShardedRows, ShardedTask, sharded_layout, wait_for_import
 from .tables import TableSite
 
@@ -49,7 +50,7 @@ class ShardedNode2VecTask(ShardedTask, Node2VecTask):
         seed = int(torch.randint(0, 1 << 62, (1,)))  # the step's: the same on every rank
         sliced = []
         for m, a, b in shards.my_slices(n):
-            torch.manual_seed(seed + m)  # the slice's walks depend on the step and the slice alone
+            seed_step(seed + m)  # the slice's walks depend on the step and the slice alone
             nodes, positive, negative = distinct_nodes(*self.windows(picked[a:b]))
             sliced.append((m, nodes, positive, negative))
         ids = torch.cat([nodes for _, nodes, _, _ in sliced]) if sliced else torch.empty(0, dtype=torch.int64)
