@@ -22,8 +22,8 @@ would push this shared machine into swap or the OOM killer); its row says how mu
 Negatives: PyG scores one corrupted triple per positive and cannot score more; dsa-train shares
 ``--negatives`` / 2 entities per step, scored on both sides (default 2, PyG's count plus one);
 PyKEEN corrupts ``--negatives`` triples per positive.
-Triples/s counts the steps after the first ten (PyG) or after the first logged window (ours:
-the ``items_per_s`` of its ``train`` records, steps' own seconds).
+Triples/s counts the steps after the first ten (PyG, PyKEEN: ``kg_tsv.WARM_STEPS``) or after
+the first logged window (ours: the ``items_per_s`` of its ``train`` records, steps' own seconds).
 """
 
 from __future__ import annotations

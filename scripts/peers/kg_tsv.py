@@ -49,6 +49,22 @@ def write_result(path: Path, result: dict) -> None:
     Path(path).write_text(json.dumps(result, indent=1) + "\n")
 
 
+#: steps a scale run (``--max-steps``) trains before its clock starts: allocation, first touches
+WARM_STEPS = 10
+
+
+def add_max_steps_argument(p: argparse.ArgumentParser) -> None:
+    """``--max-steps``: a scale run of that many steps, evaluating nothing, timed after :data:`WARM_STEPS`."""
+
+    def steps(text: str) -> int:
+        value = int(text)
+        if value <= WARM_STEPS:
+            raise argparse.ArgumentTypeError(f"must be above {WARM_STEPS} (the untimed first steps), got {value}")
+        return value
+
+    p.add_argument("--max-steps", type=steps, help="train this many steps, evaluate nothing (scale runs)")
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     """The options every peer runner takes besides ``--model`` and ``--setting``."""
     p.add_argument("--data", type=Path, required=True)

@@ -23,7 +23,7 @@ import torch_geometric
 from torch_geometric.nn import kge
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kg_tsv import Clock, add_run_arguments, read_graph, write_result  # noqa: E402
+from kg_tsv import WARM_STEPS, Clock, add_max_steps_argument, add_run_arguments, read_graph, write_result  # noqa: E402
 
 MODELS = {"transe": kge.TransE, "distmult": kge.DistMult, "complex": kge.ComplEx, "rotate": kge.RotatE}
 # examples/kge_fb15k_237.py: hidden_channels 50, batch 1,000, these optimizers (RotatE is not in
@@ -56,7 +56,7 @@ def filtered_metrics(
 def scale_run(args) -> int:
     """``--max-steps`` steps of the equal setting on ``ids.npz`` (written beside the TSV files
     by ``bench_peers_scale.py``: reading tens of millions of TSV lines as Python tuples would
-    measure the reader, not PyG); the seconds of the steps after the first ten."""
+    measure the reader, not PyG); the seconds of the steps after the first ``WARM_STEPS``."""
     import numpy as np
 
     ids = np.load(args.data / "ids.npz")
@@ -76,7 +76,7 @@ def scale_run(args) -> int:
             model.loss(h, rel, t).backward()
             optimizer.step()
             steps += 1
-            if steps == 10:
+            if steps == WARM_STEPS:
                 warm = Clock()
             if steps == args.max_steps:
                 break
@@ -87,7 +87,7 @@ def scale_run(args) -> int:
             "tool": "pyg",
             "version": torch_geometric.__version__,
             "train_seconds": seconds,
-            "train_triples": (steps - 10) * args.batch_size,
+            "train_triples": (steps - WARM_STEPS) * args.batch_size,
             "steps": steps,
             "settings": {"optimizer": kind.__name__, "sparse": args.sparse, "negatives_per_positive": 1},
         },
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", choices=MODELS, required=True)
     p.add_argument("--setting", choices=["equal", "default"], required=True)
     add_run_arguments(p)
-    p.add_argument("--max-steps", type=int, help="train this many steps, evaluate nothing (scale runs)")
+    add_max_steps_argument(p)
     p.add_argument("--sparse", action="store_true", help="sparse tables and torch.optim.SparseAdam")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
