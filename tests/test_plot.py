@@ -4,8 +4,11 @@ tune folder's trials, and TensorBoard's events read back with tensorboard's own 
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
+import time
+import types
 
 import pytest
 from typer.testing import CliRunner
@@ -14,6 +17,7 @@ from dsa_train.cli.app import app
 from dsa_train.errors import DsaError
 from dsa_train.plot import figure, save
 from dsa_train.recipe import parse_recipe
+from dsa_train.train import loop
 from dsa_train.train.run_folder import MetricsLog, RunFolder
 
 RECIPE = """
@@ -131,3 +135,26 @@ def test_tensorboard_events_hold_the_metrics_records(tmp_path):
         [r["both"]["mrr"] for r in valid], rel=1e-6
     )
     assert "test/both/hits_at_10" in events.Tags()["scalars"]
+
+
+def test_a_train_records_items_per_s_is_its_windows_items_over_its_steps_seconds(tmp_path, monkeypatch):
+    """With a clock that moves one second per reading, every step lasts exactly one second, so a
+    train record's items_per_s is the mean batch size of the steps since the record before."""
+    ticks = itertools.count()
+    fake = {k: getattr(time, k) for k in dir(time) if not k.startswith("_")}
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(**{**fake, "perf_counter": lambda: float(next(ticks))}))
+    sizes, real_step = [], loop.Training.step
+
+    def recording(self, picked):
+        sizes.append(len(picked))
+        return real_step(self, picked)
+
+    monkeypatch.setattr(loop.Training, "step", recording)
+    run = _train(tmp_path)
+    train = [r for r in MetricsLog.read(run / "metrics.jsonl") if r.get("kind") == "train"]
+    assert len(set(sizes)) == 2  # full batches and each epoch's shorter last one
+    before = 0
+    for r in train:
+        window = sizes[before : r["step"]]
+        assert r["items_per_s"] == pytest.approx(sum(window) / len(window), abs=0.05), r
+        before = r["step"]
