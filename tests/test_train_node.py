@@ -163,3 +163,52 @@ def test_a_seeded_step_has_the_same_gradient_every_time_on_several_threads(two_t
     for _ in range(3):
         again = _gradients(loss_of, params)
         assert len(first) == len(again) == len(params) > 0 and all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.parametrize("num_nodes", [40, 100_000])  # the mask path, then the sort path
+def test_distinct_nodes_is_torch_unique_on_either_path(num_nodes):
+    torch.manual_seed(1)
+    positive, negative = torch.randint(0, num_nodes, (30, 4)), torch.randint(0, num_nodes, (30, 4))
+    nodes, local_positive, local_negative = node.distinct_nodes(positive, negative, num_nodes)
+    expected, inverse = torch.unique(torch.cat([positive.reshape(-1), negative.reshape(-1)]), return_inverse=True)
+    assert torch.equal(nodes, expected)
+    assert torch.equal(torch.cat([local_positive.reshape(-1), local_negative.reshape(-1)]), inverse)
+    assert torch.equal(nodes[local_positive], positive) and torch.equal(nodes[local_negative], negative)
+
+
+@pytest.mark.parametrize("limit", ["gram", "gather"])
+def test_skipgram_loss_is_the_mean_logistic_loss_of_its_pairs(monkeypatch, limit):
+    """Against the objective written out pair by pair: -log(sigmoid(z_u . z_v) + 1e-15) over the
+    positive pairs (a window's first node with each other), the same of -z_u . z_w over the
+    negative pairs, each averaged."""
+    if limit == "gather":
+        monkeypatch.setattr(node, "GRAM_LIMIT", 0)
+    torch.manual_seed(2)
+    model = node.SkipGram(12, 3)
+    positive, negative = torch.randint(0, 12, (5, 4)), torch.randint(0, 12, (5, 4))
+    z = model.embedding.weight.detach().double()
+
+    def mean_loss(windows, sign):
+        terms = [-torch.log(torch.sigmoid(sign * z[w[0]] @ z[v]) + 1e-15) for w in windows.tolist() for v in w[1:]]
+        return sum(terms) / len(terms)
+
+    expected = mean_loss(positive, 1) + mean_loss(negative, -1)
+    assert model.loss(positive, negative).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_skipgram_starts_at_pygs_draw_scaled_by_init_std():
+    """init_std 1.0 draws what nn.Embedding (PyG's Node2Vec) draws from the same seed; another
+    init_std scales those very draws; the recipe key reaches the task's table."""
+    torch.manual_seed(3)
+    pyg = torch.nn.Embedding(50, 8, sparse=True).weight.detach()
+    torch.manual_seed(3)
+    assert torch.equal(node.SkipGram(50, 8).embedding.weight.detach(), pyg)
+    torch.manual_seed(3)
+    assert torch.equal(node.SkipGram(50, 8, init_std=0.003).embedding.weight.detach(), pyg * 0.003)
+
+    from dsa_train.recipe import load_recipe
+    from dsa_train.train.node2vec import Node2VecTask
+
+    recipe = load_recipe(REPO_RECIPES / "karate-node2vec.yaml", ["model.node2vec.init_std=0.003"])
+    weight = Node2VecTask(recipe, torch.device("cpu")).model.embedding.weight.detach()
+    assert 0.0025 < float(weight.std()) < 0.0035  # 34 x 16 draws: their spread within 17% of 0.003

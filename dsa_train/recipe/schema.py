@@ -391,6 +391,12 @@ class Node2VecConfig:
     p: float = _help("return parameter: 1/p weighs going back to the previous node", _positive, default=1.0)
     q: float = _help("in-out parameter: 1/q weighs moving away from the previous node", _positive, default=1.0)
     negatives: int = _help("negative windows per positive window", _positive, default=1)
+    init_std: float = _help(
+        "standard deviation of the nodes' normal start: 1.0 is PyG's Node2Vec (dozens of epochs to converge); "
+        "word2vec's spread, about 0.5 / dim (0.003 at dim 128), learns as much in one or two",
+        _positive,
+        default=1.0,
+    )
 
     def problems(self) -> list[tuple[str, str]]:
         if self.context_size > self.walk_length + 1:

@@ -98,7 +98,7 @@ def _sharded(recipe: Recipe, paths: list[Path], name: str, key: str, num_rows: i
             site = TableSite(
                 CheckpointStore.get_tables_dir(path), writable=False, versions=CheckpointStore.table_versions(path)
             )
-            std = recipe.model.init_std if recipe.is_kge else SkipGram.INIT_STD
+            std = recipe.model.init_std if recipe.is_kge else recipe.model.node2vec.init_std
             shards.append(
                 disk_table(
                     recipe,

@@ -78,8 +78,8 @@ class Node2VecTask(Task):
         self.sampler = WalkSampler(g.rowptr, g.col, p=self.config.p, q=self.config.q, max_degree=g.max_degree)
         working = [node2vec_working(recipe, self.graph.num_nodes)]
         check_sizes(recipe, device, tables, table="nodes", rows=self.layout.rows_here, other=0, working=working)
-        table = self.layout.make_table(recipe, tables, "nodes", std=SkipGram.INIT_STD)
-        self.model = SkipGram(self.graph.num_nodes, recipe.model.dim, embedding=table).to(device)
+        table = self.layout.make_table(recipe, tables, "nodes", std=self.config.init_std)
+        self.model = SkipGram(g.num_nodes, recipe.model.dim, init_std=self.config.init_std, embedding=table).to(device)
 
     def prefetch(self, picked: Tensor) -> None:
         # The walks are drawn inside the step; their start nodes are known now.

@@ -51,7 +51,7 @@ class ShardedNode2VecTask(ShardedTask, Node2VecTask):
         sliced = []
         for m, a, b in shards.my_slices(n):
             seed_step(seed + m)  # the slice's walks depend on the step and the slice alone
-            nodes, positive, negative = distinct_nodes(*self.windows(picked[a:b]))
+            nodes, positive, negative = distinct_nodes(*self.windows(picked[a:b]), self.graph.num_nodes)
             sliced.append((m, nodes, positive, negative))
         ids = torch.cat([nodes for _, nodes, _, _ in sliced]) if sliced else torch.empty(0, dtype=torch.int64)
         rows = shards.fetch(ids, "fetching the step's node rows")
