@@ -502,3 +502,21 @@ def test_bench_peers_scale_trains_each_tool_and_refuses_a_table_the_ram_cannot_h
     monkeypatch.setattr(bench_peers_scale, "available_bytes", lambda: 24 * bench_peers_scale.GiB)
     refused = bench_peers_scale.run_tool("pyg", tmp_path / "never-read", 10**7, argparse.Namespace(dim=128))
     assert refused["status"].startswith("not started: its tables need 19.1 GiB of RAM, 24.0 GiB available")
+
+
+@pytest.mark.slow  # about 20 s: two training processes on the karate club
+def test_bench_node2vec_peers_probes_our_run_and_names_a_missing_peer(tmp_path):
+    result = run_script(
+        SCRIPTS / "bench_node2vec_peers.py",
+        *("--recipe", "karate-node2vec", "--set", "train.epochs=5", "--repeats", "2", "--threads", "1"),
+        *("--peers-home", str(tmp_path / "peers"), "--json", str(tmp_path / "n.json")),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    runs = json.loads((tmp_path / "n.json").read_text())["runs"]
+    ours = [r for r in runs if r["tool"] == "ours"]
+    assert [r["status"] for r in ours] == ["ok", "ok"]
+    for r in ours:
+        assert 0 <= r["test"] <= 1 and r["train_s"] > 0 and r["peak_rss_anon_mib"] > 10, r
+    assert {r["status"] for r in runs if r["tool"] == "pecanpy"} == {"not installed"}  # named, not skipped
+    assert "| pecanpy | not installed |" in result.stdout
