@@ -326,7 +326,8 @@ def _print(document: dict, inspector: StateInspector, selected: list[tuple[int, 
         stderr.print("not closed cleanly: its moments may be ahead of its step counters", highlight=False)
     if document["memory_budget"] is not None:
         stdout.print(
-            f"memory budget {_bytes(document['memory_budget'])}: the changed rows its last writer could keep in memory between flushes",
+            f"memory budget {_bytes(document['memory_budget'])}: the changed rows its last writer could keep in memory "
+            "between flushes, a step's own writes included",
             highlight=False,
         )
     if document["checkpoint"]:

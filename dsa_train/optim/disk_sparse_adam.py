@@ -340,6 +340,7 @@ class DiskSparseAdam(Optimizer):
                 )
         for _, p in work:
             store.files[self._keys[p]].reserve(p.grad._indices()[0])
+        self._make_room(store, work)
         if work and store.clean:
             store.groups = self._groups_summary()
             store.mark_dirty()
@@ -367,6 +368,19 @@ class DiskSparseAdam(Optimizer):
                 hint="free disk space (or raise memory_budget) and continue; flush() writes them",
             ) from e
         return loss
+
+    def _make_room(self, store, work) -> None:
+        """Before the first write: the step's pages are counted now (``reserve`` marked them),
+        so past the budget the coldest other pages leave first and the step's writes do not
+        take the moments' memory past it (a step that alone needs more than the budget holds
+        its own pages, no others). Where the disk cannot take the pages that would leave, the
+        step goes on over the budget: the eviction after it meets the same error and names it,
+        with the step complete."""
+        for _, p in work:
+            try:
+                store.files[self._keys[p]].make_room()
+            except OSError:
+                pass
 
     @torch.no_grad()
     def load_rows(self, param: Tensor, rows: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, step: int) -> None:

@@ -37,8 +37,8 @@ from ..fsutil import libc
 from ..memory import host_available_bytes, host_total_bytes
 
 PAGE = mmap.PAGESIZE
-RESIDENT, REFERENCED, PINNED, CLEAN = 1, 2, 4, 8
-NOT_REFERENCED, NOT_CLEAN = 0xFF ^ REFERENCED, 0xFF ^ CLEAN
+RESIDENT, REFERENCED, PINNED, CLEAN, STEP = 1, 2, 4, 8, 16
+NOT_REFERENCED, NOT_CLEAN, NOT_STEP = 0xFF ^ REFERENCED, 0xFF ^ CLEAN, 0xFF ^ STEP
 PAGEMAP_CHUNK = 1 << 20  # pages whose pagemap entries are read at once (8 MiB)
 WRITE_CHUNK = 8 << 20
 MADV_DONTNEED = 4
@@ -129,6 +129,7 @@ class PageResidency:
         self.budget = budget
         self.hand = 0  # the CLOCK hand
         self._marked = 0  # pages marked since the last count: an upper bound of the growth
+        self._step_pages: list[np.ndarray] = []  # the pages the current step marked (STEP)
         self._resident = 0  # pages flagged RESIDENT at the last count
         self.pinned = False  # some range is held
         self.stats = {"written_bytes": 0, "evicted_bytes": 0}
@@ -155,8 +156,15 @@ class PageResidency:
         if self.unbounded and not self.pinned:
             return
         for pages in (first_page, last_page):
-            self.flags[pages] = (self.flags[pages] | (RESIDENT | REFERENCED)) & NOT_CLEAN
+            self.flags[pages] = (self.flags[pages] | (RESIDENT | REFERENCED | STEP)) & NOT_CLEAN
+            self._step_pages.append(pages)
         self._marked += len(first_page) * 2
+
+    def end_step(self) -> None:
+        """The step whose pages :meth:`mark` recorded has written them: they may leave again."""
+        for pages in self._step_pages:
+            self.flags[pages] &= NOT_STEP
+        self._step_pages.clear()
 
     def mark_ranges(self, first_page: np.ndarray, last_page: np.ndarray) -> None:
         """:meth:`mark` for records longer than a page."""
@@ -183,7 +191,8 @@ class PageResidency:
         while excess > 0 and scanned < 2 * self.pages:
             stop = min(self.hand + PAGEMAP_CHUNK, self.pages)
             chunk = self.flags[self.hand : stop]
-            candidates = np.flatnonzero((chunk & (RESIDENT | REFERENCED | PINNED)) == RESIDENT)
+            # (a page the current step is about to write, STEP, never leaves before the write)
+            candidates = np.flatnonzero((chunk & (RESIDENT | REFERENCED | PINNED | STEP)) == RESIDENT)
             if len(candidates) >= excess:
                 candidates = candidates[:excess]
                 stop = self.hand + int(candidates[-1]) + 1

@@ -183,13 +183,26 @@ class RowFile:
             with self._lock:
                 self.residency.budget = budget
 
-    def settle(self) -> int:
-        """After a step: if the changed pages exceed the budget, write the coldest out and drop
-        them, down to 97% of it (so that a step does not evict again at once). Returns the
-        bytes that left memory."""
+    def make_room(self) -> int:
+        """Before a step's writes, its pages marked by :meth:`reserve`: if they and the changed
+        pages exceed the budget, the coldest others are written out and dropped, down to 97%
+        of it, so the writes do not take the moments' memory past the budget (a step that
+        alone needs more keeps its own pages and no others). Returns the bytes that left."""
         if self.residency is None:
             return 0
         with self._lock:
+            if not self.residency.over_budget():
+                return 0
+            return self.residency.trim(int(self.residency.budget * SETTLE_TO))
+
+    def settle(self) -> int:
+        """After a step: its pages may leave again; if the changed pages exceed the budget,
+        write the coldest out and drop them, down to 97% of it (so that a step does not evict
+        again at once). Returns the bytes that left memory."""
+        if self.residency is None:
+            return 0
+        with self._lock:
+            self.residency.end_step()
             if not self.residency.over_budget():
                 return 0
             return self.residency.trim(int(self.residency.budget * SETTLE_TO))
