@@ -49,9 +49,13 @@ def test_recipes_lists_and_shows_the_shipped_ones_outside_a_checkout(tmp_path, m
 
 
 def test_every_package_folder_is_listed_for_installation():
-    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    mapped = {folder.replace("/", "."): package for package, folder in setuptools["package-dir"].items()}
     on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "dsa_train").rglob("__init__.py")}
-    assert on_disk <= listed and listed - on_disk == {"dsa_train.recipes"}
+    installed = {mapped.get(folder, folder) for folder in on_disk}  # dsa_train/dsa_alias/ installs as dsa
+    assert "dsa" in installed
+    assert installed <= listed and listed - installed == {"dsa_train.recipes"}
 
 
 def can_build_wheels_offline() -> bool:
@@ -97,3 +101,4 @@ def test_a_wheel_carries_the_recipes_and_the_kernel_source(tmp_path):
     names = zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist()
     assert {f"dsa_train/recipes/{name}.yaml" for name in SHIPPED} <= set(names)
     assert "dsa_train/optim/sparse_adam_rows.c" in names
+    assert "dsa/__init__.py" in names  # from dsa import DiskSparseAdam, as the seed writes it
