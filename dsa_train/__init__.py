@@ -20,6 +20,7 @@ __all__ = [
     "TrainingError",
     "__version__",
     "open_run",
+    "run",
 ]
 
 
@@ -38,4 +39,8 @@ def __getattr__(name: str):
         from .results import open_run
 
         return open_run
+    if name == "run":
+        from .entry import run
+
+        return run
     raise AttributeError(f"module 'dsa_train' has no attribute {name!r}")

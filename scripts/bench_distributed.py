@@ -317,7 +317,7 @@ def main() -> None:
         parser.error("--nproc and --extrapolate take positive integers; --max-steps and --threads must be at least 1")
 
     sys.path.insert(0, str(REPO))
-    from dsa_train.cli.recipes import find_recipe
+    from dsa_train.recipe.find import find_recipe
     from dsa_train.recipe import load_recipe  # only the recipe: torch stays in the ranks
 
     overrides = [

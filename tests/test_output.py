@@ -123,13 +123,13 @@ def test_the_command_line_prints_the_messages_on_stderr_as_note_did(tmp_path, no
     result = CliRunner().invoke(app, ["run", str(recipe), "-o", str(out)], terminal_width=300)
     assert result.exit_code == 0, result.output
     lines = result.stderr.splitlines()
-    # as printed before: the run folder (the CLI's), then the loop's notes, one plain line each
+    # as printed before: the run folder (now the lifecycle's note), then the loop's notes, one plain line each
     assert lines[0] == f"run folder: {out}"
     assert lines[1].startswith("synthetic-300: 300 entities, 6 relations, ") and lines[1].endswith(
         " train / valid / test triples"
     )
     assert lines[2].startswith("checkpoints: deltas of changed rows")
-    assert lines[1:3] == notes and not any(line.startswith(("INFO", "WARNING", "dsa_train")) for line in lines)
+    assert lines[0:3] == notes and not any(line.startswith(("INFO", "WARNING", "dsa_train")) for line in lines)
     assert lines[3].startswith("epoch 1: loss ") and lines[-1].startswith("test: MRR ")  # the progress lines, as before
     library = logging.getLogger("dsa_train")  # the command's handler is gone, the logger as it was
     assert (

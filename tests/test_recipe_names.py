@@ -16,7 +16,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from dsa_train.cli.app import app
-from dsa_train.cli.recipes import find_recipe
+from dsa_train.recipe.find import find_recipe
 
 from .helpers import skip_unless_ci
 

@@ -12,8 +12,7 @@ from rich.table import Table
 from ..errors import DsaError
 from ..train.cleanup import is_state_dir, parse_age, plan_clean, remove
 from ._errors import handle_errors
-from ._output import stderr, stdout
-from .inspect_state import _bytes
+from ._output import human_bytes, stderr, stdout
 
 
 def _default_paths() -> list[Path]:
@@ -73,12 +72,12 @@ def clean(
     if not plan.candidates:
         stdout.print("Nothing to clean.")
         return
-    table = Table(title=f"dsa-train clean: {len(plan.candidates)} to remove, {_bytes(plan.bytes)} freed")
+    table = Table(title=f"dsa-train clean: {len(plan.candidates)} to remove, {human_bytes(plan.bytes)} freed")
     for column in ("what", "path", "size", "age"):  # a path in a removal plan is never cut short
         table.add_column(column, justify="right" if column in ("size", "age") else "left", overflow="fold")
     now = time.time()
     for c in plan.candidates:
-        table.add_row(c.kind, _shown(c.path), _bytes(c.bytes), _age(now - c.modified))
+        table.add_row(c.kind, _shown(c.path), human_bytes(c.bytes), _age(now - c.modified))
     stdout.print(table)
     if dry_run:
         stdout.print("Dry run: nothing removed.")
@@ -98,7 +97,7 @@ def clean(
             freed += candidate.bytes
         except DsaError as e:
             stderr.print(str(e), highlight=False, soft_wrap=True)
-    stdout.print(f"Removed {sum(1 for c in plan.candidates if not c.path.exists())} items, freed {_bytes(freed)}.")
+    stdout.print(f"Removed {sum(1 for c in plan.candidates if not c.path.exists())} items, freed {human_bytes(freed)}.")
 
 
 def can_ask() -> bool:

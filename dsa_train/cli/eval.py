@@ -12,7 +12,7 @@ from ..train.run_folder import RunFolder, is_job, job_checkpoints
 from ..errors import DsaError
 from ._errors import handle_errors
 from ._output import ProgressReporter, command_output, metrics_table, stdout
-from .run import Device, launch_local
+from ._launch import Device, launch_local
 
 
 class Split(str, Enum):

@@ -17,7 +17,7 @@ from ..optim.format import MANIFEST
 from ..train.checkpoint_store import CheckpointStore
 from ..train.run_folder import JOB_MANIFEST, RANKS, STATE_DIR, RunFolder, job_checkpoints, read_marker
 from ._errors import handle_errors
-from ._output import ProgressReporter, stderr, stdout
+from ._output import ProgressReporter, human_bytes, stderr, stdout
 
 #: Most rows one ``--rows`` may ask for (per parameter): a table is printed, not dumped.
 MAX_ROWS = 100_000
@@ -326,7 +326,7 @@ def _print(document: dict, inspector: StateInspector, selected: list[tuple[int, 
         stderr.print("not closed cleanly: its moments may be ahead of its step counters", highlight=False)
     if document["memory_budget"] is not None:
         stdout.print(
-            f"memory budget {_bytes(document['memory_budget'])}: the changed rows its last writer could keep in memory "
+            f"memory budget {human_bytes(document['memory_budget'])}: the changed rows its last writer could keep in memory "
             "between flushes, a step's own writes included",
             highlight=False,
         )
@@ -345,8 +345,8 @@ def _print(document: dict, inspector: StateInspector, selected: list[tuple[int, 
             p["dtype"],
             p["layout"],
             f"{p['step']:,}",
-            _bytes(p["apparent_bytes"]),
-            _bytes(p["allocated_bytes"]),
+            human_bytes(p["apparent_bytes"]),
+            human_bytes(p["allocated_bytes"]),
             f"~{100 * p['touched_rows_fraction']:.1f}% of {p['sampled_rows']:,} sampled",
         )
     stdout.print(table)
@@ -358,8 +358,8 @@ def _print(document: dict, inspector: StateInspector, selected: list[tuple[int, 
         if p.get("chain"):
             base, *deltas = p["chain"]
             stdout.print(
-                f"{name}: base {base['file']} ({_bytes(base['bytes'])}) + {len(deltas)} delta{'s' if len(deltas) != 1 else ''} "
-                f"({_bytes(sum(d['bytes'] for d in deltas))}): " + ", ".join(d["file"] for d in deltas),
+                f"{name}: base {base['file']} ({human_bytes(base['bytes'])}) + {len(deltas)} delta{'s' if len(deltas) != 1 else ''} "
+                f"({human_bytes(sum(d['bytes'] for d in deltas))}): " + ", ".join(d["file"] for d in deltas),
                 highlight=False,
             )
         for key in ("m", "v", "effective_lr"):
@@ -397,11 +397,3 @@ def _print_check(check: dict) -> None:
                 f"({'rows' if len(found['first']) > 1 else 'row'} {', '.join(map(str, found['first']))}{more})",
                 highlight=False,
             )
-
-
-def _bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return str(n)

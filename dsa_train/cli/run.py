@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-import tempfile
-import uuid
-from enum import Enum
 from pathlib import Path
 
 import typer
 
-from ..recipe import Recipe, load_recipe, recipe_differences, with_data_root
-from ..train.checkpoint_store import CheckpointStore
-from ..train.run_folder import MetricsLog, RunFolder
-from ._errors import debug, handle_errors
+from ..recipe import Recipe, load_recipe, with_data_root
+from ..recipe.find import find_recipe
+from ._errors import handle_errors
+from ._launch import Device, launch_local
 from ._output import ProgressReporter, command_output, print_final_metrics, stderr, stdout
-from .recipes import find_recipe
-
-
-class Device(str, Enum):
-    auto = "auto"
-    cpu = "cpu"
-    cuda = "cuda"
 
 
 @handle_errors
@@ -124,60 +111,30 @@ def run(
 
 def _train(config: Recipe, recipe: Path, *, output: Path | None, resume: bool, overrides: list[str]) -> None:
     """Train (or resume) the run in this process, then print its final metrics and summary."""
-    from ..train.loop import Training  # torch and PyG: imported only when training
+    from ..train.lifecycle import RunInterrupted, train_run
 
-    if resume:
-        folder = RunFolder.find(output) if output else RunFolder.newest(config)
-        folder.lock()  # a second process on this run folder stops here, told who holds it
-    else:
-        folder = RunFolder.create(config, output)  # locked before anything is written into it
-    discard = False
     try:
-        if resume:
-            saved = with_data_root(folder.read_config(overrides), stored=True)
-            _warn_differences(config, saved)
-            config = saved
-            folder.write_config(config)
-            done = _finished(folder, config)
-            if done is not None:
-                stdout.print(
-                    f"{folder.path} is finished: {_count(done['step'], 'step')}, {_count(done['epochs'], 'epoch')}; nothing to resume. "
-                    f"Its final metrics are in {folder.metrics_path.name} (dsa-train eval {folder.path} scores it again); "
-                    "to train longer, resume with --set train.epochs=<more>",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-                return
-        stderr.print(f"run folder: {folder.path}", highlight=False)
-        from ..results.warm_start import carry_over
-
-        training = Training(config, folder, warm_start=carry_over)
-        try:
-            training.setup(resume=resume)
-            summary = training.train()
-        except KeyboardInterrupt:
-            training.close(after_error=True)
-            typer.echo("", err=True)
-            typer.echo(
-                f"Interrupted at step {training.step_count:,}"
-                + (", checkpoint written" if training.interrupted else "")
-                + f". Continue with: dsa-train run {recipe} --resume -o {folder.path}",
-                err=True,
-            )
-            raise typer.Exit(130) from None
-        except BaseException:
-            training.close(after_error=True)  # the first error is the one the user sees
-            # a new run that failed before its first step leaves nothing behind (no folder that
-            # clean would not know and --resume would pick)
-            discard = not resume and training.step_count == 0 and not CheckpointStore(folder.checkpoints).complete()
-            raise
-        training.close()
-    finally:
-        folder.release()
-        if discard:
-            folder.discard()
-            typer.echo(f"(removed {folder.path}: the run stopped before its first step)", err=True)
-    print_final_metrics(config.name, training.final_metrics)
+        result = train_run(config, output=output, resume=resume, overrides=overrides)
+    except RunInterrupted as e:
+        typer.echo("", err=True)
+        typer.echo(
+            f"Interrupted at step {e.step:,}"
+            + (", checkpoint written" if e.checkpointed else "")
+            + f". Continue with: dsa-train run {recipe} --resume -o {e.folder}",
+            err=True,
+        )
+        raise typer.Exit(130) from None
+    summary = result.summary
+    if result.already_finished:
+        stdout.print(
+            f"{result.folder} is finished: {_count(summary['step'], 'step')}, {_count(summary['epochs'], 'epoch')}; nothing to resume. "
+            f"Its final metrics are in metrics.jsonl (dsa-train eval {result.folder} scores it again); "
+            "to train longer, resume with --set train.epochs=<more>",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
+    print_final_metrics(result.recipe.name, result.final_metrics)
     stdout.print(
         f"{summary['step']:,} steps, {summary['epochs']} epochs in {summary['seconds']:,.0f} s; peak RSS "
         f"{summary['peak_rss_mib']:,.0f} MiB (anonymous {summary['peak_rss_anon_mib']:,.0f} MiB), optimizer RAM {summary['optimizer_ram_mib']:,.1f} MiB, "
@@ -190,7 +147,7 @@ def _train(config: Recipe, recipe: Path, *, output: Path | None, resume: bool, o
         + (f", disk tables {summary['tables_on_disk_mib']:,.1f} MiB" if summary["tables_on_disk_mib"] else "")
         + _buffer_line(summary.get("buffer"))
         + _best_line(summary)
-        + f"\nrun folder: {folder.path}",
+        + f"\nrun folder: {result.folder}",
         highlight=False,
         soft_wrap=True,  # one line each, never broken inside a value: a terminal wraps it, a log keeps it whole
     )
@@ -229,69 +186,6 @@ def _count(number: int, noun: str) -> str:
     return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
-def _finished(folder: RunFolder, config: Recipe) -> dict | None:
-    """The run's summary record if it finished the training ``config`` asks for, else ``None``."""
-    if not folder.metrics_path.is_file():
-        return None
-    records = MetricsLog.read(folder.metrics_path)
-    last = records[-1] if records else {}
-    if last.get("kind") != "summary":
-        return None
-    limit = config.train.max_steps
-    return (
-        last
-        if last.get("epochs", 0) >= config.train.epochs or (limit is not None and last.get("step", 0) >= limit)
-        else None
-    )
-
-
-def launch_local(nproc: int) -> int:
-    """Run this same command as ``nproc`` ranks under ``torchrun --standalone`` (one machine);
-    each gets an equal share of the cores unless OMP_NUM_THREADS says otherwise."""
-    args, skip = [], False
-    for arg in sys.argv[1:]:  # the command line minus --nproc
-        if skip:
-            skip = False
-        elif arg == "--nproc":
-            skip = True
-        elif not arg.startswith("--nproc="):
-            args.append(arg)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    # torchrun --standalone, without its own log lines and traceback: each rank prints its error
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.INFO if debug() else logging.CRITICAL)
-    try:
-        # The launcher's per-rank folders (error files) in a temporary folder removed after the
-        # job, not a torchelastic_* folder left in /tmp by every run.
-        with tempfile.TemporaryDirectory(prefix="dsa-train-ranks-") as logs:
-            config = LaunchConfig(
-                min_nodes=1,
-                max_nodes=1,
-                nproc_per_node=nproc,
-                run_id=uuid.uuid4().hex,
-                logs_specs=DefaultLogsSpecs(log_dir=logs),
-                rdzv_backend="c10d",
-                rdzv_endpoint="localhost:0",
-                max_restarts=0,
-                monitor_interval=0.1,
-            )
-            elastic_launch(config, sys.executable)("-m", "dsa_train", *args)
-    except ChildFailedError as e:
-        if debug():
-            raise
-        failed = sorted(e.failures)
-        ranks = f"rank {failed[0]}" if len(failed) == 1 else "ranks " + ", ".join(map(str, failed))
-        typer.echo(
-            f"dsa-train: {ranks} of {nproc} failed ({'its error is' if len(failed) == 1 else 'their errors are'} above)",
-            err=True,
-        )
-        return 1
-    return 0
-
-
 def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool, overrides: list[str]) -> None:
     """This process is one rank of a torchrun job: train its shard; rank 0 reports."""
     from ..train.sharded_run import train_rank
@@ -314,17 +208,6 @@ def _run_rank(config: Recipe, world, *, output: Path | None, resume: bool, overr
         highlight=False,
         soft_wrap=True,
     )
-
-
-def _warn_differences(recipe: Recipe, saved: Recipe) -> None:
-    changed = recipe_differences(saved, recipe)
-    if changed:
-        stderr.print(
-            "the recipe differs from the run's config.yaml in "
-            + "; ".join(f"{key} ({ours!r} in the run, {theirs!r} in the recipe)" for key, ours, theirs in changed)
-            + ". The run's values win; --set overrides them.",
-            highlight=False,
-        )
 
 
 def _rate(optimizer) -> str:

@@ -16,8 +16,8 @@ from ..errors import DsaError
 from ..recipe import load_recipe, recipe_differences, with_data_root
 from ._errors import handle_errors
 from ._output import command_output, metrics_table, stderr, stdout
-from .import_data import import_recipe_data
-from .recipes import find_recipe
+from ._imports import import_recipe_data
+from ..recipe.find import find_recipe
 from ..tune.budget import TRIALS_IN_BUDGET, trial_share
 
 UNITS = {"s": 1, "m": 60, "h": 3600}

@@ -32,7 +32,8 @@ import torch.distributed as dist
 from ..distributed.group import World, broadcast_bytes, broadcast_int
 from ..errors import DsaError, StateError
 from ..fsutil import atomic_write_bytes
-from ..recipe import Recipe, parse_recipe, recipe_differences, recipe_to_yaml
+from ..recipe import Recipe, parse_recipe, recipe_to_yaml
+from .lifecycle import warn_differences
 from .loop import Training, evaluate_run, resolve_device
 from .reshard import reshard
 from .run_folder import JOB_FORMAT, JOB_MANIFEST, RANKS, RunFolder, job_checkpoints, rank_folder_name
@@ -135,13 +136,7 @@ def _saved_recipe(top: RunFolder, given: Recipe, overrides) -> Recipe:
     """The job's saved recipe with ``overrides``, as a resumed one-process run takes it; a
     note names what the given recipe would have changed."""
     saved = top.read_config(overrides)
-    changed = recipe_differences(saved, given)
-    if changed:
-        logger.warning(
-            "the recipe differs from the run's config.yaml in "
-            + "; ".join(f"{key} ({ours!r} in the run, {theirs!r} in the recipe)" for key, ours, theirs in changed)
-            + ". The run's values win; --set overrides them."
-        )
+    warn_differences(given, saved)
     top.write_config(saved)
     return saved
 

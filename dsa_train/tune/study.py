@@ -246,8 +246,7 @@ def _run_trial(
     folder: TuneFolder, study, trial, base: Recipe, space: Space, optuna, seconds: float | None
 ) -> TrialResult:
     from ..train.callbacks import Callback, default_callbacks
-    from ..train.loop import Training
-    from ..train.run_folder import RunFolder
+    from ..train.lifecycle import train_run
 
     started = time.time()
     values = {key: param.suggest(trial) for key, param in space.items()}
@@ -289,23 +288,14 @@ def _run_trial(
             error,
         )
 
-    training = None
     try:
-        recipe = trial_recipe(base, values)
-        run = RunFolder.create(recipe, folder.trials / f"trial-{trial.number:04d}")
-        trial.set_user_attr("run", run.path.name)
-        try:
-            training = Training(recipe, run, callbacks=[*default_callbacks(), ReportToStudy(), WithinShare()])
-            training.setup(resume=False)
-            training.train()
-            training.close()
-        except BaseException:
-            if training is not None:
-                training.close(after_error=True)
-            raise
-        finally:
-            run.release()
-        label, value = objective(training.final_metrics["valid"])
+        trained = train_run(
+            trial_recipe(base, values),
+            output=folder.trials / f"trial-{trial.number:04d}",
+            callbacks=[*default_callbacks(), ReportToStudy(), WithinShare()],
+            on_folder=lambda path: trial.set_user_attr("run", path.name),
+        )
+        label, value = objective(trained.final_metrics["valid"])
         trial.set_user_attr("metric", f"valid {label}")
         study.tell(trial, value)
         reported["label"] = label
