@@ -156,12 +156,3 @@ def _cell(value) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     return f"{value:.1f}" if value >= 10 else f"{value:.4f}"
-
-
-def human_bytes(n: int) -> str:
-    """``n`` bytes in the largest binary unit below it: ``512 B``, ``1.5 KiB`` ... ``2.0 TiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return str(n)

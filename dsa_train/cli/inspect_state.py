@@ -16,8 +16,9 @@ from ..train.cleanup import is_job_folder, job_ranks
 from ..optim.format import MANIFEST
 from ..train.checkpoint_store import CheckpointStore
 from ..train.run_folder import JOB_MANIFEST, RANKS, STATE_DIR, RunFolder, job_checkpoints, read_marker
+from ..memory import human_bytes
 from ._errors import handle_errors
-from ._output import ProgressReporter, human_bytes, stderr, stdout
+from ._output import ProgressReporter, stderr, stdout
 
 #: Most rows one ``--rows`` may ask for (per parameter): a table is printed, not dumped.
 MAX_ROWS = 100_000

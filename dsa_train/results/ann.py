@@ -24,7 +24,8 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -33,8 +34,22 @@ import torch.nn.functional as F
 from ..errors import DsaError
 from ..fsutil import atomic_write_bytes
 
-if TYPE_CHECKING:
-    from .reader import TrainedRun
+
+class RunRows(Protocol):
+    """What an index needs of a trained run (:class:`~dsa_train.results.TrainedRun` is one): its
+    run folder (``run.path``), checkpoint step, tables' shapes, and their rows by id or in chunks.
+    Named here so that this module imports nothing of the reader, which imports it."""
+
+    run: Any
+    step: int
+
+    @property
+    def tables(self) -> dict[str, tuple[int, int]]: ...
+
+    def gather(self, table: str, ids: torch.Tensor) -> torch.Tensor: ...
+
+    def chunks(self, table: str) -> Iterator[tuple[int, torch.Tensor]]: ...
+
 
 logger = logging.getLogger(__name__)
 MAGIC = b"DSA-ANN 1\n"
@@ -86,7 +101,7 @@ class AnnIndex:
 
 
 def open_index(
-    run: TrainedRun,
+    run: RunRows,
     table: str,
     metric: str,
     *,
@@ -171,7 +186,7 @@ def _refuse_effort_on_flat(kind: str, effort: int | None) -> None:
         )
 
 
-def _at_effort(run: TrainedRun, table: str, found: AnnIndex, effort: int | None) -> AnnIndex:
+def _at_effort(run: RunRows, table: str, found: AnnIndex, effort: int | None) -> AnnIndex:
     """``found`` searching with ``effort`` (unchanged for ``None``), its recall@10 measured again."""
     setting = {"hnsw": "ef_search", "ivf": "probes"}.get(found.manifest["kind"])
     if effort is None or setting is None or found.manifest[setting] == effort:
@@ -189,7 +204,7 @@ def _at_effort(run: TrainedRun, table: str, found: AnnIndex, effort: int | None)
     return at_effort
 
 
-def _build(faiss, run: TrainedRun, table: str, metric: str, kind: str, rows: int, dim: int) -> tuple[object, dict]:
+def _build(faiss, run: RunRows, table: str, metric: str, kind: str, rows: int, dim: int) -> tuple[object, dict]:
     """A faiss index of the table, its rows added a chunk at a time."""
     inner = faiss.METRIC_L2 if metric == "l2" else faiss.METRIC_INNER_PRODUCT
     settings: dict = {}
@@ -212,7 +227,7 @@ def _build(faiss, run: TrainedRun, table: str, metric: str, kind: str, rows: int
     return index, settings
 
 
-def _recall(run: TrainedRun, table: str, found: AnnIndex) -> float:
+def _recall(run: RunRows, table: str, found: AnnIndex) -> float:
     """Recall@10 of ``found`` on a sample of the table's rows, each left out of its own
     answer (as :meth:`neighbors` does), against an exact top 10 over the whole table."""
     rows = found.manifest["rows"]
@@ -232,7 +247,7 @@ def _recall(run: TrainedRun, table: str, found: AnnIndex) -> float:
 
 
 def exact_top_k(
-    run: TrainedRun, table: str, queries: torch.Tensor, own: torch.Tensor, k: int, metric: str
+    run: RunRows, table: str, queries: torch.Tensor, own: torch.Tensor, k: int, metric: str
 ) -> torch.Tensor:
     """``(B, k)`` ids of the exact nearest rows of ``B`` query rows, row ``own[b]`` left out,
     with a running top-k over the table read a chunk at a time."""
@@ -252,7 +267,7 @@ def exact_top_k(
     return best_ids
 
 
-def _fingerprint(run: TrainedRun, table: str, rows: int) -> str:
+def _fingerprint(run: RunRows, table: str, rows: int) -> str:
     """A digest of 64 rows spread over the table: another checkpoint or run under the same
     folder, step and shape still gets another fingerprint."""
     ids = torch.linspace(0, rows - 1, min(rows, 64)).long()

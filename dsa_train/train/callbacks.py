@@ -164,9 +164,7 @@ class PeriodicEvaluation(Callback):
         if (training.epoch % cfg.every_epochs == 0 and training.epoch < epochs) or (
             cfg.select_best and training.epoch == epochs
         ):
-            training.evaluate(cfg.split, final=False)
-            for callback in training.callbacks:
-                callback.evaluated(training, training.last_eval)
+            training.evaluate(cfg.split, final=False)  # which tells every callback's evaluated()
 
 
 class BestEvaluation(Callback):

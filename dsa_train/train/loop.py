@@ -26,7 +26,9 @@ import gc
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -49,6 +51,9 @@ from .seeding import seed_step, step_seed
 from .tables import TableSite
 from .task import Task
 from .tasks import make_task
+
+if TYPE_CHECKING:
+    from .tensorboard import TensorBoardLog
 
 MiB = 1 << 20
 DENSE_STATE = "dense_optimizer.pt"
@@ -76,6 +81,7 @@ class Training:
         world=None,
         warm_start=None,
         callbacks: list[Callback] | None = None,
+        commit: Callable[[int], None] | None = None,
     ) -> None:
         self.recipe = recipe
         #: the extras around the loop, their hooks called in order (:mod:`.callbacks`)
@@ -85,7 +91,8 @@ class Training:
         self.warm_start = warm_start
         self.warm_started: dict | None = None
         self.world = world  # this rank's place in a torchrun job (distributed.group.World), or None
-        self.commit = None  # called with the step after each checkpoint (a torchrun job's manifest)
+        #: called with the step after each checkpoint (a torchrun job lists it in its manifest)
+        self.commit = commit
         self.interrupted = (
             False  # Ctrl-C during train(): stop after the step, with a checkpoint (callbacks.CheckpointOnInterrupt)
         )
@@ -102,6 +109,8 @@ class Training:
         self.optimizer_ram = 0  # largest RssAnon growth across one sparse optimizer step
         self.dense_optimizer: torch.optim.Optimizer | None = None
         self.task: Task | None = None  # setup() builds it
+        self.optimizer: torch.optim.Optimizer | None = None  # setup() builds it (the sparse tables')
+        self.metrics: MetricsLog | TensorBoardLog | None = None  # setup() opens it
         self.last_eval: dict | None = None  # the record of the newest evaluation (callbacks read it)
         #: the best evaluation during training so far, ``{"step", "epoch", "metric", "value"}``
         #: (eval.select_best, eval.patience; callbacks.BestEvaluation keeps it), and the
@@ -363,7 +372,8 @@ class Training:
 
     # -- evaluation -------------------------------------------------------------------------
     def evaluate(self, split: str, *, final: bool) -> dict[str, dict]:
-        """Score a split; during training (``final=False``) the task may sample it."""
+        """Score a split; during training (``final=False``) the task may sample it, and the
+        callbacks' ``evaluated`` hooks are told the record, in their order."""
         started = time.perf_counter()
         self.task.model.eval()
         metrics = self.task.evaluate(split, final=final)
@@ -378,6 +388,9 @@ class Training:
         }
         self.metrics.log(record)
         self.last_eval = record
+        if not final:
+            for callback in self.callbacks:
+                callback.evaluated(self, record)
         return metrics
 
     def evaluate_checkpoint(self, splits: list[str], step: int) -> dict[str, dict]:
@@ -445,11 +458,11 @@ class Training:
             gc.unfreeze()  # what setup() froze is the collector's again
             self._froze = False
         try:
-            if hasattr(self, "metrics"):
+            if self.metrics is not None:
                 self.metrics.close()
             if self.task is not None:
                 self.task.close()  # its background reads and write-backs end before the optimizer's flush
-            if hasattr(self, "optimizer"):
+            if self.optimizer is not None:
                 close_optimizer(self.optimizer)
         except Exception as e:
             if not after_error:

@@ -98,8 +98,12 @@ def train_rank(
                     f"compute nothing (they hold rows only); set distributed.slices to {world.world_size} or more for all "
                     "to compute (a new run: slices is part of what a run computes)"
                 )
-            training = Training(recipe, rank_run, world=world)
-            training.commit = lambda step: _commit(world, path, step, recipe.train.keep_checkpoints)  # noqa: E731
+            training = Training(
+                recipe,
+                rank_run,
+                world=world,
+                commit=lambda step: _commit(world, path, step, recipe.train.keep_checkpoints),
+            )
             try:
                 if resharding:  # a fresh shard, filled from the old ranks' checkpoint
                     training.setup(resume=False)
