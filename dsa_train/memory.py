@@ -11,6 +11,7 @@ and the bytes available. Set ``DSA_MEMORY_CHECK=0`` to skip them (an estimate ca
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from pathlib import Path
@@ -246,3 +247,17 @@ def require_disk(what: str, needed: int, folder: str | Path, *, key: str, hint: 
         f"{key}: {what} would take {_size(needed)} of disk in '{folder}', but only {_size(available)} is free there",
         hint=f"{hint} (DSA_MEMORY_CHECK=0 skips this check)",
     )
+
+
+def release_free_heap() -> bool:
+    """Hand the C heap's free memory back to the kernel (glibc's ``malloc_trim(0)``, every
+    arena): after work that allocated in several threads, glibc keeps each thread's freed
+    arena pages, counted in RssAnon until reused. ``False`` where there is no glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True

@@ -41,6 +41,7 @@ import torch
 
 from ..errors import DatasetError, StateError
 from ..fsutil import DirectoryLock, fsync_all, fsync_directory, read_json_object
+from ..memory import release_free_heap
 
 logger = logging.getLogger(__name__)
 
@@ -401,6 +402,7 @@ def import_folder(
         raise _import_failed(e, f"importing '{name}' into '{folder}' failed") from None
     finally:
         lock.release()
+        release_free_heap()  # the import's threads' freed buffers, before training allocates its own
     dataset = Dataset.open(folder)
     dataset.fresh = True
     return dataset
