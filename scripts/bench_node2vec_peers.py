@@ -111,7 +111,14 @@ def run_pecanpy(args, tmp: Path, env: dict, recipe: Recipe, seed: int) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="cora-node2vec", help="a node2vec recipe file or a shipped recipe's name")
-    p.add_argument("--set", dest="overrides", action="append", default=[], help="override for our runs, key=value")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="recipe override, key=value (repeatable): our runs train with it, and the peer reads the graph, "
+        "walks and dimension from the recipe with it",
+    )
     p.add_argument("--tools", default=",".join(TOOLS))
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for ours, gensim's and PecanPy's workers")
