@@ -413,3 +413,20 @@ def test_a_real_two_rank_job_is_inspected_cleaned_and_resumed(tmp_path):
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert json.loads((job / "checkpoints.json").read_text())["complete"] == [24, 27]
+
+
+def test_one_answer_to_what_a_job_folder_is(tmp_path):
+    """run_folder.is_job, the one test eval, the reader, clean and inspect-state ask: rank
+    folders or the job's checkpoints.json make a job folder; a state directory's manifest.json
+    says it is none, whatever it holds (a parameter named "ranks" included)."""
+    from dsa_train.optim.format import MANIFEST
+    from dsa_train.train.run_folder import JOB_MANIFEST, RANKS, is_job
+
+    ranks_only, listed, state, plain = (tmp_path / n for n in ("ranks-only", "listed", "state", "plain"))
+    for folder in (ranks_only, listed, state, plain):
+        folder.mkdir()
+    (ranks_only / RANKS).mkdir()
+    (listed / JOB_MANIFEST).write_text("{}")
+    (state / RANKS).mkdir()
+    (state / MANIFEST).write_text("{}")
+    assert [is_job(f) for f in (ranks_only, listed, state, plain)] == [True, True, False, False]

@@ -12,7 +12,8 @@ from rich.table import Table
 
 from ..errors import DsaError, StateError
 from ..optim.inspect import PROBLEMS, StateInspector, live_holder
-from ..train.cleanup import is_job_folder, job_ranks
+from ..train.cleanup import job_ranks
+from ..train.run_folder import is_job
 from ..optim.format import MANIFEST
 from ..train.checkpoint_store import CheckpointStore
 from ..train.run_folder import JOB_MANIFEST, RANKS, STATE_DIR, RunFolder, job_checkpoints, read_marker
@@ -112,7 +113,7 @@ def inspect_state(
       dsa-train inspect-state ./opt_state_cache --check
     """
     selected = parse_rows(rows) if rows else []
-    if is_job_folder(path):
+    if is_job(path):
         ok = _inspect_job(path, as_json=as_json, selected=selected, stats=stats, check=check, param=param)
     else:
         inspector, names = _open(path, param, selected)

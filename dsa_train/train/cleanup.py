@@ -58,6 +58,7 @@ from .run_folder import (
     RANKS,
     STATE_DIR as STATE,
     RunFolder,
+    is_job,
     job_checkpoints,
     rank_name,
     read_marker,
@@ -136,12 +137,6 @@ class RankFolder:
     @property
     def label(self) -> str:
         return f"rank {self.rank} of {self.world_size}"
-
-
-def is_job_folder(path: Path) -> bool:
-    """Whether ``path`` is a torchrun job's folder: it has a ``ranks/`` (on every machine of the
-    job; rank 0's also has the job's ``run.json`` and ``checkpoints.json``)."""
-    return os.path.lexists(Path(path) / RANKS) and not os.path.lexists(Path(path) / MANIFEST)
 
 
 def job_of(run: Path) -> Path | None:
@@ -334,7 +329,7 @@ def _plan_run(path: Path, plan: CleanPlan, keep_last: int) -> None:
         _plan_job(job, whole, keep_last)
         _take_below(whole, plan, path)
         return
-    if is_job_folder(path):
+    if is_job(path):
         _plan_job(path, plan, keep_last)
         return
     run = _survey(path, plan)

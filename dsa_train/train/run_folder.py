@@ -30,6 +30,7 @@ from pathlib import Path
 from ..errors import ConfigError, StateError
 from ..fsutil import DirectoryLock, atomic_write_bytes, create_owned_folder, read_json_object
 from ..recipe import Recipe, load_recipe, recipe_to_yaml
+from ..optim.format import MANIFEST as STATE_MANIFEST
 from .checkpoint_layout import CHECKPOINTS, TABLES
 
 
@@ -324,6 +325,10 @@ def job_checkpoints(job: Path | None, *, dir_fd: int | None = None) -> tuple[int
 
 
 def is_job(folder: Path) -> bool:
-    """Whether ``folder`` is a torchrun job's run folder (it has rank folders, or the job's
-    checkpoints.json)."""
-    return os.path.lexists(Path(folder) / RANKS) or os.path.lexists(Path(folder) / JOB_MANIFEST)
+    """Whether ``folder`` is a torchrun job's run folder: it has rank folders (``ranks/``, on
+    every machine of the job) or the job's ``checkpoints.json`` (rank 0's), and is not an
+    optimizer state directory (whose ``manifest.json`` says what it is, whatever else it holds).
+    The one test of it: ``eval``, the reader, ``clean`` and ``inspect-state`` all ask here."""
+    folder = Path(folder)
+    marked = os.path.lexists(folder / RANKS) or os.path.lexists(folder / JOB_MANIFEST)
+    return marked and not os.path.lexists(folder / STATE_MANIFEST)
