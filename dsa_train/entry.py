@@ -53,6 +53,7 @@ def run(
     :class:`~dsa_train.train.lifecycle.RunInterrupted`, which says the folder to resume.
     """
     from .results import open_run
+    from .results.warm_start import carry_over
     from .train.lifecycle import train_run
 
     if isinstance(overrides, str):
@@ -63,7 +64,8 @@ def run(
     else:
         config = load_recipe(find_recipe(Path(recipe)), pairs)
     config = with_data_root(config)  # stored resolved: eval needs no environment
-    result = train_run(config, output=Path(output) if output is not None else None, resume=resume, overrides=pairs)
+    where = Path(output) if output is not None else None
+    result = train_run(config, output=where, resume=resume, overrides=pairs, warm_start=carry_over)
     return open_run(result.folder)
 
 

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from .errors import DsaError
+from .fsutil import libc
 
 
 def _status_bytes(field: str, pid: int | str = "self") -> int:
@@ -34,6 +35,11 @@ def rss_anon_bytes(pid: int | str = "self") -> int:
     """Current ``RssAnon`` of this process (or of process ``pid``) in bytes (0 where /proc is
     unavailable or the process is gone)."""
     return _status_bytes("RssAnon:", pid)
+
+
+def rss_hard_bytes(pid: int | str = "self") -> int:
+    """``RssAnon + RssShmem``: the memory the kernel cannot drop without swap."""
+    return _status_bytes("RssAnon:", pid) + _status_bytes("RssShmem:", pid)
 
 
 def peak_rss_bytes() -> int:
@@ -254,8 +260,7 @@ def release_free_heap() -> bool:
     arena): after work that allocated in several threads, glibc keeps each thread's freed
     arena pages, counted in RssAnon until reused. ``False`` where there is no glibc."""
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        trim = libc.malloc_trim
+        trim = libc().malloc_trim
     except (OSError, AttributeError):
         return False
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int

@@ -27,19 +27,9 @@ import time
 import torch
 
 from dsa_train import DiskSparseAdam
-from dsa_train.memory import rss_anon_bytes
+from dsa_train.memory import rss_hard_bytes
 
 MiB = 2**20
-
-
-def hard_bytes() -> int:
-    """RssAnon + RssShmem of this process, from /proc/self/status."""
-    shmem = 0
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssShmem:"):
-                shmem = int(line.split()[1]) * 1024
-    return rss_anon_bytes() + shmem
 
 
 def main(argv=None) -> int:
@@ -58,13 +48,13 @@ def main(argv=None) -> int:
         g = torch.Generator().manual_seed(0)
         batches = [torch.randint(0, args.rows, (args.lookups,), generator=g) for _ in range(2)]
         values = torch.randn(args.lookups, args.dim, generator=g)
-        before = hard_bytes()
+        before = rss_hard_bytes()
         peak, stop = before, threading.Event()
 
         def sample():
             nonlocal peak
             while not stop.is_set():
-                peak = max(peak, hard_bytes())
+                peak = max(peak, rss_hard_bytes())
                 time.sleep(0.001)
 
         sampler = threading.Thread(target=sample, daemon=True)

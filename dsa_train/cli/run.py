@@ -111,10 +111,11 @@ def run(
 
 def _train(config: Recipe, recipe: Path, *, output: Path | None, resume: bool, overrides: list[str]) -> None:
     """Train (or resume) the run in this process, then print its final metrics and summary."""
+    from ..results.warm_start import carry_over
     from ..train.lifecycle import RunInterrupted, train_run
 
     try:
-        result = train_run(config, output=output, resume=resume, overrides=overrides)
+        result = train_run(config, output=output, resume=resume, overrides=overrides, warm_start=carry_over)
     except RunInterrupted as e:
         typer.echo("", err=True)
         typer.echo(

@@ -191,9 +191,7 @@ class RowFile:
         if self.residency is None:
             return 0
         with self._lock:
-            if not self.residency.over_budget():
-                return 0
-            return self.residency.trim(int(self.residency.budget * SETTLE_TO))
+            return self._trim_past_budget()
 
     def settle(self) -> int:
         """After a step: its pages may leave again; if the changed pages exceed the budget,
@@ -203,9 +201,13 @@ class RowFile:
             return 0
         with self._lock:
             self.residency.end_step()
-            if not self.residency.over_budget():
-                return 0
-            return self.residency.trim(int(self.residency.budget * SETTLE_TO))
+            return self._trim_past_budget()
+
+    def _trim_past_budget(self) -> int:
+        """(The lock held.) Past the budget, the coldest changed pages leave, down to 97% of it."""
+        if not self.residency.over_budget():
+            return 0
+        return self.residency.trim(int(self.residency.budget * SETTLE_TO))
 
     def shed(self, nbytes: int) -> int:
         """Memory is short: write at least ``nbytes`` of changed pages out of memory now, whatever

@@ -1,7 +1,7 @@
 """One run's lifecycle, in the library: its folder created (or found and locked to resume), the
 recipe it trains, setup, training, closing after an error, the lock released, and a new run
 that failed before its first step removed (no folder that ``clean`` would not know and
-``--resume`` would pick). ``dsa-train run`` and :func:`dsa_train.train` stand on it.
+``--resume`` would pick). ``dsa-train run``, :func:`dsa_train.run` and tune's trials stand on it.
 
 Messages go through ``logging`` (the ``dsa_train`` logger), progress through the process's
 reporter (:mod:`dsa_train.progress`): the library prints nothing itself.
@@ -51,13 +51,16 @@ def train_run(
     overrides: Sequence[str] = (),
     callbacks: list | None = None,
     on_folder: Callable[[Path], None] | None = None,
+    warm_start: Callable | None = None,
 ) -> RunResult:
     """Train ``recipe`` in this process into a new run folder (``output``, default
     ``<output.dir>/<name>-<timestamp>``), or continue the run in ``output`` (default: the
     recipe's newest) from its newest checkpoint. ``overrides`` (``key=value``) are applied to a
     resumed run's own config.yaml, which wins over ``recipe`` elsewhere. ``callbacks``: the
     loop's (default :func:`~.callbacks.default_callbacks`); ``on_folder(path)`` is told the run
-    folder before training starts (a tune trial records it).
+    folder before training starts (a tune trial records it); ``warm_start``: how a fresh run's
+    rows come from a finished run's (``model.init_from``; the callers above pass
+    ``results.warm_start.carry_over``, which this layer may not import).
 
     Raises what training raises, after closing the run (its checkpoints kept, its lock
     released); :class:`RunInterrupted` for a ``KeyboardInterrupt``."""
@@ -81,9 +84,7 @@ def train_run(
         log.info("run folder: %s", folder.path)
         if on_folder is not None:
             on_folder(folder.path)
-        from ..results.warm_start import carry_over
-
-        training = Training(recipe, folder, warm_start=carry_over, callbacks=callbacks)
+        training = Training(recipe, folder, warm_start=warm_start, callbacks=callbacks)
         try:
             training.setup(resume=resume)
             summary = training.train()
