@@ -2,13 +2,13 @@
 
 :class:`DiskEmbedding` and :class:`DiskEmbeddingBag` are ``nn.Embedding(sparse=True)`` and
 ``nn.EmbeddingBag(sparse=True)`` whose ``weight`` is a view of a table file on the host (see
-:mod:`dsa_train.optim.table`): the forward pass gathers only the looked-up rows and moves
+:mod:`dsa_train.storage.table`): the forward pass gathers only the looked-up rows and moves
 them to the module's device, the backward pass yields the usual sparse gradient on the host,
 and :class:`~dsa_train.DiskSparseAdam` keeps the moments in the same row records. Only the
 pages of touched rows ever occupy memory, so neither RAM nor VRAM bounds the table.
 
 :class:`ChainEmbedding` is a checkpoint's version of a table kept as deltas, read-only and
-read through its chain (see :mod:`dsa_train.optim.deltas`), never written out: what
+read through its chain (see :mod:`dsa_train.storage.deltas`), never written out: what
 evaluation scores with.
 """
 
@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .optim.deltas import ChainReader
-from .optim.format import TABLE_LAYOUT, RowSpec, parse_row_header
+from .storage.deltas import ChainReader
+from .storage.format import TABLE_LAYOUT, RowSpec, parse_row_header
 from .optim.prefetch import shared_prefetcher
-from .optim.row_file import DTYPES
-from .optim.table import Table, register_weight
+from .storage.row_file import DTYPES
+from .storage.table import Table, register_weight
 
 STATE_KEY = "table"  # a disk module's state_dict entry: a reference to its table, not N x D weights
 

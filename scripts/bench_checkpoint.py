@@ -51,7 +51,7 @@ import torch
 from dsa_train import DiskSparseAdam
 from dsa_train.fsutil import copy_sparse, file_digest
 from dsa_train.nn import DiskEmbedding
-from dsa_train.optim.deltas import read_delta_header
+from dsa_train.storage.deltas import read_delta_header
 from dsa_train.train.checkpoint_rows import live_records
 from dsa_train.train.checkpoint_store import CheckpointStore, restore_row_file
 
@@ -162,7 +162,7 @@ def profiled_checkpoint(checkpoint) -> str:
     """Run ``checkpoint()`` with its parts timed; the report."""
     from dsa_train import fsutil
     from dsa_train.nn import DiskTable
-    from dsa_train.optim import deltas, row_file, state_dir
+    from dsa_train.storage import deltas, row_file, state_dir
     from dsa_train.train import checkpoint_rows as ckpt
     from dsa_train.train import optimizers
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from dsa_train.optim.format import LAYOUT
-from dsa_train.optim.state_dir import StateDirectory
+from dsa_train.storage.format import LAYOUT
+from dsa_train.storage.state_dir import StateDirectory
 
 
 def build(path: Path, rows: int, dim: int, touched: int) -> None:

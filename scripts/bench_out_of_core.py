@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from dsa_train import DiskEmbedding, DiskSparseAdam
 from dsa_train.data.synthetic import power_law_ids
 from dsa_train.memory import PeakRssAnon
-from dsa_train.optim.format import HEADER_BYTES
+from dsa_train.storage.format import HEADER_BYTES
 from dsa_train.optim.prefetch import Prefetcher
 
 GB = 1e9

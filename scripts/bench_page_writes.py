@@ -39,7 +39,7 @@ from unittest import mock
 import torch
 
 from dsa_train import DiskEmbedding, DiskSparseAdam
-from dsa_train.optim.table import table_of
+from dsa_train.storage.table import table_of
 
 PAGE = 4096
 
@@ -66,7 +66,9 @@ def run(folder: Path, args, regime: str) -> tuple[int, int, int, float, float]:
         finally:
             os.close(fd)
         with (
-            mock.patch("dsa_train.optim.row_file.drop_cached") if regime == "large folios" else contextlib.nullcontext()
+            mock.patch("dsa_train.storage.row_file.drop_cached")
+            if regime == "large folios"
+            else contextlib.nullcontext()
         ):
             table = DiskEmbedding(args.rows, args.dim, path=path, std=0.01)
     optimizer = DiskSparseAdam([table.weight], lr=1e-3, state_dir=folder / "state")

@@ -51,7 +51,7 @@ from dsa_train import DiskEmbedding, DiskSparseAdam
 from dsa_train.data.buckets import EntityPartitions
 from dsa_train.data.partition_order import buffer_schedule
 from dsa_train.memory import PeakRssAnon
-from dsa_train.optim.buffer import PartitionBuffer
+from dsa_train.storage.buffer import PartitionBuffer
 from dsa_train.optim.prefetch import Prefetcher
 
 CHUNK = 8 << 20

@@ -96,7 +96,7 @@ def moment_reached(moment: str, run: Path, seen: int) -> bool:
 
 
 def chain_is_full(run: Path) -> bool:
-    from dsa_train.optim.deltas import read_delta_header
+    from dsa_train.storage.deltas import read_delta_header
     from dsa_train.train.checkpoint_rows import MAX_LINKS
     from dsa_train.train.checkpoint_store import CheckpointStore
 
@@ -140,8 +140,8 @@ def records_of(checkpoint: Path, name: str) -> np.ndarray:
     """Every record of a checkpoint's version of a row file (a base, or a delta read through
     its chain, which may start at the table as it was made), past the header (which names the
     run's own table and state ids)."""
-    from dsa_train.optim.deltas import DELTA_SUFFIX, ChainReader, chain_of, read_delta_header
-    from dsa_train.optim.format import read_row_header
+    from dsa_train.storage.deltas import DELTA_SUFFIX, ChainReader, chain_of, read_delta_header
+    from dsa_train.storage.format import read_row_header
 
     path = checkpoint / name
     if not path.exists():

@@ -25,9 +25,9 @@ from dsa_train import DiskSparseAdam, fsutil
 from dsa_train.errors import StateError
 from dsa_train.fsutil import copy_sparse
 from dsa_train.nn import DiskEmbedding
-from dsa_train.optim import deltas
-from dsa_train.optim.deltas import DELTA_SUFFIX, read_delta_header
-from dsa_train.optim.format import load_manifest
+from dsa_train.storage import deltas
+from dsa_train.storage.deltas import DELTA_SUFFIX, read_delta_header
+from dsa_train.storage.format import load_manifest
 from dsa_train.train import checkpoint_rows as ckpt
 from dsa_train.train import checkpoint_store
 from dsa_train.train.changed_rows import DirtyRows, changed_rows
@@ -457,7 +457,7 @@ def test_damage_to_a_delta_on_the_initial_table_is_found(parts, tmp_path):
 
 
 def test_a_torch_that_draws_other_initial_weights_is_refused(parts, tmp_path, monkeypatch):
-    from dsa_train.optim import table
+    from dsa_train.storage import table
 
     CheckpointStore.count_from_creation(parts.opt)
     parts.train(0, 2)
@@ -483,8 +483,8 @@ def test_a_torch_that_draws_other_initial_weights_is_refused(parts, tmp_path, mo
 def test_reading_a_chain_on_the_initial_table_draws_only_its_chunks(tmp_path):
     """A table of three 65,536-row chunks: rows read through a delta-on-initial chain (ranges and
     gathers, across chunk borders) equal the live file's; only the chunks asked for are drawn."""
-    from dsa_train.optim import table
-    from dsa_train.optim.deltas import ChainReader, chain_of
+    from dsa_train.storage import table
+    from dsa_train.storage.deltas import ChainReader, chain_of
 
     rows = 2 * table.INIT_CHUNK_ROWS + 7
     emb = DiskEmbedding(rows, 2, path=tmp_path / "t.table", std=0.1, seed=5)
@@ -519,7 +519,7 @@ def test_reading_a_chain_on_the_initial_table_draws_only_its_chunks(tmp_path):
 
 
 def test_inspect_state_reads_a_checkpoint_kept_as_a_delta_on_the_initial_table(parts, tmp_path):
-    from dsa_train.optim.inspect import StateInspector
+    from dsa_train.storage.inspect import StateInspector
 
     CheckpointStore.count_from_creation(parts.opt)
     parts.train(0, 3)
@@ -656,7 +656,7 @@ def test_eval_of_a_delta_checkpoint_reads_it_through_its_chain_and_scores_as_the
     """The reference: the same checkpoint scored with the run's live table (its version at the
     final step), mapped as a DiskEmbedding. eval writes nothing: no table is materialised, and
     nothing is made in the run folder (which may be read-only)."""
-    from dsa_train.optim import deltas
+    from dsa_train.storage import deltas
     from dsa_train.train import loop
     from dsa_train.train.run_folder import RunFolder
     from dsa_train.train.tables import TableSite

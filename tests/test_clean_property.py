@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from dsa_train.errors import DsaError
 from dsa_train.fsutil import DirectoryLock, lock_holder
-from dsa_train.optim.format import STATE_FORMAT
+from dsa_train.storage.format import STATE_FORMAT
 from dsa_train.train.cleanup import plan_clean, remove
 from dsa_train.train.checkpoint_layout import CHECKPOINT_FORMAT
 from dsa_train.train.run_folder import RUN_FORMAT

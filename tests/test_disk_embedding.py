@@ -15,9 +15,9 @@ from torch import nn
 
 from dsa_train import DiskEmbedding, DiskEmbeddingBag, DiskSparseAdam, StateError
 from dsa_train.memory import PeakRssAnon, rss_anon_bytes
-from dsa_train.optim.format import HEADER_BYTES, read_row_header
+from dsa_train.storage.format import HEADER_BYTES, read_row_header
 from dsa_train.optim.prefetch import Prefetcher
-from dsa_train.optim.table import INIT_CHUNK_ROWS
+from dsa_train.storage.table import INIT_CHUNK_ROWS
 
 ROWS, DIM = 500, 12
 
@@ -250,7 +250,7 @@ def test_prefetching_overlapping_batches_changes_nothing(tmp_path, claim):
 
 
 def test_inspect_state_reads_moments_from_the_table(tmp_path):
-    from dsa_train.optim.inspect import StateInspector
+    from dsa_train.storage.inspect import StateInspector
 
     disk = DiskEmbedding(ROWS, DIM, path=tmp_path / "t.table")
     opt = DiskSparseAdam(disk.named_parameters(), lr=0.01, state_dir=tmp_path / "state")
@@ -269,7 +269,7 @@ def test_a_table_records_how_it_was_made_and_an_older_header_still_opens(tmp_pat
     """The header's creation parameters re-create the table exactly; a table made before they
     were recorded opens as before, and a fresh run's first checkpoint of it is a full copy
     (there is nothing to re-create it from)."""
-    from dsa_train.optim.table import InitialTable, Table, table_header
+    from dsa_train.storage.table import InitialTable, Table, table_header
     from dsa_train.train.checkpoint_store import CheckpointStore
 
     disk = DiskEmbedding(ROWS, DIM, path=tmp_path / "t.table", init="uniform", bound=0.3, seed=11)
@@ -307,7 +307,7 @@ def test_the_table_link_is_explicit_and_a_deepcopy_says_why_it_cannot(tmp_path):
     a model holding one fails with a sentence naming the file instead of 'cannot pickle mmap'."""
     import copy
 
-    from dsa_train.optim.table import table_of
+    from dsa_train.storage.table import table_of
 
     emb = DiskEmbedding(50, 4, path=tmp_path / "t.table")
     assert table_of(emb.weight) is emb.table

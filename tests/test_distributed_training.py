@@ -56,7 +56,7 @@ def _rank_main(
     )
     torch.set_num_threads(1)
     from dsa_train.distributed.group import from_environment
-    from dsa_train.optim.inspect import StateInspector
+    from dsa_train.storage.inspect import StateInspector
     from dsa_train.train.sharded_run import train_rank
 
     recipe = parse_recipe(text, source="test")

@@ -21,7 +21,7 @@ CHILD = textwrap.dedent(
     import json, os, shutil, sys
     import torch
     from dsa_train import DiskSparseAdam, StateError
-    from dsa_train.optim import row_file
+    from dsa_train.storage import row_file
 
     def fill(folder, leave):  # (tests.helpers.fill: not imported, it would import the whole trainer)
         room = os.statvfs(folder).f_bavail * os.statvfs(folder).f_frsize - leave

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from dsa_train import DiskSparseAdam, StateError, TrainingError
-from dsa_train.optim import row_file
+from dsa_train.storage import row_file
 
 
 def files_hash(directory):

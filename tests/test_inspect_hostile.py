@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 from dsa_train import DiskEmbedding, DiskSparseAdam, StateError
 from dsa_train.cli.app import app
 from dsa_train.memory import PeakRssAnon, rss_anon_bytes
-from dsa_train.optim import inspect as inspect_module
-from dsa_train.optim.format import HEADER_BYTES, RowSpec
-from dsa_train.optim.inspect import StateInspector
+from dsa_train.storage import inspect as inspect_module
+from dsa_train.storage.format import HEADER_BYTES, RowSpec
+from dsa_train.storage.inspect import StateInspector
 
 ROWS, DIM = 1000, 4
 TOUCHED = [1, 2, 3, 500, 999]

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from dsa_train import DiskSparseAdam
-from dsa_train.optim.inspect import StateInspector
+from dsa_train.storage.inspect import StateInspector
 from dsa_train.train.changed_rows import count_from
 
 ROWS, DIM = 120, 8

@@ -19,9 +19,9 @@ import torch
 
 from dsa_train import DiskEmbedding, DiskSparseAdam, StateError
 from dsa_train.fsutil import copy_sparse, drop_cached
-from dsa_train.optim import table as table_module
-from dsa_train.optim.format import HEADER_BYTES
-from dsa_train.optim.table import Table
+from dsa_train.storage import table as table_module
+from dsa_train.storage.format import HEADER_BYTES
+from dsa_train.storage.table import Table
 
 from .helpers import file_system_of
 

@@ -18,8 +18,8 @@ from dsa_train.data.kg import KnowledgeGraph
 from dsa_train.data.order import Shuffle
 from dsa_train.data.partition_order import PartitionedOrder, buffer_schedule
 from dsa_train.errors import ConfigError
-from dsa_train.optim.buffer import PartitionBuffer
-from dsa_train.optim.table import Table
+from dsa_train.storage.buffer import PartitionBuffer
+from dsa_train.storage.table import Table
 from dsa_train.recipe import DatasetConfig, SyntheticConfig, parse_recipe
 from dsa_train.train.run_folder import MetricsLog
 

@@ -15,9 +15,10 @@ import torch
 
 from dsa_train import DiskEmbedding, DiskSparseAdam
 from dsa_train.errors import ConfigError, StateError
-from dsa_train.optim import disk_sparse_adam, residency
-from dsa_train.optim.format import HEADER_BYTES
-from dsa_train.optim.residency import PAGE, resolve_budget
+from dsa_train.optim import disk_sparse_adam
+from dsa_train.storage import residency
+from dsa_train.storage.format import HEADER_BYTES
+from dsa_train.storage.residency import PAGE, resolve_budget
 from dsa_train.recipe import load_recipe
 
 from .helpers import pagemap_hidden
@@ -158,7 +159,7 @@ def test_budget_refused(given):
 
 
 def test_share_of_free_memory_is_split_among_local_ranks(monkeypatch):
-    monkeypatch.setattr("dsa_train.optim.residency.host_available_bytes", lambda: 8 << 30)
+    monkeypatch.setattr("dsa_train.storage.residency.host_available_bytes", lambda: 8 << 30)
     assert resolve_budget("50%") == 4 << 30
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert resolve_budget("50%") == 1 << 30
@@ -291,7 +292,7 @@ def test_a_steps_writes_never_take_the_moments_past_the_budget(tmp_path, monkeyp
     leave first. Read from the kernel's page tables just after the writes, before the step
     ends (when the budget was only enforced after a step, a step overshot it by its own pages:
     238 MiB for 65,536 rows of 128)."""
-    from dsa_train.optim.row_file import RowFile
+    from dsa_train.storage.row_file import RowFile
 
     peaks = []
     original = RowFile.settle

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from dsa_train import DiskSparseAdam, StateError
 from dsa_train.cli.app import app
 from dsa_train.fsutil import DirectoryLock, create_owned_folder
-from dsa_train.optim import functional, row_file
+from dsa_train.optim import functional
+from dsa_train.storage import row_file
 from dsa_train.train.checkpoint_store import trainer_checksum
 from dsa_train.train.run_folder import RunFolder
 

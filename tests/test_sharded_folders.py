@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from dsa_train.cli.app import app
 from dsa_train.errors import DsaError
 from dsa_train.fsutil import DirectoryLock
-from dsa_train.optim.format import HEADER_BYTES, RowSpec
+from dsa_train.storage.format import HEADER_BYTES, RowSpec
 from dsa_train.train.cleanup import plan_clean, remove
 from dsa_train.train.run_folder import RUN_FORMAT
 
@@ -419,7 +419,7 @@ def test_one_answer_to_what_a_job_folder_is(tmp_path):
     """run_folder.is_job, the one test eval, the reader, clean and inspect-state ask: rank
     folders or the job's checkpoints.json make a job folder; a state directory's manifest.json
     says it is none, whatever it holds (a parameter named "ranks" included)."""
-    from dsa_train.optim.format import MANIFEST
+    from dsa_train.storage.format import MANIFEST
     from dsa_train.train.run_folder import JOB_MANIFEST, RANKS, is_job
 
     ranks_only, listed, state, plain = (tmp_path / n for n in ("ranks-only", "listed", "state", "plain"))

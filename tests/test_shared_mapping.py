@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from dsa_train import DiskSparseAdam
-from dsa_train.optim import residency, row_file
-from dsa_train.optim.format import HEADER_BYTES
-from dsa_train.optim.residency import pagemap_readable
+from dsa_train.storage import residency, row_file
+from dsa_train.storage.format import HEADER_BYTES
+from dsa_train.storage.residency import pagemap_readable
 
 from .helpers import pagemap_hidden
 

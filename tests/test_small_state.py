@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from dsa_train import DiskEmbedding, DiskSparseAdam, StateError
-from dsa_train.optim.inspect import StateInspector
+from dsa_train.storage.inspect import StateInspector
 
 ROWS, DIM, LR, BETAS, EPS = 200, 16, 0.01, (0.9, 0.999), 1e-8
 

@@ -357,7 +357,7 @@ def test_other_process_holding_the_lock_is_named(state_dir):
 # -- bad state: each case is refused with a clear error and leaves every file untouched -----
 def _edit_json(path, resign=False, **changes):
     """Change manifest fields; ``resign`` recomputes the checksum (to reach later checks)."""
-    from dsa_train.optim.format import manifest_bytes
+    from dsa_train.storage.format import manifest_bytes
 
     data = json.loads(path.read_text())
     data.update(changes)

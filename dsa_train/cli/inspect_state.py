@@ -11,10 +11,10 @@ import typer
 from rich.table import Table
 
 from ..errors import DsaError, StateError
-from ..optim.inspect import PROBLEMS, StateInspector, live_holder
+from ..storage.inspect import PROBLEMS, StateInspector, live_holder
 from ..train.cleanup import job_ranks
 from ..train.run_folder import is_job
-from ..optim.format import MANIFEST
+from ..storage.format import MANIFEST
 from ..train.checkpoint_store import CheckpointStore
 from ..train.run_folder import JOB_MANIFEST, RANKS, STATE_DIR, RunFolder, job_checkpoints, read_marker
 from ..memory import human_bytes

@@ -8,7 +8,7 @@ the hot low ids of a power-law graph spread over every partition) and lies in pa
 :math:`\lfloor s / B \rfloor`. With :math:`P = 1` the permutation is the identity: one
 partition needs no balancing, and the run is then the random order's, row for row. A disk
 table laid out by slot holds each partition as one contiguous range of records, read and
-written whole (see :class:`~dsa_train.optim.buffer.PartitionBuffer`).
+written whole (see :class:`~dsa_train.storage.buffer.PartitionBuffer`).
 
 The training triple :math:`(h, r, t)` lies in bucket :math:`(p(h), p(t))`, numbered
 :math:`p(h) P + p(t)`. :func:`load_buckets` writes the training split sorted by bucket

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..data.buckets import EntityPartitions
-from ..optim.table import INIT_CHUNK_ROWS, initial_weights
+from ..storage.table import INIT_CHUNK_ROWS, initial_weights
 
 
 class RowSharding(EntityPartitions):

@@ -29,12 +29,12 @@ from .functional import (
     fused_sparse_adam_rows_,
     sparse_adam_rows_,
 )
-from .format import LAYOUT, TABLE_LAYOUT
-from .residency import memory_shortfall, resolve_budget
-from .row_file import DTYPES, RowFile, dtype_name
+from ..storage.format import LAYOUT, TABLE_LAYOUT
+from ..storage.residency import memory_shortfall, resolve_budget
+from ..storage.row_file import DTYPES, RowFile, dtype_name
 from .staging import CudaStaging
-from .state_dir import StateDirectory
-from .table import Table, table_of
+from ..storage.state_dir import StateDirectory
+from ..storage.table import Table, table_of
 
 PRESSURE_CHECK_SECONDS = 1.0  # how often a step looks at the machine's free memory
 

@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from . import native
-from .row_file import RowFile
+from ..storage.row_file import RowFile
 
 PAGE_BYTES = mmap.PAGESIZE
 #: Rows one torch operation of the fallback pages in: below torch's parallel grain, so a

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ..optim.residency import DEFAULT_BUDGET, resolve_budget
+from ..storage.residency import DEFAULT_BUDGET, resolve_budget
 from ..registry import declared
 
 MAX_NAME_BYTES = 200  # the run folder <name>-<YYYYmmdd-HHMMSS> stays under NAME_MAX (255 bytes)

@@ -2,7 +2,7 @@
 
 Row files (disk tables in ``tables/``, DiskSparseAdam's ``optimizer_state/<key>.rows``) are
 written either whole (a *base*: a sparse copy, or a reflink clone where the file system has
-them) or as a *delta* (``<file>.delta``, see :mod:`dsa_train.optim.deltas`): only the records
+them) or as a *delta* (``<file>.delta``, see :mod:`dsa_train.storage.deltas`): only the records
 the optimizer wrote since the checkpoint it last saved or resumed from, which the delta names
 (folder, id and the digest of its version of the file), or, in a fresh run (see
 :meth:`~.checkpoint_store.CheckpointStore.count_from_creation`), since the files were made: a
@@ -33,7 +33,7 @@ from ..errors import StateError
 from ..fsutil import copy_sparse, file_digest, fsync_all
 from ..nn import ChainEmbedding, DiskTable
 from ..optim import DiskSparseAdam
-from ..optim.deltas import (
+from ..storage.deltas import (
     DELTA_SUFFIX,
     VIRTUAL,
     ChainReader,
@@ -43,9 +43,9 @@ from ..optim.deltas import (
     snapshot_path,
     write_delta,
 )
-from ..optim.format import HEADER_BYTES, TABLE_LAYOUT, read_row_header
-from ..optim.row_file import RowFile
-from ..optim.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
+from ..storage.format import HEADER_BYTES, TABLE_LAYOUT, read_row_header
+from ..storage.row_file import RowFile
+from ..storage.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
 from . import changed_rows
 from .checkpoint_layout import CHECKPOINT_FORMAT, MODEL, PARTIAL, TABLES, TRAINER, VERSION
 from .optimizers import load_tensors, snapshot_optimizer
@@ -173,7 +173,7 @@ class RowWriter:
 
     def __call__(self, source: Path, rel: str, live: np.ndarray | None = None) -> None:
         """Write ``source`` as ``rel`` in the checkpoint; ``live``: its records as the process
-        maps them already (see :class:`~dsa_train.optim.deltas.LiveRows`), to gather from. A
+        maps them already (see :class:`~dsa_train.storage.deltas.LiveRows`), to gather from. A
         row file the optimizer writes is copied as the optimizer holds it, never flushed
         first (but for a clone, which shares the file's blocks): its changed rows are written
         once, into the checkpoint."""

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 from ..errors import StateError
 from ..fsutil import file_digest, fsync_directory, is_regular_file, read_json_object
-from ..optim.deltas import DELTA_SUFFIX, chain_of, is_virtual, materialise, read_delta_header
-from ..optim.format import TABLE_LAYOUT, read_row_header
-from ..optim.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
+from ..storage.deltas import DELTA_SUFFIX, chain_of, is_virtual, materialise, read_delta_header
+from ..storage.format import TABLE_LAYOUT, read_row_header
+from ..storage.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
 from .checkpoint_layout import CHECKPOINT_FORMAT as FORMAT
 from .checkpoint_layout import (
     CHECKPOINTS,

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from ..errors import DsaError, StateError
 from ..fsutil import DirectoryLock, is_regular_file, lock_holder, read_json_object
-from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, STATE_FORMAT, TABLE_LAYOUT
+from ..storage.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, STATE_FORMAT, TABLE_LAYOUT
 from .checkpoint_layout import CHECKPOINT_FORMAT, CHECKPOINTS, TRAINER, real_directories
 from .checkpoint_store import CheckpointStore
 from .run_folder import (

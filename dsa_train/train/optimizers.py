@@ -24,8 +24,8 @@ import torch
 from ..errors import StateError
 from ..fsutil import DirectoryLock, fsync_directory, is_regular_file, lock_holder, temporary_prefix
 from ..optim import DiskSparseAdam
-from ..optim.deltas import DELTA_SUFFIX, chain_of, materialise
-from ..optim.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, TABLE_LAYOUT, load_manifest
+from ..storage.deltas import DELTA_SUFFIX, chain_of, materialise
+from ..storage.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, TABLE_LAYOUT, load_manifest
 from ..recipe import OptimizerConfig
 from .checkpoint_layout import RESTORING
 from .run_folder import STATE_DIR

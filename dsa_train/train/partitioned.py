@@ -5,7 +5,7 @@ The table's rows are laid out by :class:`~dsa_train.data.buckets.EntityPartition
 ``p`` is one contiguous range of its records. A task trains the states of a
 :class:`~dsa_train.data.partition_order.PartitionedOrder` (a bucket's items join two
 partitions; a state's buckets have both in the buffer), holds a batch's partitions before its
-step and prepares the next batch's while this one trains. :class:`~dsa_train.optim.buffer.PartitionBuffer`
+step and prepares the next batch's while this one trains. :class:`~dsa_train.storage.buffer.PartitionBuffer`
 reads a partition whole and writes back the one no batch needs. The update rule is
 DiskSparseAdam's as in random order: only the order of the batches (and where uniform
 negatives come from) differs.
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..data.buckets import EntityPartitions
 from ..memory import require_memory
-from ..optim.buffer import PartitionBuffer
+from ..storage.buffer import PartitionBuffer
 from ..recipe import Recipe
 from .tables import TableSite, WholeTable
 

@@ -32,7 +32,7 @@ from ..distributed.group import World, broadcast_bytes
 from ..distributed.sharding import RowSharding
 from ..errors import StateError
 from ..optim import DiskSparseAdam
-from ..optim.inspect import StateInspector
+from ..storage.inspect import StateInspector
 from ..nn import DiskEmbedding
 from .checkpoint_store import CheckpointStore
 from .optimizers import STATE_COPY, load_tensors

@@ -30,7 +30,7 @@ from pathlib import Path
 from ..errors import ConfigError, StateError
 from ..fsutil import DirectoryLock, atomic_write_bytes, create_owned_folder, read_json_object
 from ..recipe import Recipe, load_recipe, recipe_to_yaml
-from ..optim.format import MANIFEST as STATE_MANIFEST
+from ..storage.format import MANIFEST as STATE_MANIFEST
 from .checkpoint_layout import CHECKPOINTS, TABLES
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..memory import require_disk, require_memory
-from ..optim.format import TABLE_LAYOUT, RowSpec
+from ..storage.format import TABLE_LAYOUT, RowSpec
 from ..recipe import Recipe
 from .tables import TableSite
 

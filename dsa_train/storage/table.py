@@ -109,7 +109,7 @@ class Table:
         keep_cache: bool = False,
     ) -> Table:
         """Open the table at ``path``; a :class:`StateError` if it has another shape or dtype.
-        ``keep_cache``: see :class:`~dsa_train.optim.row_file.RowFile`."""
+        ``keep_cache``: see :class:`~dsa_train.storage.row_file.RowFile`."""
         path = Path(path)
         meta = read_row_header(path)
         expected = {"layout": TABLE_LAYOUT, "shape": list(shape), "dtype": dtype_name(dtype)}

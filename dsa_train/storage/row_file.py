@@ -53,7 +53,7 @@ class RowFile:
     A writable file's clean cached pages are dropped first (:func:`~dsa_train.fsutil.drop_cached`:
     a copy or restore written whole leaves large folios, each written back whole for every row
     updated in it), unless ``keep_cache``: a file just written a page at a time, whose cached
-    pages are worth keeping warm (:meth:`Table.create <dsa_train.optim.table.Table.create>`).
+    pages are worth keeping warm (:meth:`Table.create <dsa_train.storage.table.Table.create>`).
     """
 
     def __init__(self, path: Path, spec: RowSpec, *, writable: bool = True, keep_cache: bool = False) -> None:
