@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .errors import DsaError, StateError
 from .fsutil import atomic_write_bytes, read_json_object
-from .train.run_folder import MetricsLog, RunFolder
+from .runs.run_folder import MetricsLog, RunFolder
 
 #: The metrics drawn from an evaluation: (group, metric) -> panel title. Only these, so a
 #: knowledge graph's eval gives two panels, not fifteen.

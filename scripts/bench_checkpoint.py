@@ -52,8 +52,8 @@ from dsa_train import DiskSparseAdam
 from dsa_train.fsutil import copy_sparse, file_digest
 from dsa_train.nn import DiskEmbedding
 from dsa_train.storage.deltas import read_delta_header
-from dsa_train.train.checkpoint_rows import live_records
-from dsa_train.train.checkpoint_store import CheckpointStore, restore_row_file
+from dsa_train.runs.checkpoint_rows import live_records
+from dsa_train.runs.checkpoint_store import CheckpointStore, restore_row_file
 
 from bench_long_run import block_device_stat, sectors_written
 
@@ -163,8 +163,8 @@ def profiled_checkpoint(checkpoint) -> str:
     from dsa_train import fsutil
     from dsa_train.nn import DiskTable
     from dsa_train.storage import deltas, row_file, state_dir
-    from dsa_train.train import checkpoint_rows as ckpt
-    from dsa_train.train import optimizers
+    from dsa_train.runs import checkpoint_rows as ckpt
+    from dsa_train.runs import optimizer_state as optimizers
 
     profile = Profile()
     profile.wrap(DiskSparseAdam, "flush", "DiskSparseAdam.flush (the live files)")

@@ -56,7 +56,7 @@ from dsa_train import DiskEmbedding, DiskSparseAdam
 from dsa_train.data.synthetic import power_law_ids
 from dsa_train.memory import host_available_bytes, rss_anon_bytes
 from dsa_train.optim.prefetch import shared_prefetcher
-from dsa_train.train.checkpoint_store import CheckpointStore
+from dsa_train.runs.checkpoint_store import CheckpointStore
 
 MiB, GiB = 1 << 20, 1 << 30
 KINDS = ("sparse_adam", "dsa", "floor", "batches")

@@ -36,7 +36,7 @@ import torch
 
 from dsa_train.memory import PeakRssAnon, rss_anon_bytes
 from dsa_train.recipe import parse_recipe
-from dsa_train.train.optimizers import build_optimizer
+from dsa_train.runs.optimizer_state import build_optimizer
 from dsa_train.train.tasks import make_task
 
 RECIPE = """\

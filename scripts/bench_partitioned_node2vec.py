@@ -36,7 +36,7 @@ import torch
 
 from dsa_train.memory import PeakRssAnon
 from dsa_train.recipe import load_recipe
-from dsa_train.train.optimizers import build_optimizer
+from dsa_train.runs.optimizer_state import build_optimizer
 from dsa_train.train.tables import TableSite
 from dsa_train.train.tasks import make_task
 

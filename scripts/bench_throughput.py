@@ -63,7 +63,7 @@ def train_child(
     from dsa_train.recipe import load_recipe
     from dsa_train.train.loop import Training
     from dsa_train.train.seeding import step_seed
-    from dsa_train.train.run_folder import RunFolder
+    from dsa_train.runs.run_folder import RunFolder
 
     with tempfile.TemporaryDirectory(prefix=f"dsa-bench-{kind}-", dir=folder) as tmp:
         recipe = load_recipe(recipe_path, [*overrides, f"optimizer.kind={kind}"])

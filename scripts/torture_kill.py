@@ -97,8 +97,8 @@ def moment_reached(moment: str, run: Path, seen: int) -> bool:
 
 def chain_is_full(run: Path) -> bool:
     from dsa_train.storage.deltas import read_delta_header
-    from dsa_train.train.checkpoint_rows import MAX_LINKS
-    from dsa_train.train.checkpoint_store import CheckpointStore
+    from dsa_train.runs.checkpoint_rows import MAX_LINKS
+    from dsa_train.runs.checkpoint_store import CheckpointStore
 
     complete = CheckpointStore(run / "checkpoints").complete()
     deltas = list((complete[-1] / "tables").glob("*.delta")) if complete else []
@@ -131,7 +131,7 @@ def kill_at(moment: str, recipe: Path, run: Path, resume: bool, rng: random.Rand
 
 
 def comparable(run: Path) -> list[dict]:
-    from dsa_train.train.run_folder import MetricsLog
+    from dsa_train.runs.run_folder import MetricsLog
 
     return [{k: v for k, v in r.items() if k not in MetricsLog.MACHINE_FIELDS} for r in records(run)]
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from dsa_train.cli.app import app
 from dsa_train.recipe import parse_recipe
 from dsa_train.errors import ConfigError
-from dsa_train.train.run_folder import MetricsLog
+from dsa_train.runs.run_folder import MetricsLog
 
 from .helpers import error_at_step
 

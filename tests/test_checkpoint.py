@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dsa_train.errors import StateError
-from dsa_train.train.checkpoint_store import CheckpointStore
+from dsa_train.runs.checkpoint_store import CheckpointStore
 
 
 @pytest.fixture

@@ -28,14 +28,14 @@ from dsa_train.nn import DiskEmbedding
 from dsa_train.storage import deltas
 from dsa_train.storage.deltas import DELTA_SUFFIX, read_delta_header
 from dsa_train.storage.format import load_manifest
-from dsa_train.train import checkpoint_rows as ckpt
-from dsa_train.train import checkpoint_store
-from dsa_train.train.changed_rows import DirtyRows, changed_rows
-from dsa_train.train.checkpoint_layout import VERSION
-from dsa_train.train.checkpoint_rows import MAX_LINKS
-from dsa_train.train.checkpoint_store import CheckpointStore
-from dsa_train.train.cleanup import plan_clean, remove
-from dsa_train.train.optimizers import load_optimizer_state, restore_state_dir
+from dsa_train.runs import checkpoint_rows as ckpt
+from dsa_train.runs import checkpoint_store
+from dsa_train.runs.changed_rows import DirtyRows, changed_rows
+from dsa_train.runs.checkpoint_layout import VERSION
+from dsa_train.runs.checkpoint_rows import MAX_LINKS
+from dsa_train.runs.checkpoint_store import CheckpointStore
+from dsa_train.runs.cleanup import plan_clean, remove
+from dsa_train.runs.optimizer_state import load_optimizer_state, restore_state_dir
 
 from .helpers import error_at_step, pagemap_hidden
 
@@ -290,7 +290,7 @@ KILLED_MID_DELTA = textwrap.dedent(
     from pathlib import Path
     sys.path.insert(0, {root!r})
     from tests.test_checkpoint_deltas import Parts
-    from dsa_train.train import checkpoint_rows as checkpoint
+    from dsa_train.runs import checkpoint_rows as checkpoint
 
     tmp = Path({tmp!r})
     parts = Parts(tmp / "tables", tmp / "state")
@@ -563,7 +563,7 @@ def cli(*args):
 
 
 def history(run: Path) -> list[dict]:
-    from dsa_train.train.run_folder import MetricsLog
+    from dsa_train.runs.run_folder import MetricsLog
 
     timings = MetricsLog.MACHINE_FIELDS
     return [{k: v for k, v in r.items() if k not in timings} for r in MetricsLog.read(run / "metrics.jsonl")]
@@ -614,7 +614,7 @@ def test_a_run_resumed_from_its_first_checkpoint_a_delta_on_the_initial_table_en
 KILLED_IN_THE_FIRST_DELTA = textwrap.dedent(
     """
     import os, signal, sys
-    from dsa_train.train import checkpoint_rows as checkpoint
+    from dsa_train.runs import checkpoint_rows as checkpoint
 
     real = checkpoint.write_delta
 
@@ -658,7 +658,7 @@ def test_eval_of_a_delta_checkpoint_reads_it_through_its_chain_and_scores_as_the
     nothing is made in the run folder (which may be read-only)."""
     from dsa_train.storage import deltas
     from dsa_train.train import loop
-    from dsa_train.train.run_folder import RunFolder
+    from dsa_train.runs.run_folder import RunFolder
     from dsa_train.train.tables import TableSite
     from dsa_train.train.tasks import make_task
 
@@ -706,7 +706,7 @@ eval: {final_splits: [test], link_negatives: 5}
 def test_node2vec_eval_of_a_delta_checkpoint_reads_only_the_rows_it_scores(tmp_path, monkeypatch):
     from dsa_train.nn import TableRows
     from dsa_train.train import loop
-    from dsa_train.train.run_folder import RunFolder
+    from dsa_train.runs.run_folder import RunFolder
     from dsa_train.train.tables import TableSite
     from dsa_train.train.tasks import make_task
 

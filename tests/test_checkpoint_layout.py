@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from dsa_train.train.checkpoint_layout import CHECKPOINT_FORMAT, TRAINER, step_name
-from dsa_train.train.checkpoint_store import CheckpointStore
+from dsa_train.runs.checkpoint_layout import CHECKPOINT_FORMAT, TRAINER, step_name
+from dsa_train.runs.checkpoint_store import CheckpointStore
 
 
 def _checkpoint(folder, step: int, needs: list[str]) -> None:

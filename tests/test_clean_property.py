@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 from dsa_train.errors import DsaError
 from dsa_train.fsutil import DirectoryLock, lock_holder
 from dsa_train.storage.format import STATE_FORMAT
-from dsa_train.train.cleanup import plan_clean, remove
-from dsa_train.train.checkpoint_layout import CHECKPOINT_FORMAT
-from dsa_train.train.run_folder import RUN_FORMAT
+from dsa_train.runs.cleanup import plan_clean, remove
+from dsa_train.runs.checkpoint_layout import CHECKPOINT_FORMAT
+from dsa_train.runs.run_folder import RUN_FORMAT
 
 OTHER_RUN = "f" * 32
 

@@ -270,7 +270,7 @@ def test_a_table_records_how_it_was_made_and_an_older_header_still_opens(tmp_pat
     were recorded opens as before, and a fresh run's first checkpoint of it is a full copy
     (there is nothing to re-create it from)."""
     from dsa_train.storage.table import InitialTable, Table, table_header
-    from dsa_train.train.checkpoint_store import CheckpointStore
+    from dsa_train.runs.checkpoint_store import CheckpointStore
 
     disk = DiskEmbedding(ROWS, DIM, path=tmp_path / "t.table", init="uniform", bound=0.3, seed=11)
     meta = read_row_header(tmp_path / "t.table")

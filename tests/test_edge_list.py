@@ -241,7 +241,7 @@ def _train(tmp_path, name, dataset) -> tuple[dict, torch.Tensor]:
     from typer.testing import CliRunner
 
     from dsa_train.cli.app import app
-    from dsa_train.train.run_folder import MetricsLog
+    from dsa_train.runs.run_folder import MetricsLog
 
     recipe, out = tmp_path / f"{name}.yaml", tmp_path / name
     recipe.write_text(CORA.format(name=name, dataset=dataset))

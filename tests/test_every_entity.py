@@ -18,7 +18,7 @@ from dsa_train.cli.app import app
 from dsa_train.data.kg_queries import DistinctQueries
 from dsa_train.errors import ConfigError
 from dsa_train.recipe import parse_recipe
-from dsa_train.train.run_folder import MetricsLog
+from dsa_train.runs.run_folder import MetricsLog
 from dsa_train.train.tasks import make_task
 
 TINY = """\

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from dsa_train.train.checkpoint_store import CheckpointStore
+from dsa_train.runs.checkpoint_store import CheckpointStore
 
 from .helpers import assert_same_tensors, fill, small_tmpfs
 from .test_checkpoint_deltas import cli, final_versions, history
@@ -35,7 +35,8 @@ eval: {final_splits: [test], entity_chunk: 1000}
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    from dsa_train.train import checkpoint_rows, loop
+    from dsa_train.runs import checkpoint_rows
+    from dsa_train.train import loop
 
     where, at = {where!r}, {at}
     if where == "step":  # as step `at` is about to start: the step before it complete, no checkpoint since 3
@@ -116,7 +117,7 @@ def test_a_full_disk_inside_a_checkpoint_then_resume_ends_as_the_uninterrupted_r
     folder, its DiskSparseAdam state and its disk table: the checkpoint fails with a StateError
     naming the step, leaves no partial folder and checkpoint 3 intact; once space is freed
     ``--resume`` ends as the uninterrupted run."""
-    from dsa_train.train import checkpoint_rows
+    from dsa_train.runs import checkpoint_rows
 
     recipe, whole = uninterrupted
     real = checkpoint_rows.write_checkpoint

@@ -15,7 +15,7 @@ from torch import nn
 
 from dsa_train import DiskSparseAdam
 from dsa_train.storage.inspect import StateInspector
-from dsa_train.train.changed_rows import count_from
+from dsa_train.runs.changed_rows import count_from
 
 ROWS, DIM = 120, 8
 

@@ -13,7 +13,7 @@ from dsa_train.cli.app import app
 from dsa_train.errors import ConfigError
 from dsa_train.recipe import parse_recipe
 from dsa_train.train import loop
-from dsa_train.train.run_folder import MetricsLog
+from dsa_train.runs.run_folder import MetricsLog
 from dsa_train.train.schedule import lr_factor, plateau_update
 
 from .helpers import error_at_step

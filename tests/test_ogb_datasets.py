@@ -279,7 +279,7 @@ def test_a_run_reports_the_ogb_group_beside_the_filtered_one(server, tmp_path):
     from typer.testing import CliRunner
 
     from dsa_train.cli.app import app
-    from dsa_train.train.run_folder import MetricsLog
+    from dsa_train.runs.run_folder import MetricsLog
 
     server.serve(f"{URL}/wikikg-v2.zip", wikikg2_zip(wikikg2_splits(np.random.default_rng(8))))
     recipe, out = tmp_path / "ogb.yaml", tmp_path / "run"

@@ -49,7 +49,7 @@ def changed_sources(folder) -> None:
 def train(path, overrides=()):
     """A tiny run, from the library (no CLI): its summary."""
     from dsa_train.train.loop import Training
-    from dsa_train.train.run_folder import RunFolder
+    from dsa_train.runs.run_folder import RunFolder
 
     recipe = parse_recipe(TINY, source="test", overrides=list(overrides))
     folder = RunFolder.create(recipe, path)

@@ -21,7 +21,7 @@ from dsa_train.errors import ConfigError
 from dsa_train.storage.buffer import PartitionBuffer
 from dsa_train.storage.table import Table
 from dsa_train.recipe import DatasetConfig, SyntheticConfig, parse_recipe
-from dsa_train.train.run_folder import MetricsLog
+from dsa_train.runs.run_folder import MetricsLog
 
 from .helpers import error_at_step
 

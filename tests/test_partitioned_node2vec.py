@@ -11,7 +11,7 @@ import torch
 
 from dsa_train.errors import ConfigError
 from dsa_train.recipe import parse_recipe
-from dsa_train.train.run_folder import MetricsLog
+from dsa_train.runs.run_folder import MetricsLog
 from dsa_train.train.node2vec import Node2VecTask
 from dsa_train.train.partitioned_node2vec import PartitionedNode2VecTask
 from dsa_train.train.tables import TableSite

@@ -18,7 +18,7 @@ from dsa_train.errors import DsaError
 from dsa_train.plot import figure, save
 from dsa_train.recipe import parse_recipe
 from dsa_train.train import loop
-from dsa_train.train.run_folder import MetricsLog, RunFolder
+from dsa_train.runs.run_folder import MetricsLog, RunFolder
 
 RECIPE = """
 name: tiny

@@ -13,7 +13,7 @@ from dsa_train.cli.app import app
 from dsa_train.errors import ConfigError, DsaError
 from dsa_train.recipe import load_recipe
 from dsa_train.recipe.find import find_recipe
-from dsa_train.train.run_folder import MetricsLog
+from dsa_train.runs.run_folder import MetricsLog
 
 from .helpers import error_at_step
 

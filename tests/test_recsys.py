@@ -20,7 +20,7 @@ from dsa_train.eval.clicks import auc, base_entropy, click_metrics, log_loss
 from dsa_train.models.recsys import DLRM, table_rows
 from dsa_train.recipe import ClickColumnsConfig, ClicksSyntheticConfig, DatasetConfig, parse_recipe
 from dsa_train.train import loop
-from dsa_train.train.run_folder import MetricsLog
+from dsa_train.runs.run_folder import MetricsLog
 
 from .helpers import error_at_step
 

@@ -351,7 +351,7 @@ def setup_fresh(graph_folder, run_folder, storage, init_from=None):
     from dsa_train.recipe import load_recipe
     from dsa_train.results.warm_start import carry_over
     from dsa_train.train.loop import Training
-    from dsa_train.train.run_folder import RunFolder
+    from dsa_train.runs.run_folder import RunFolder
 
     text = RECIPE % {"data": graph_folder, "model": "transe", "storage": storage}
     path = run_folder.parent / f"{run_folder.name}.yaml"

@@ -22,8 +22,8 @@ from dsa_train.cli.app import app
 from dsa_train.fsutil import DirectoryLock, create_owned_folder
 from dsa_train.optim import functional
 from dsa_train.storage import row_file
-from dsa_train.train.checkpoint_store import trainer_checksum
-from dsa_train.train.run_folder import RunFolder
+from dsa_train.runs.checkpoint_store import trainer_checksum
+from dsa_train.runs.run_folder import RunFolder
 
 from .test_state_tools import finished_run, runs  # noqa: F401  (fixtures: a finished tiny run, made once)
 from .test_train_kge import TINY
@@ -147,7 +147,7 @@ def test_clean_refuses_a_path_inside_a_live_run(run):
 
 
 def test_clean_takes_the_lock_so_a_run_started_after_the_plan_is_left_alone(run):
-    from dsa_train.train.cleanup import plan_clean, remove
+    from dsa_train.runs.cleanup import plan_clean, remove
     from dsa_train.errors import DsaError
 
     plan = plan_clean([run.parent], keep_last=0)
@@ -263,7 +263,7 @@ def test_resume_never_touches_a_state_dir_that_is_not_the_runs(run, tmp_path, fo
 def test_a_state_dir_left_by_a_kill_during_its_first_manifest_write_is_ours_to_clear(tmp_path, left):
     """A kill between the manifest's temporary and its rename leaves only that temporary: the
     run may clear it (its name is the atomic writer's), never anything else."""
-    from dsa_train.train.optimizers import restore_state_dir
+    from dsa_train.runs.optimizer_state import restore_state_dir
 
     state = tmp_path / "optimizer_state"
     state.mkdir()

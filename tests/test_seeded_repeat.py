@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from dsa_train.train.checkpoint_store import CheckpointStore
+from dsa_train.runs.checkpoint_store import CheckpointStore
 
 from .test_checkpoint_deltas import history
 

@@ -29,8 +29,8 @@ from dsa_train.cli.app import app
 from dsa_train.errors import DsaError
 from dsa_train.fsutil import DirectoryLock
 from dsa_train.storage.format import HEADER_BYTES, RowSpec
-from dsa_train.train.cleanup import plan_clean, remove
-from dsa_train.train.run_folder import RUN_FORMAT
+from dsa_train.runs.cleanup import plan_clean, remove
+from dsa_train.runs.run_folder import RUN_FORMAT
 
 RECIPE = """\
 name: tiny
@@ -99,7 +99,7 @@ def planned(plan) -> list[tuple[str, str]]:
 
 
 def test_rank_folder_names_read_back():
-    from dsa_train.train.run_folder import rank_folder_name, rank_name
+    from dsa_train.runs.run_folder import rank_folder_name, rank_name
 
     assert rank_name(rank_folder_name(3, 8)) == (3, 8)
     assert rank_name("00002-of-00002") is None and rank_name("1-of-2.bak") is None
@@ -420,7 +420,7 @@ def test_one_answer_to_what_a_job_folder_is(tmp_path):
     folders or the job's checkpoints.json make a job folder; a state directory's manifest.json
     says it is none, whatever it holds (a parameter named "ranks" included)."""
     from dsa_train.storage.format import MANIFEST
-    from dsa_train.train.run_folder import JOB_MANIFEST, RANKS, is_job
+    from dsa_train.runs.run_folder import JOB_MANIFEST, RANKS, is_job
 
     ranks_only, listed, state, plain = (tmp_path / n for n in ("ranks-only", "listed", "state", "plain"))
     for folder in (ranks_only, listed, state, plain):

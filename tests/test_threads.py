@@ -51,7 +51,7 @@ def test_training_keeps_the_cycle_collector_off_what_lives_as_long_as_it(tmp_pat
 
     from dsa_train.recipe import load_recipe
     from dsa_train.train.loop import Training
-    from dsa_train.train.run_folder import RunFolder
+    from dsa_train.runs.run_folder import RunFolder
 
     recipe_path = Path(__file__).resolve().parent.parent / "recipes" / "quickstart.yaml"
     recipe = load_recipe(

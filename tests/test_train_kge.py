@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from dsa_train.cli.app import app
 from dsa_train.train import loop
-from dsa_train.train.run_folder import MetricsLog
+from dsa_train.runs.run_folder import MetricsLog
 
 from .helpers import assert_same_tensors, error_at_step
 
@@ -261,7 +261,7 @@ def test_second_process_on_a_run_folder_is_refused_and_a_dead_holder_is_not(reci
             "-c",
             textwrap.dedent(f"""
             import sys
-            from dsa_train.train.run_folder import RunFolder
+            from dsa_train.runs.run_folder import RunFolder
             lock = RunFolder({str(out)!r}).lock()
             print("ready", flush=True)
             sys.stdin.read()

@@ -12,7 +12,7 @@ from dsa_train.cli.app import app
 from dsa_train.data import load_graph
 from dsa_train.models import node
 from dsa_train.recipe import DatasetConfig
-from dsa_train.train.run_folder import MetricsLog
+from dsa_train.runs.run_folder import MetricsLog
 
 from .helpers import assert_same_tensors, error_at_step, node_recipe
 

@@ -22,7 +22,7 @@ from dsa_train.cli.app import app
 from dsa_train.cli.tune import parse_duration
 from dsa_train.errors import ConfigError, DsaError, StateError
 from dsa_train.recipe import parse_recipe
-from dsa_train.train.run_folder import MetricsLog
+from dsa_train.runs.run_folder import MetricsLog
 from dsa_train.tune.space import apply, default_space, parse_space
 from dsa_train.tune.study import PRUNER_STARTUP_TRIALS, TuneFolder, rows
 

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from ..errors import DsaError
-from ..train.cleanup import is_state_dir, parse_age, plan_clean, remove
+from ..runs.cleanup import is_state_dir, parse_age, plan_clean, remove
 from ..memory import human_bytes
 from ._errors import handle_errors
 from ._output import stderr, stdout

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from ..train.run_folder import RunFolder, is_job, job_checkpoints
+from ..runs.run_folder import RunFolder, is_job, job_checkpoints
 from ..errors import DsaError
 from ._errors import handle_errors
 from ._output import ProgressReporter, command_output, metrics_table, stdout

@@ -12,11 +12,11 @@ from rich.table import Table
 
 from ..errors import DsaError, StateError
 from ..storage.inspect import PROBLEMS, StateInspector, live_holder
-from ..train.cleanup import job_ranks
-from ..train.run_folder import is_job
+from ..runs.cleanup import job_ranks
+from ..runs.run_folder import is_job
 from ..storage.format import MANIFEST
-from ..train.checkpoint_store import CheckpointStore
-from ..train.run_folder import JOB_MANIFEST, RANKS, STATE_DIR, RunFolder, job_checkpoints, read_marker
+from ..runs.checkpoint_store import CheckpointStore
+from ..runs.run_folder import JOB_MANIFEST, RANKS, STATE_DIR, RunFolder, job_checkpoints, read_marker
 from ..memory import human_bytes
 from ._errors import handle_errors
 from ._output import ProgressReporter, stderr, stdout

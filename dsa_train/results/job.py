@@ -23,9 +23,9 @@ from ..errors import DsaError
 from ..models import build_kge_model
 from ..models.node import SkipGram
 from ..recipe import Recipe
-from ..train.checkpoint_store import CheckpointStore
-from ..train.optimizers import load_tensors
-from ..train.run_folder import RANKS, RunFolder, job_checkpoints, rank_folder_name
+from ..runs.checkpoint_store import CheckpointStore
+from ..runs.optimizer_state import load_tensors
+from ..runs.run_folder import RANKS, RunFolder, job_checkpoints, rank_folder_name
 from ..train.tables import TableSite, disk_table
 
 

@@ -25,9 +25,9 @@ from ..data.clicks_import import click_columns, click_log_file, read_click_chunk
 from ..errors import DsaError
 from ..models import SCORING_FUNCTIONS, KGEModel
 from ..recipe import with_data_root
-from ..train.checkpoint_store import CheckpointStore
+from ..runs.checkpoint_store import CheckpointStore
 from ..nn import DiskTable
-from ..train.run_folder import RunFolder, is_job
+from ..runs.run_folder import RunFolder, is_job
 from ..train.tables import TableSite
 from ..train.tasks import make_task
 from .ann import AnnIndex, open_index

@@ -2,7 +2,7 @@
 
 A *delta* holds a set of records copied out of a row file (see :mod:`.format`), so that a
 snapshot of a file costs the rows written since the previous snapshot, not the file (which
-rows: :mod:`dsa_train.train.changed_rows` counts them, from the optimizer's write hook). Its layout (offsets in
+rows: :mod:`dsa_train.runs.changed_rows` counts them, from the optimizer's write hook). Its layout (offsets in
 bytes, integers little-endian)::
 
     [0, 4096)                      DELTA_MAGIC, then one line of JSON, NUL-padded:

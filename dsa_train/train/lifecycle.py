@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..recipe import Recipe, recipe_differences, with_data_root
-from .checkpoint_store import CheckpointStore
-from .run_folder import MetricsLog, RunFolder
+from ..runs.checkpoint_store import CheckpointStore
+from ..runs.run_folder import MetricsLog, RunFolder
 
 log = logging.getLogger(__name__)
 

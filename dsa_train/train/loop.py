@@ -37,8 +37,8 @@ from ..errors import DsaError
 from ..memory import peak_rss_bytes
 from ..recipe import Recipe, with_data_root
 from .callbacks import Callback, default_callbacks
-from .checkpoint_store import CheckpointStore
-from .optimizers import (
+from ..runs.checkpoint_store import CheckpointStore
+from ..runs.optimizer_state import (
     build_optimizer,
     close_optimizer,
     flush_optimizer,
@@ -46,7 +46,7 @@ from .optimizers import (
     load_tensors,
     restore_state_dir,
 )
-from .run_folder import MetricsLog, RunFolder
+from ..runs.run_folder import MetricsLog, RunFolder
 from .seeding import seed_step, step_seed
 from .tables import TableSite
 from .task import Task

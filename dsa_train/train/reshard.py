@@ -34,9 +34,9 @@ from ..errors import StateError
 from ..optim import DiskSparseAdam
 from ..storage.inspect import StateInspector
 from ..nn import DiskEmbedding
-from .checkpoint_store import CheckpointStore
-from .optimizers import STATE_COPY, load_tensors
-from .run_folder import MetricsLog, RunFolder
+from ..runs.checkpoint_store import CheckpointStore
+from ..runs.optimizer_state import STATE_COPY, load_tensors
+from ..runs.run_folder import MetricsLog, RunFolder
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ from ..recipe import Recipe, parse_recipe, recipe_to_yaml
 from .lifecycle import warn_differences
 from .loop import Training, evaluate_run, resolve_device
 from .reshard import reshard
-from .run_folder import JOB_FORMAT, JOB_MANIFEST, RANKS, RunFolder, job_checkpoints, rank_folder_name
+from ..runs.run_folder import JOB_FORMAT, JOB_MANIFEST, RANKS, RunFolder, job_checkpoints, rank_folder_name
 
 logger = logging.getLogger(__name__)
 EVAL_TIMEOUT = 300.0  # seconds; an evaluation has no recipe until its rank folder is found

@@ -427,7 +427,7 @@ def best_test(folder: TuneFolder, best: Row) -> dict:
     """The best trial's model scored on the test split (once; kept in best-test.json and read
     back while the best trial is the same)."""
     from ..train.loop import evaluate_run
-    from ..train.run_folder import RunFolder
+    from ..runs.run_folder import RunFolder
 
     path = folder.path / TuneFolder.BEST_TEST
     kept = read_json_object(path)

@@ -48,7 +48,7 @@ from ..storage.row_file import RowFile
 from ..storage.format import manifest_checksum as trainer_checksum  # one canonical-JSON checksum for both
 from . import changed_rows
 from .checkpoint_layout import CHECKPOINT_FORMAT, MODEL, PARTIAL, TABLES, TRAINER, VERSION
-from .optimizers import load_tensors, snapshot_optimizer
+from .optimizer_state import load_tensors, snapshot_optimizer
 
 MAX_LINKS = 8  # deltas in a chain before it is compacted
 MAX_DELTA_FRACTION = 0.5  # of a file's record bytes that a chain's deltas may hold
