@@ -25,6 +25,7 @@ from .recipe.find import find_recipe
 
 if TYPE_CHECKING:
     from .results import TrainedRun
+    from .train.callbacks import Callback
 
 
 def run(
@@ -33,6 +34,7 @@ def run(
     overrides: Mapping[str, Any] | Sequence[str] = (),
     output: str | Path | None = None,
     resume: bool = False,
+    callbacks: Sequence[Callback] = (),
 ) -> TrainedRun:
     """Train ``recipe`` in this process and return the trained run (:func:`dsa_train.open_run`'s
     object, at its newest checkpoint).
@@ -45,6 +47,10 @@ def run(
         output: the run folder. Default: ``<output.dir>/<recipe name>-<timestamp>``.
         resume: continue the run in ``output`` (default: the recipe's newest run) from its newest
             checkpoint; a finished run is returned as it is.
+        callbacks: :class:`~dsa_train.train.callbacks.Callback` objects whose hooks run after the
+            built-in ones' (``logged(training, record)`` sees every record of metrics.jsonl: a
+            metric logger's hook). A callback the recipe should name (``output.callbacks``) is
+            registered instead: ``@CALLBACKS.register_as("name")`` from the same module.
 
     Raises a :class:`~dsa_train.DsaError` (``ConfigError`` for a bad recipe or override) naming
     the problem and its fix. An error inside training closes the run first: its checkpoints stay,
@@ -54,6 +60,7 @@ def run(
     """
     from .results import open_run
     from .results.warm_start import carry_over
+    from .train.callbacks import default_callbacks
     from .train.lifecycle import train_run
 
     if isinstance(overrides, str):
@@ -65,7 +72,15 @@ def run(
         config = load_recipe(find_recipe(Path(recipe)), pairs)
     config = with_data_root(config)  # stored resolved: eval needs no environment
     where = Path(output) if output is not None else None
-    result = train_run(config, output=where, resume=resume, overrides=pairs, warm_start=carry_over)
+    extra = list(callbacks)
+    result = train_run(
+        config,
+        output=where,
+        resume=resume,
+        overrides=pairs,
+        callbacks=default_callbacks() + extra if extra else None,
+        warm_start=carry_over,
+    )
     return open_run(result.folder)
 
 

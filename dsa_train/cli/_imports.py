@@ -30,7 +30,7 @@ def import_buckets(recipe) -> str:
 def imported_summary(config: DatasetConfig) -> dict:
     """Import the dataset a config names (unless current) and describe it."""
     from ..recipe import CLICK_DATASETS, KG_DATASETS
-    from ..runs.cleanup import allocated_bytes
+    from ..fsutil import allocated_bytes
 
     if config.kind in KG_DATASETS:
         from ..data import load_knowledge_graph

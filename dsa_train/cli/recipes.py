@@ -78,7 +78,10 @@ def validate(
       dsa-train validate my.yaml --set train.epochs=5 --show
     """
     config = load_recipe(find_recipe(recipe), list(set_))
+    from ..train.callbacks import check_callback_names
     from ..train.estimate import estimate
+
+    check_callback_names(config.output.callbacks)
 
     lines = estimate(config).lines(output=Path(config.output.dir))
     if show:

@@ -31,6 +31,10 @@ def _positive(v):
     return None if v > 0 else "must be > 0"
 
 
+def _distinct(v):
+    return None if len(set(v)) == len(v) else "names a callback twice"
+
+
 def _non_negative(v):
     return None if v >= 0 else "must be >= 0"
 
@@ -808,6 +812,13 @@ class OutputConfig:
         "also write every metrics record as TensorBoard events in <run>/tensorboard/ (needs the tensorboard package; "
         "metrics.jsonl stays the record)",
         default=False,
+    )
+    callbacks: list[str] = _help(
+        "extra loop callbacks by name, after the built-in ones: 'log_metrics' (every record of metrics.jsonl also "
+        "as one log line), or a callback a Python user registered with "
+        "@dsa_train.train.callbacks.CALLBACKS.register_as('name') before dsa_train.run",
+        _distinct,
+        default_factory=list,
     )
 
 

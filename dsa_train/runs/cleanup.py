@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DsaError, StateError
-from ..fsutil import DirectoryLock, is_regular_file, lock_holder, read_json_object
+from ..fsutil import DirectoryLock, allocated_bytes, is_regular_file, lock_holder, read_json_object
 from ..storage.format import MANIFEST, PENDING_SUFFIX, ROWS_SUFFIX, STATE_FORMAT, TABLE_LAYOUT
 from .checkpoint_layout import CHECKPOINT_FORMAT, CHECKPOINTS, TRAINER, real_directories
 from .checkpoint_store import CheckpointStore
@@ -180,23 +180,6 @@ def job_ranks(job: Path) -> list[RankFolder]:
         rank, world = named or (None, None)
         found.append(RankFolder(rank, world, path, problem))
     return sorted(found, key=lambda r: (r.problem is not None, r.world_size or 0, r.rank or 0, r.path.name))
-
-
-def allocated_bytes(path: Path) -> int:
-    """Bytes a file or folder really occupies (sparse holes excluded); links are not followed."""
-    try:
-        info = path.lstat()
-    except OSError:
-        return 0
-    total = info.st_blocks * 512
-    if stat.S_ISDIR(info.st_mode):
-        for root, dirs, files in os.walk(path, followlinks=False):
-            for name in dirs + files:
-                try:
-                    total += os.lstat(os.path.join(root, name)).st_blocks * 512
-                except OSError:
-                    pass
-    return total
 
 
 def _mtime(path: Path) -> float:

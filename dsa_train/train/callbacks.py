@@ -17,10 +17,15 @@ import threading
 from .. import progress
 from ..eval.objective import objective_of
 from ..memory import PeakRssAnon, rss_anon_bytes
+from ..registry import Registry
 from .schedule import lr_factor, plateau_update
 
 MiB = 1 << 20
 logger = logging.getLogger(__name__)
+
+#: callbacks a recipe may name in ``output.callbacks``; a Python user adds their own with
+#: ``@CALLBACKS.register_as("name")`` on a :class:`Callback` subclass (made with no arguments)
+CALLBACKS: Registry[type] = Registry("callback", "output.callbacks")
 
 
 class Callback:
@@ -51,6 +56,10 @@ class Callback:
 
     def train_done(self, training, summary: dict) -> None:
         """Training is over; ``summary`` is the run's summary, before it is logged."""
+
+    def logged(self, training, record: dict) -> None:
+        """``record`` was just added to the run's metrics.jsonl (a window of steps, an epoch, an
+        evaluation, the summary): where a metric logger sends it on."""
 
 
 class Progress(Callback):
@@ -201,3 +210,39 @@ def default_callbacks() -> list[Callback]:
         PeriodicEvaluation(),
         BestEvaluation(),
     ]
+
+
+@CALLBACKS.register_as("log_metrics")
+class LogMetrics(Callback):
+    """``output.callbacks: [log_metrics]``: every record of metrics.jsonl also as one INFO line
+    of the ``dsa_train`` logger (``epoch step=1200 epoch=3 loss=0.4123 ...``; an evaluation's
+    metrics as ``both.mrr=0.3012``), for a shell script's log or a notebook without bars."""
+
+    def logged(self, training, record: dict) -> None:
+        fields = []
+        for key, value in record.items():
+            if key == "kind":
+                continue
+            if isinstance(value, dict):
+                fields += [f"{key}.{name}={_shown(v)}" for name, v in value.items()]
+            else:
+                fields.append(f"{key}={_shown(value)}")
+        logger.info(" ".join([str(record.get("kind", "record")), *fields]))
+
+
+def _shown(value) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def check_callback_names(names: list[str]) -> None:
+    """A ConfigError, listing the known callbacks, for a name in ``output.callbacks`` that is
+    not registered (in this process: a callback registered from Python is known only there)."""
+    for name in names:
+        CALLBACKS.get(name)
+
+
+def named_callbacks(names: list[str]) -> list[Callback]:
+    """The callbacks ``output.callbacks`` names, made (:func:`check_callback_names`' error for
+    an unknown one)."""
+    check_callback_names(names)
+    return [CALLBACKS.get(name)() for name in names]

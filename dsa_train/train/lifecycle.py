@@ -17,6 +17,7 @@ from pathlib import Path
 from ..recipe import Recipe, recipe_differences, with_data_root
 from ..runs.checkpoint_store import CheckpointStore
 from ..runs.run_folder import MetricsLog, RunFolder
+from .callbacks import check_callback_names
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ def train_run(
     released); :class:`RunInterrupted` for a ``KeyboardInterrupt``."""
     from .loop import Training  # torch and PyG: imported only when training
 
+    check_callback_names(recipe.output.callbacks)  # an unknown name stops here, before a run folder exists
     if resume:
         folder = RunFolder.find(output) if output else RunFolder.newest(recipe)
         folder.lock()  # a second process on this run folder stops here, told who holds it

@@ -34,9 +34,9 @@ import torch
 
 from .. import progress
 from ..errors import DsaError
+from ..fsutil import allocated_bytes
 from ..memory import peak_rss_bytes
 from ..recipe import Recipe, with_data_root
-from .callbacks import Callback, default_callbacks
 from ..runs.checkpoint_store import CheckpointStore
 from ..runs.optimizer_state import (
     build_optimizer,
@@ -47,6 +47,7 @@ from ..runs.optimizer_state import (
     restore_state_dir,
 )
 from ..runs.run_folder import MetricsLog, RunFolder
+from .callbacks import Callback, default_callbacks, named_callbacks
 from .seeding import seed_step, step_seed
 from .tables import TableSite
 from .task import Task
@@ -85,7 +86,9 @@ class Training:
     ) -> None:
         self.recipe = recipe
         #: the extras around the loop, their hooks called in order (:mod:`.callbacks`)
-        self.callbacks = default_callbacks() if callbacks is None else callbacks
+        self.callbacks = (default_callbacks() if callbacks is None else list(callbacks)) + named_callbacks(
+            recipe.output.callbacks
+        )
         #: ``warm_start(task, recipe) -> {table: {"carried", "new"}}``: a fresh run's rows
         #: from a finished run's (``model.init_from``; results.warm_start.carry_over)
         self.warm_start = warm_start
@@ -214,6 +217,12 @@ class Training:
         gc.freeze()
         self._froze = True
 
+    def log(self, record: dict) -> None:
+        """Add ``record`` to metrics.jsonl and tell the callbacks (their ``logged`` hook)."""
+        self.metrics.log(record)
+        for callback in self.callbacks:
+            callback.logged(self, record)
+
     # -- training -------------------------------------------------------------------------
     def train(self) -> dict:
         """Run the remaining epochs, the final checkpoint and evaluation; returns the summary.
@@ -226,7 +235,7 @@ class Training:
             summary = self._train()
         for callback in self.callbacks:
             callback.train_done(self, summary)
-        self.metrics.log(summary)
+        self.log(summary)
         return summary
 
     def _train(self) -> dict:
@@ -271,7 +280,7 @@ class Training:
                 "items_per_s": round(epoch_items / max(seconds, 1e-9), 1),
                 "unit": self.task.unit,
             }
-            self.metrics.log(record)
+            self.log(record)
             self.epoch, self.batch, self.epoch_loss = self.epoch + 1, 0, [0.0, 0]
             for callback in self.callbacks:
                 callback.epoch_done(self, record)
@@ -300,8 +309,8 @@ class Training:
             "seconds": round(time.perf_counter() - started, 1),
             "peak_rss_mib": round(peak_rss_bytes() / MiB, 1),
             "optimizer_ram_mib": round(self.optimizer_ram / MiB, 1),
-            "optimizer_state_on_disk_mib": round(_allocated_bytes(self.run.state_dir(self.recipe)) / MiB, 1),
-            "tables_on_disk_mib": round(_allocated_bytes(self.run.tables_dir) / MiB, 1),
+            "optimizer_state_on_disk_mib": round(allocated_bytes(self.run.state_dir(self.recipe)) / MiB, 1),
+            "tables_on_disk_mib": round(allocated_bytes(self.run.tables_dir) / MiB, 1),
             "skipped_steps": getattr(self.optimizer, "skipped_steps", 0),
             "optimizer_memory_budget_mib": _mib_or_none(getattr(self.optimizer, "memory_budget", None)),
             "warm_start": self.warm_started,
@@ -357,7 +366,7 @@ class Training:
         self.epoch_loss[0] += loss
         self.epoch_loss[1] += 1
         if self.step_count % self.recipe.train.log_every == 0:
-            self.metrics.log(
+            self.log(
                 {
                     "kind": "train",
                     "step": self.step_count,
@@ -386,7 +395,7 @@ class Training:
             "seconds": round(time.perf_counter() - started, 2),
             **metrics,
         }
-        self.metrics.log(record)
+        self.log(record)
         self.last_eval = record
         if not final:
             for callback in self.callbacks:
@@ -412,7 +421,7 @@ class Training:
                     "seconds": round(time.perf_counter() - started, 2),
                     **metrics,
                 }
-                self.metrics.log(record)
+                self.log(record)
                 self.last_eval = record
         finally:
             task.close()
@@ -516,13 +525,6 @@ def _check_trainer_state(checkpoint: Path, trainer: dict, run_id: str) -> None:
 
 def _mib_or_none(size: int | None) -> float | None:
     return None if size is None else round(size / MiB, 1)
-
-
-def _allocated_bytes(folder: Path) -> int:
-    """Disk space the files of a folder take (a sparse file's holes excluded)."""
-    if not folder.is_dir():
-        return 0
-    return sum(p.stat().st_blocks * 512 for p in folder.iterdir() if p.is_file())
 
 
 def _checkpoint_task(store: CheckpointStore, recipe: Recipe, step: int | None, *, world=None) -> tuple[Path, Task]:

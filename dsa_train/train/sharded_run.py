@@ -9,8 +9,8 @@ checkpoints all ranks commit together.
       ranks/<rank>-of-<world>/         one run folder per rank, on that rank's machine:
         run.json, config.yaml, metrics.jsonl, optimizer_state/, checkpoints/<step>/
 
-A rank's folder is an ordinary run folder holding its shard (:mod:`.run_folder`,
-:mod:`.checkpoint_store`). A checkpoint of the job is complete when ``checkpoints.json`` lists its
+A rank's folder is an ordinary run folder holding its shard (:mod:`~dsa_train.runs.run_folder`,
+:mod:`~dsa_train.runs.checkpoint_store`). A checkpoint of the job is complete when ``checkpoints.json`` lists its
 step: rank 0 adds it only after every rank has committed its own checkpoint of that step (a
 barrier), by an atomic rewrite, so a job killed while checkpointing resumes from the step
 before. ``--resume`` reads the newest listed step on rank 0 and every rank restores its own
@@ -113,7 +113,7 @@ def train_rank(
                     training.setup(resume=resume and step >= 0, at_step=step if step >= 0 else None)
                 summary = training.train()
                 exchange = training.task.shards.exchange
-                training.metrics.log(
+                training.log(
                     {
                         "kind": "exchange",
                         "rank": world.rank,
