@@ -1,4 +1,4 @@
-"""dsa-train beside its peers (PyKEEN, PyG's kge models, PyTorch-BigGraph) on small knowledge graphs.
+"""dsa-train beside its peers (PyKEEN, PyG's kge models, PyTorch-BigGraph) on UMLS, Nations, FB15k-237 and WN18RR.
 
 Each cell (graph x model x setting x tool) is one training run in its own process, with the same
 thread count (``OMP_NUM_THREADS`` and ``torch.set_num_threads``) and the same OpenMP wait policy
@@ -51,7 +51,10 @@ sys.path.insert(0, str(ROOT))
 from dsa_train.memory import rss_anon_bytes  # noqa: E402
 
 PEERS = ROOT / "scripts" / "peers"
-GRAPHS = ("umls", "nations")
+#: each graph's folder of train.txt, valid.txt and test.txt under --data-root (FB15k-237's and
+#: WN18RR's as PyG downloads them)
+GRAPH_FOLDERS = {"umls": "umls", "nations": "nations", "fb15k237": "FB15k-237/raw", "wn18rr": "WN18RR/raw"}
+GRAPHS = tuple(GRAPH_FOLDERS)
 MODELS = ("transe", "distmult", "complex", "rotate")
 TOOLS = ("ours", "pykeen", "pyg", "pbg", "libkge")
 SETTINGS = ("equal", "default", "equal-nssa")
@@ -70,7 +73,7 @@ def peer_python(tool: str, peers_home: Path) -> Path | None:
 
 def command(tool: str, python: Path, graph: str, model: str, setting: str, args, out: Path) -> list[str] | str:
     """The command line of one run, or why there is none."""
-    data = str(args.data_root / graph)
+    data = str(args.data_root / GRAPH_FOLDERS[graph])
     epochs = args.default_epochs if (tool, setting) == ("pyg", "default") else args.epochs
     common = ["--data", data, "--model", model, "--setting", setting, "--epochs", str(epochs)]
     common += ["--valid-every", str(args.valid_every), "--threads", str(args.threads), "--out", str(out)]
@@ -119,12 +122,19 @@ def command(tool: str, python: Path, graph: str, model: str, setting: str, args,
 
 def ours_recipe(graph: str, model: str, setting: str, args) -> list[str]:
     """``dsa-train run`` arguments: the shipped recipe (the UMLS one where the graph has none of
-    its own) reading the graph's folder under ``--data-root`` (``dataset.path``, which a
-    recipe's ``dataset.fetch`` yields to: the same files every tool reads), plus the equal
-    setting's overrides."""
+    its own, and for the equal setting on a graph whose shipped recipe reads it through PyG)
+    reading the graph's folder under ``--data-root`` (``dataset.path``, which a recipe's
+    ``dataset.fetch`` yields to: the same files every tool reads), plus the equal setting's
+    overrides."""
     shipped = ROOT / "recipes" / f"{graph}-{model}.yaml"
-    recipe = shipped if shipped.exists() else ROOT / "recipes" / f"umls-{model}.yaml"
-    sets = [f"dataset.path={(args.data_root / graph).resolve()}"]
+    through_pyg = graph in ("fb15k237", "wn18rr")
+    if shipped.exists() and not (through_pyg and setting.startswith("equal")):
+        recipe = shipped
+    else:
+        recipe = ROOT / "recipes" / f"umls-{model}.yaml"
+    folder = (args.data_root / GRAPH_FOLDERS[graph]).resolve()
+    # PyG's class reads <data root>/FB15k-237/raw/ itself ($DSA_DATA_ROOT is --data-root)
+    sets = [] if recipe == shipped and through_pyg else [f"dataset.path={folder}"]
     if setting.startswith("equal"):
         sets += [
             f"model.dim={args.dim}",
@@ -248,7 +258,7 @@ def run_cell(tool: str, graph: str, model: str, setting: str, repeat: int, args)
         if measured["rc"] != 0:
             return {**cell, "status": f"failed (exit {measured['rc']})", "tail": measured["tail"]}
         if tool == "ours":
-            lines = (args.data_root / graph / "train.txt").read_text().splitlines()
+            lines = (args.data_root / GRAPH_FOLDERS[graph] / "train.txt").read_text().splitlines()
             result = ours_result(tmp, sum(1 for line in lines if line.strip()))
         else:
             result = json.loads(out.read_text())
@@ -325,7 +335,7 @@ def names(text: str, known: tuple[str, ...], what: str) -> list[str]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--graphs", default=",".join(GRAPHS))
+    p.add_argument("--graphs", default="umls,nations", help=f"of {', '.join(GRAPHS)}, each read from --data-root")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--tools", default="ours,pykeen,pyg,pbg")
     p.add_argument("--settings", default="equal,default", help=f"of {', '.join(SETTINGS)}")
