@@ -30,32 +30,37 @@ LAYERS = {
 }
 
 
-def modules_of(package: Path) -> dict[str, Path]:
-    found = {}
+def import_graph(package: Path, *, type_only: bool = False, in_functions: bool = False) -> dict[str, set[str]]:
+    """Module name -> the package's modules it imports at module level: ``if TYPE_CHECKING:``
+    blocks left out unless ``type_only``, imports inside functions and class bodies (made on
+    first use) left out unless ``in_functions``. tests/test_layers.py checks its rules on it."""
+    modules = {}
     for path in package.rglob("*.py"):
         parts = path.relative_to(package.parent).with_suffix("").parts
-        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return found
-
-
-def imports(name: str, modules: dict[str, Path]) -> set[str]:
-    """The package's modules ``name`` imports anywhere in its source."""
-    path = modules[name]
-    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    found = set()
-    for item in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(item, ast.ImportFrom):
-            base = (
-                ".".join(here[: len(here) - item.level + 1] + ([item.module] if item.module else []))
-                if item.level
-                else item.module
-            )
-            for alias in item.names:
-                target = f"{base}.{alias.name}"
-                found.add(target if target in modules else base)
-        elif isinstance(item, ast.Import):
-            found |= {alias.name for alias in item.names}
-    return {m for m in found if m in modules and m != name}
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) and not type_only:
+                continue
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not in_functions:
+                continue
+            for item in ast.walk(node):
+                if isinstance(item, ast.ImportFrom):
+                    base = (
+                        ".".join(here[: len(here) - item.level + 1] + ([item.module] if item.module else []))
+                        if item.level
+                        else item.module
+                    )
+                    for alias in item.names:
+                        target = f"{base}.{alias.name}"
+                        found.add(target if target in modules else base)
+                elif isinstance(item, ast.Import):
+                    found |= {alias.name for alias in item.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
 
 
 def part(module: str) -> str:
@@ -68,8 +73,8 @@ def main(argv=None) -> int:
     p.add_argument("entry", help="the module a command starts in, e.g. dsa_train.cli.eval")
     p.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parent.parent)
     args = p.parse_args(argv)
-    modules = modules_of(args.checkout / "dsa_train")
-    if args.entry not in modules:
+    graph = import_graph(args.checkout / "dsa_train", type_only=True, in_functions=True)
+    if args.entry not in graph:
         raise SystemExit(f"{args.entry}: no such module in {args.checkout / 'dsa_train'}")
     seen, todo, climbs = set(), [args.entry], []
     while todo:
@@ -77,7 +82,7 @@ def main(argv=None) -> int:
         if module in seen:
             continue
         seen.add(module)
-        for target in imports(module, modules):
+        for target in graph[module]:
             if LAYERS[part(target)] > LAYERS[part(module)]:
                 climbs.append((module, target))
             todo.append(target)

@@ -5,8 +5,11 @@ is not an arrow), so the rule is checked without importing anything."""
 
 from __future__ import annotations
 
-import ast
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from module_walk import import_graph  # noqa: E402  (the one reader of the package's imports)
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dsa_train"
 OPTIM_MAY_NOT = {
@@ -33,38 +36,6 @@ ABOVE = {  # each part, and what it may never import
     "runs": {"train", "cli", "tune", "results", "plot"},  # run folders and checkpoints: below train/ and results/
     "train": {"cli", "tune", "results", "plot"},
 }
-
-
-def import_graph(package: Path, *, type_only: bool = False) -> dict[str, set[str]]:
-    """Module name -> the package's modules it imports at module level (``if TYPE_CHECKING:``
-    blocks left out, unless ``type_only``)."""
-    modules = {}
-    for path in package.rglob("*.py"):
-        parts = path.relative_to(package.parent).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {}
-    for name, path in modules.items():
-        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        found = set()
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) and not type_only:
-                continue
-            for item in (
-                ast.walk(node) if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else ()
-            ):
-                if isinstance(item, ast.ImportFrom):
-                    base = (
-                        ".".join(here[: len(here) - item.level + 1] + ([item.module] if item.module else []))
-                        if item.level
-                        else item.module
-                    )
-                    for alias in item.names:
-                        target = f"{base}.{alias.name}"
-                        found.add(target if target in modules else base)
-                elif isinstance(item, ast.Import):
-                    found |= {alias.name for alias in item.names}
-        graph[name] = {m for m in found if m in modules and m != name}
-    return graph
 
 
 def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:

@@ -244,5 +244,4 @@ def check_callback_names(names: list[str]) -> None:
 def named_callbacks(names: list[str]) -> list[Callback]:
     """The callbacks ``output.callbacks`` names, made (:func:`check_callback_names`' error for
     an unknown one)."""
-    check_callback_names(names)
     return [CALLBACKS.get(name)() for name in names]
