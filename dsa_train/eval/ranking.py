@@ -22,7 +22,12 @@ each on that column, in RAM or memory-mapped from disk, plus the rows it finds.
 
 Scores are computed in chunks of queries and of entities, so memory stays at
 ``batch_size x entity_chunk`` scores whatever the number of entities: the entity chunks are
-made one at a time, never all at once. The answer's score is
+made one at a time, never all at once. One evaluation writes every chunk's scores and
+comparisons into the same two buffers (:class:`ScoreBuffers`). Matrices made and freed per
+batch (the scores, a NaN-free copy, and two ``bool`` comparisons that summing cast to
+``int64``: about six score matrices a batch) fragmented glibc's heap, whose mmap threshold
+rises to the largest block freed: the final evaluation of a one-epoch FB15k-237 run that
+trains in 300 MB peaked at 0.4 to 2 GB of anonymous memory, and now at 335 MB. The answer's score is
 read from the same score matrix as its competitors' (a second pass when the entities span
 several chunks), so rounding can never split a tie.
 """
@@ -60,8 +65,38 @@ class RankingMetrics:
         return asdict(self)
 
 
-# score_fn(anchor ids (B,), relation ids (B,), candidate ids (K,), side) -> (B, K) scores
-ScoreFn = Callable[[Tensor, Tensor, Tensor, str], Tensor]
+# score_fn(anchor ids (B,), relation ids (B,), candidate ids (K,), side, *, out) -> (B, K) scores;
+# out: a contiguous (B, K) float buffer the function may write its scores into and return
+ScoreFn = Callable[..., Tensor]
+
+
+class ScoreBuffers:
+    """The ``(B, K)`` score matrix and comparison flags of one evaluation, reused by every
+    batch and chunk (grown when a larger one is asked for, never shrunk).
+
+    The flags are floats, 1.0 where a rival's score beats the answer's: a comparison writes
+    them without a temporary and they sum without one (summing a ``bool`` matrix first casts
+    all of it to ``int64``, eight bytes per score). Sums of ones are exact in ``float32`` up to
+    :math:`2^{24}` candidates a chunk, and in ``float64`` beyond."""
+
+    def __init__(self) -> None:
+        self.dtype = torch.float32  # the scores' type: the score function's, once it has scored
+        self._scores = torch.empty(0)
+        self._flags = torch.empty(0)
+
+    def scores(self, rows: int, cols: int) -> Tensor:
+        dtype = self.dtype
+        if self._scores.numel() < rows * cols or self._scores.dtype != dtype:
+            self._scores = torch.empty(0, dtype=dtype)  # the old one goes before the new one comes
+            self._scores = torch.empty(rows * cols, dtype=dtype)
+        return self._scores[: rows * cols].view(rows, cols)
+
+    def flags(self, rows: int, cols: int) -> Tensor:
+        dtype = torch.float32 if cols <= 2**24 else torch.float64
+        if self._flags.numel() < rows * cols or self._flags.dtype != dtype:
+            self._flags = torch.empty(0)
+            self._flags = torch.empty(rows * cols, dtype=dtype)
+        return self._flags[: rows * cols].view(rows, cols)
 
 
 @torch.no_grad()
@@ -77,14 +112,17 @@ def query_ranks(
     entity_chunk: int,
     sampled: Tensor | None = None,
     scope: RankingScope | None = None,
+    buffers: ScoreBuffers | None = None,
 ) -> Tensor:
     """Realistic filtered ranks of one batch of queries (see the module docstring).
 
     ``sampled``: rank against these entities only (plus each query's own answer).
     ``scope``: the share of the entities this process scores, and how the processes combine
-    their partial results (default: all entities, one process).
+    their partial results (default: all entities, one process). ``buffers``: where scores go
+    (shared by the batches of one evaluation; default: new ones).
     """
     scope = scope or RankingScope()
+    buffers = buffers or ScoreBuffers()
     scope.prepare(anchor)
     known_query, known_entity = index.known(anchor, relation, side)
     rows = torch.arange(len(anchor))
@@ -105,17 +143,17 @@ def query_ranks(
 
     true = torch.full((len(anchor),), float("-inf"))
     for chunk, _ in chunks():  # the answer's score, from the matrix its competitors come from
-        scores = _scores(score_fn, anchor, relation, chunk, side)
+        scores = _scores(score_fn, anchor, relation, chunk, side, buffers)
         true = true.to(scores.dtype)
         found, position = _locate(chunk, answer)
         true[found] = scores[rows[found], position[found]]
     true = scope.combine(true, "max")  # each answer is scored by the one process that has it
     true = torch.where(true == float("inf"), float("-inf"), true)  # a NaN answer (made +inf) ranks last
-    greater = torch.zeros(len(anchor))
-    at_least = torch.zeros(len(anchor))
+    greater = torch.zeros(len(anchor), dtype=torch.float64)  # counts, exact to 2^53
+    at_least = torch.zeros(len(anchor), dtype=torch.float64)
     for chunk, sample_mask in chunks():
         if not single:
-            scores = _scores(score_fn, anchor, relation, chunk, side)
+            scores = _scores(score_fn, anchor, relation, chunk, side, buffers)
         # Excluded columns become NaN, which compares false with everything (real NaN scores
         # were made +inf by _scores).
         found, position = _locate(chunk, answer)
@@ -124,8 +162,9 @@ def query_ranks(
             scores[:, ~sample_mask] = float("nan")  # other queries' answers were not sampled
         found, position = _locate(chunk, known_entity)
         scores[known_query[found], position[found]] = float("nan")  # filtered: other true answers
-        greater += (scores > true[:, None]).sum(1)
-        at_least += (scores >= true[:, None]).sum(1)
+        flags = buffers.flags(*scores.shape)
+        greater += torch.gt(scores, true[:, None], out=flags).sum(1)
+        at_least += torch.ge(scores, true[:, None], out=flags).sum(1)
     greater, at_least = scope.combine(greater, "sum"), scope.combine(at_least, "sum")
     return 1 + (greater + at_least) / 2
 
@@ -160,9 +199,16 @@ class RankingScope:
         return partial
 
 
-def _scores(score_fn: ScoreFn, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
-    scores = score_fn(anchor, relation, candidates, side).cpu()
-    return torch.nan_to_num(scores, nan=float("inf"))  # a NaN rival beats the answer
+def _scores(
+    score_fn: ScoreFn, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str, buffers: ScoreBuffers
+) -> Tensor:
+    """The ``(B, K)`` scores in host memory, in ``buffers`` wherever the function or a copy can
+    put them, NaN made +inf (a NaN rival beats the answer)."""
+    scores = score_fn(anchor, relation, candidates, side, out=buffers.scores(len(anchor), len(candidates)))
+    buffers.dtype = scores.dtype
+    if scores.device.type != "cpu":  # an accelerator's scores come back into the buffer
+        scores = buffers.scores(len(anchor), len(candidates)).copy_(scores)
+    return scores.nan_to_num_(nan=float("inf"))
 
 
 def _locate(sorted_candidates: Tensor, entities: Tensor) -> tuple[Tensor, Tensor]:
@@ -192,6 +238,7 @@ def evaluate_link_prediction(
     order of ``triples``).
     """
     generator = torch.Generator().manual_seed(seed)
+    buffers = ScoreBuffers()
     ranks = {}
     for side in ("tail", "head"):
         anchor, answer = (triples[:, 0], triples[:, 2]) if side == "tail" else (triples[:, 2], triples[:, 0])
@@ -213,6 +260,7 @@ def evaluate_link_prediction(
                     entity_chunk=entity_chunk,
                     sampled=sampled,
                     scope=scope,
+                    buffers=buffers,
                 )
             )
             if progress is not None:

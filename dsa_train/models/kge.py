@@ -17,6 +17,8 @@ is the inverse of :math:`r`, and a head query :math:`(?, r, t)` is asked as the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 import torch_geometric.nn.kge
@@ -110,21 +112,43 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         rows, side = self.relation_for(relation, side)
         return dropout(self.rel_emb(rows), self.relation_dropout, self.training), side
 
-    def score_candidates(self, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
+    def score_candidates(
+        self, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str, *, out: Tensor | None = None
+    ) -> Tensor:
         """``(B, K)`` scores of ``B`` queries against ``K`` candidate embeddings.
 
         ``anchor`` are the known entities' embeddings ``(B, D)``; ``relation`` the relation
-        ids ``(B,)``; ``side`` says which end the candidates fill ("tail" or "head").
+        ids ``(B,)``; ``side`` says which end the candidates fill ("tail" or "head"); ``out``
+        a ``(B, K)`` buffer the scores may be written into (see :meth:`score_sets`).
         """
         rel, side = self.query_relations(relation, side)
-        return self.score_sets(anchor, rel, candidates, side)
+        return self.score_sets(anchor, rel, candidates, side, out=out)
 
-    def score_entities(self, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
+    def score_entities(
+        self, anchor: Tensor, relation: Tensor, candidates: Tensor, side: str, *, out: Tensor | None = None
+    ) -> Tensor:
         """``(B, K)`` scores of queries given by ids against candidate entity ids (evaluation)."""
         device = self.rel_emb.weight.device
         return self.score_candidates(
-            self.entities(anchor.to(device)), relation.to(device), self.entities(candidates.to(device)), side
+            self.entities(anchor.to(device)), relation.to(device), self.entities(candidates.to(device)), side, out=out
         )
+
+    def entity_scorer(self) -> Callable[..., Tensor]:
+        """:meth:`score_entities` for one evaluation, which scores every batch of queries
+        against the same chunks of entities: the last chunk's rows are kept and reused while
+        the same ids come back (every batch, where the entities fit one chunk), instead of
+        gathered again per batch. Valid while the model does not change."""
+        last: list[tuple[Tensor, Tensor]] = []
+
+        def score(anchor: Tensor, relation: Tensor, candidates: Tensor, side: str, *, out: Tensor | None = None):
+            device = self.rel_emb.weight.device
+            if not (last and last[0][0].shape == candidates.shape and torch.equal(last[0][0], candidates)):
+                last.clear()  # the old rows go before the new ones come
+                last.append((candidates, self.entities(candidates.to(device))))
+            rows = last[0][1]
+            return self.score_candidates(self.entities(anchor.to(device)), relation.to(device), rows, side, out=out)
+
+        return score
 
     def answer_scores(self, anchor: Tensor, rel: Tensor, answer: Tensor, side: str) -> Tensor:
         """``(B,)`` scores of answers given the queries' relation embeddings ``rel`` and the side
@@ -154,16 +178,26 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
     def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+    def score_sets(
+        self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out: Tensor | None = None
+    ) -> Tensor:
+        """``(B, K)`` scores of ``B`` queries (``anchor`` rows, ``rel`` rows from
+        :meth:`query_relations`) against ``K`` candidate rows filling ``side``. ``out``: a
+        contiguous ``(B, K)`` buffer that, without autograd, may receive the scores (and is
+        then returned), so that an evaluation reuses one matrix instead of allocating one per
+        batch; see :func:`product`."""
         raise NotImplementedError
 
-    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+    def ranking_keys(
+        self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out: Tensor | None = None
+    ) -> Tensor:
         """Without autograd: ``(B, K)`` keys that order candidates as :meth:`score_sets` does (a
         higher key never has a lower score), for a top-k that keeps only a few; a scoring function
         whose score is a monotone step away from a cheaper key (a distance from its square) gives
         the key and saves the passes of that step over the whole matrix. :meth:`scores_of_keys`
-        turns the kept keys into the scores bit for bit. The default key is the score."""
-        return self.score_sets(anchor, rel, candidates, side)
+        turns the kept keys into the scores bit for bit. The default key is the score.
+        ``out`` as for :meth:`score_sets`."""
+        return self.score_sets(anchor, rel, candidates, side, out=out)
 
     def scores_of_keys(self, keys: Tensor) -> Tensor:
         """The scores of :meth:`ranking_keys`' keys, element by element (in place)."""
@@ -178,9 +212,11 @@ class QueryProduct(KGEModel):
     def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
         return (self.tail_query(head, rel) * tail).sum(dim=-1)
 
-    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+    def score_sets(
+        self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out: Tensor | None = None
+    ) -> Tensor:
         query = self.tail_query(anchor, rel) if side == "tail" else self.head_query(anchor, rel)
-        return query @ candidates.T
+        return product(query, candidates, out)
 
     @staticmethod
     def tail_query(head: Tensor, rel: Tensor) -> Tensor:
@@ -193,7 +229,22 @@ class QueryProduct(KGEModel):
         raise NotImplementedError
 
 
-def euclidean(query: Tensor, candidates: Tensor) -> Tensor:
+def product(query: Tensor, candidates: Tensor, out: Tensor | None = None) -> Tensor:
+    """``query @ candidates.T``, written into ``out`` where it can take it: no autograd on
+    either side, and ``out`` a contiguous buffer of the result's shape, dtype and device
+    (otherwise a new matrix). The same matrix product either way, so the same bits."""
+    fits = (
+        out is not None
+        and out.shape == (len(query), len(candidates))
+        and out.dtype == query.dtype
+        and out.device == query.device
+        and out.is_contiguous()
+        and not (torch.is_grad_enabled() and (query.requires_grad or candidates.requires_grad))
+    )
+    return torch.matmul(query, candidates.T, out=out) if fits else query @ candidates.T
+
+
+def euclidean(query: Tensor, candidates: Tensor, out: Tensor | None = None) -> Tensor:
     r"""``(B, K)`` Euclidean distances of ``B`` queries to ``K`` candidates in one matrix product:
     :math:`\lVert q - e \rVert^2 = \lVert q \rVert^2 - 2\, q \cdot e + \lVert e \rVert^2`.
     Without autograd (evaluation, prediction) the ``(B, K)`` matrix is reused in place: the same
@@ -201,21 +252,21 @@ def euclidean(query: Tensor, candidates: Tensor) -> Tensor:
     if torch.is_grad_enabled() and (query.requires_grad or candidates.requires_grad):
         squared = (query * query).sum(1, keepdim=True) - 2 * query @ candidates.T + (candidates * candidates).sum(1)
         return squared.clamp_min(1e-12).sqrt()
-    return distances_of_squares(squared_distances(query, candidates))
+    return distances_of_squares(squared_distances(query, candidates, out))
 
 
-def squared_distances(query: Tensor, candidates: Tensor) -> Tensor:
+def squared_distances(query: Tensor, candidates: Tensor, out: Tensor | None = None) -> Tensor:
     r"""``(B, K)`` squared Euclidean distances, without autograd, as :func:`euclidean` makes
     them: :math:`-(2q) \cdot e + \lVert q \rVert^2 + \lVert e \rVert^2`, in place, in that order."""
-    squared = (2 * query) @ candidates.T
+    squared = product(2 * query, candidates, out)
     return squared.neg_().add_((query * query).sum(1, keepdim=True)).add_((candidates * candidates).sum(1))
 
 
-def negative_squared_distances(query: Tensor, candidates: Tensor) -> Tensor:
+def negative_squared_distances(query: Tensor, candidates: Tensor, out: Tensor | None = None) -> Tensor:
     r"""Minus :func:`squared_distances`, without autograd, in two passes fewer:
     :math:`(2q) \cdot e - \lVert q \rVert^2 - \lVert e \rVert^2` in the same order, which rounds
     to the negated value exactly (round-to-nearest is symmetric; a zero may change sign)."""
-    negative = (2 * query) @ candidates.T
+    negative = product(2 * query, candidates, out)
     return negative.sub_((query * query).sum(1, keepdim=True)).sub_((candidates * candidates).sum(1))
 
 

@@ -475,7 +475,7 @@ class KGETask(Task):
 
     def ranking(self) -> tuple[ScoreFn, RankingScope | None]:
         """How evaluation scores queries against entity ids, and which entities it scores here."""
-        return self.model.score_entities, None
+        return self.model.entity_scorer(), None
 
     def headline(self, metrics: dict[str, dict]) -> str:
         parts = []

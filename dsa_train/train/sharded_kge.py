@@ -165,10 +165,12 @@ class ShardedKGETask(ShardedTask, KGETask):
         and the rival counts are combined over ranks (:class:`ShardScope`)."""
         scope = ShardScope(self)
 
-        def score(anchor: Tensor, relation: Tensor, candidates: Tensor, side: str) -> Tensor:
+        def score(anchor: Tensor, relation: Tensor, candidates: Tensor, side: str, *, out=None) -> Tensor:
             _, local = self.shards.sharding.locate(candidates)
             rows = self.model.entities(local.to(self.model.node_emb.weight.device)).to(self.device)
-            return self.model.score_candidates(scope.anchor_rows.to(self.device), relation.to(self.device), rows, side)
+            return self.model.score_candidates(
+                scope.anchor_rows.to(self.device), relation.to(self.device), rows, side, out=out
+            )
 
         return score, scope
 

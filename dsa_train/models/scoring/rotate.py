@@ -66,12 +66,12 @@ class RotatE(KGEModel):
     def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
         return self.gamma - (_rotate(head, rel) - tail).norm(dim=-1)
 
-    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
-        return subtracted_from(self.gamma, euclidean(_rotate(anchor, rel if side == "tail" else -rel), candidates))
+    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out=None) -> Tensor:
+        return subtracted_from(self.gamma, euclidean(_rotate(anchor, rel if side == "tail" else -rel), candidates, out))
 
-    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out=None) -> Tensor:
         """Minus the squared distance: the score without its square root and its ``gamma``."""
-        return negative_squared_distances(_rotate(anchor, rel if side == "tail" else -rel), candidates)
+        return negative_squared_distances(_rotate(anchor, rel if side == "tail" else -rel), candidates, out)
 
     def scores_of_keys(self, keys: Tensor) -> Tensor:
         return subtracted_from(self.gamma, distances_of_squares(keys.neg_()))

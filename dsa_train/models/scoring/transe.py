@@ -42,17 +42,17 @@ class TransE(KGEModel):
     def score_pairs(self, head: Tensor, rel: Tensor, tail: Tensor) -> Tensor:
         return -(head + rel - tail).norm(p=self.p_norm, dim=-1)
 
-    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+    def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out=None) -> Tensor:
         query = _query(anchor, rel, side)
-        if self.p_norm == 1:
+        if self.p_norm == 1:  # torch.cdist takes no output buffer
             return subtracted_from(None, torch.cdist(query, candidates, p=1))
-        return subtracted_from(None, euclidean(query, candidates))
+        return subtracted_from(None, euclidean(query, candidates, out))
 
-    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
+    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out=None) -> Tensor:
         """With :math:`p = 2`: minus the squared distance (the score without its square root)."""
         if self.p_norm == 1:
             return super().ranking_keys(anchor, rel, candidates, side)
-        return negative_squared_distances(_query(anchor, rel, side), candidates)
+        return negative_squared_distances(_query(anchor, rel, side), candidates, out)
 
     def scores_of_keys(self, keys: Tensor) -> Tensor:
         return keys if self.p_norm == 1 else subtracted_from(None, distances_of_squares(keys.neg_()))
