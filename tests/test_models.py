@@ -88,6 +88,27 @@ class ScoringCase:
                 assert (by_key[:, :-1] >= by_key[:, 1:]).all()
                 assert torch.equal(model.scores_of_keys(keys.clone()), scores)
 
+    @pytest.mark.parametrize("side", ["tail", "head"])
+    def test_a_step_s_answers_and_candidates_scored_together_equal_the_definition(self, side):
+        """Training scores a query's answer and the shared candidates in one call (sharing the
+        query's work): the answer's score is the triple's by definition, the candidates' are
+        ``score_sets``' bit for bit."""
+        for options in self.models:
+            model = self.build(options)
+            w = model.node_emb.weight
+            anchors, answers = torch.tensor([0, 5, 7]), torch.tensor([2, 5, 29])
+            rel, scored = model.query_relations(torch.tensor([1, 3, 0]), side)
+            positive, negative = model.scores_with_answers(w[anchors], rel, w[answers], w, scored)
+            assert torch.equal(negative, model.score_sets(w[anchors], rel, w, scored))
+            for i, (a, r, e) in enumerate(zip(anchors.tolist(), [1, 3, 0], answers.tolist())):
+                if side == "tail":
+                    expected = self.truth(model, a, r, e)
+                elif model.reciprocal:
+                    expected = self.truth(model, a, r + R, e)
+                else:
+                    expected = self.truth(model, e, r, a)
+                assert positive[i].item() == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
     def test_gradients_are_sparse(self):
         model = SCORING_FUNCTIONS.get(self.kind)(N, R, D)
         model.score_candidates(

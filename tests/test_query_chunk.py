@@ -32,13 +32,13 @@ def step(*overrides: str, monkeypatch) -> tuple[float, list[torch.Tensor], list[
     task = make_task(recipe, torch.device("cpu"))
     task.model.double()
     heights = []
-    score_sets = task.model.score_sets
+    scores_with_answers = task.model.scores_with_answers  # a step's score matrices come from it
 
-    def recording(anchor, rel, candidates, side):
+    def recording(anchor, rel, answer, candidates, side):
         heights.append(len(anchor))
-        return score_sets(anchor, rel, candidates, side)
+        return scores_with_answers(anchor, rel, answer, candidates, side)
 
-    monkeypatch.setattr(task.model, "score_sets", recording)
+    monkeypatch.setattr(task.model, "scores_with_answers", recording)
     torch.manual_seed(1)  # the step's negatives
     loss = task.loss(torch.arange(40, 80))
     loss.backward()

@@ -44,7 +44,10 @@ def spied_task(*overrides: str):
         seen["answers"].append((rel.detach().clone(), side))
         return answer_scores(anchor, rel, answer, side)
 
-    model.score_sets, model.answer_scores = spy_sets, spy_answers
+    def spy_both(anchor, rel, answer, candidates, side):  # a step scores both in one call
+        return spy_answers(anchor, rel, answer, side), spy_sets(anchor, rel, candidates, side)
+
+    model.score_sets, model.answer_scores, model.scores_with_answers = spy_sets, spy_answers, spy_both
     return task, seen
 
 

@@ -155,6 +155,14 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         they score (both from :meth:`query_relations`)."""
         return self.score_pairs(anchor, rel, answer) if side == "tail" else self.score_pairs(answer, rel, anchor)
 
+    def scores_with_answers(
+        self, anchor: Tensor, rel: Tensor, answer: Tensor, candidates: Tensor, side: str
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`answer_scores` ``(B,)`` and :meth:`score_sets` ``(B, K)`` of the same queries
+        (a training step's positives and negatives); a scoring function whose two share work
+        computes it once."""
+        return self.answer_scores(anchor, rel, answer, side), self.score_sets(anchor, rel, candidates, side)
+
     def constrain(self, rows: Tensor) -> Tensor:
         r"""Entity rows as every score sees them: with ``normalize_entities``, projected onto the
         unit sphere, :math:`\mathbf{e} / \lVert \mathbf{e} \rVert_2` (the TransE paper's
@@ -217,6 +225,16 @@ class QueryProduct(KGEModel):
     ) -> Tensor:
         query = self.tail_query(anchor, rel) if side == "tail" else self.head_query(anchor, rel)
         return product(query, candidates, out)
+
+    def scores_with_answers(
+        self, anchor: Tensor, rel: Tensor, answer: Tensor, candidates: Tensor, side: str
+    ) -> tuple[Tensor, Tensor]:
+        r"""The side's one query :math:`q` scores the answer, :math:`q \cdot a`, and the
+        candidates: built once, where :meth:`answer_scores` and :meth:`score_sets` would each
+        build it (a head query's answer then scores :math:`q_\text{head}(t, r) \cdot h`, the
+        same score as :math:`q_\text{tail}(h, r) \cdot t` up to float rounding)."""
+        query = self.tail_query(anchor, rel) if side == "tail" else self.head_query(anchor, rel)
+        return (query * answer).sum(dim=-1), product(query, candidates)
 
     @staticmethod
     def tail_query(head: Tensor, rel: Tensor) -> Tensor:

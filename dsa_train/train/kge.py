@@ -101,7 +101,9 @@ def kge_working(recipe: Recipe, train_triples: int, eval_triples: int, num_entit
         )
     else:
         chunk, chunk_key = min(e.entity_chunk, num_entities), keys_of(eval__entity_chunk=e.entity_chunk)
-    ranking = FLOAT_BYTES * (6 * b * chunk + 3 * chunk * dim + 2 * b * dim)
+    # the score buffer, the comparison flags and a scoring function's own matrix (TransE's
+    # L1 distances); the chunk's rows, gathered and constrained; the queries
+    ranking = FLOAT_BYTES * (3 * b * chunk + 3 * chunk * dim + 2 * b * dim)
     working.append(
         Working(
             f"one evaluation batch ({b:,} queries x {chunk:,} entities)",
@@ -136,8 +138,9 @@ def sampled_loss(
     if chunk >= queries:
         positive, negative = [], []
         for anchors, relations, answers, side in sides:
-            positive.append(model.answer_scores(anchors, relations, answers, side))
-            negative.append(model.score_sets(anchors, relations, candidates, side))
+            scores = model.scores_with_answers(anchors, relations, answers, candidates, side)
+            positive.append(scores[0])
+            negative.append(scores[1])
         return ranking_loss(
             cfg.loss,
             torch.cat(positive),
@@ -151,10 +154,7 @@ def sampled_loss(
     def slice_loss(
         side: str, masked_rows: Tensor, anchors: Tensor, relations: Tensor, answers: Tensor, candidates: Tensor
     ) -> Tensor:
-        positive, negative = (
-            model.answer_scores(anchors, relations, answers, side),
-            model.score_sets(anchors, relations, candidates, side),
-        )
+        positive, negative = model.scores_with_answers(anchors, relations, answers, candidates, side)
         return ranking_loss(
             cfg.loss,
             positive,

@@ -69,6 +69,15 @@ class RotatE(KGEModel):
     def score_sets(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out=None) -> Tensor:
         return subtracted_from(self.gamma, euclidean(_rotate(anchor, rel if side == "tail" else -rel), candidates, out))
 
+    def scores_with_answers(
+        self, anchor: Tensor, rel: Tensor, answer: Tensor, candidates: Tensor, side: str
+    ) -> tuple[Tensor, Tensor]:
+        r"""One rotation of the anchors scores the answers and the candidates (a head query's
+        answer: :math:`\gamma - \lVert e_t \circ \overline{r} - e_h \rVert`, the same score up to
+        float rounding, rotations keeping distances)."""
+        query = _rotate(anchor, rel if side == "tail" else -rel)
+        return self.gamma - (query - answer).norm(dim=-1), subtracted_from(self.gamma, euclidean(query, candidates))
+
     def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out=None) -> Tensor:
         """Minus the squared distance: the score without its square root and its ``gamma``."""
         return negative_squared_distances(_rotate(anchor, rel if side == "tail" else -rel), candidates, out)
