@@ -520,3 +520,22 @@ def test_bench_node2vec_peers_probes_our_run_and_names_a_missing_peer(tmp_path):
         assert 0 <= r["test"] <= 1 and r["train_s"] > 0 and r["peak_rss_anon_mib"] > 10, r
     assert {r["status"] for r in runs if r["tool"] == "pecanpy"} == {"not installed"}  # named, not skipped
     assert "| pecanpy | not installed |" in result.stdout
+
+
+def test_profile_step_times_the_window_and_lists_its_operators(tmp_path):
+    result = run_script(
+        SCRIPTS / "profile_step.py",
+        "quickstart",
+        "--skip",
+        "2",
+        "--steps",
+        "3",
+        "--rows",
+        "5",
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"^3 steps after 2: \d+\.\d\d ms/step \(profiled\)$", result.stdout, re.M), result.stdout
+    assert "Self CPU time total" in result.stdout and result.stdout.count("aten::") >= 3
+    assert not list(tmp_path.iterdir()), "the profiled run left its folder behind"
