@@ -539,3 +539,27 @@ def test_profile_step_times_the_window_and_lists_its_operators(tmp_path):
     assert re.search(r"^3 steps after 2: \d+\.\d\d ms/step \(profiled\)$", result.stdout, re.M), result.stdout
     assert "Self CPU time total" in result.stdout and result.stdout.count("aten::") >= 3
     assert not list(tmp_path.iterdir()), "the profiled run left its folder behind"
+
+
+def test_same_behaviour_compares_what_training_computed_not_what_it_measured():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        from same_behaviour import first_difference
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    before = [
+        {"kind": "train", "step": 20, "loss": 0.5, "lr": 0.01, "items_per_s": 100.0},
+        {"kind": "eval", "split": "valid", "seconds": 1.2, "both": {"mrr": 0.3, "queries": 10}},
+        {"kind": "summary", "peak_rss_mib": 300.0, "steps": 40, "epochs": [{"epoch": 1, "seconds": 3.0}]},
+    ]
+    measured_again = [
+        {**before[0], "items_per_s": 90.0},
+        {**before[1], "seconds": 2.5},
+        {**before[2], "peak_rss_mib": 310.0, "epochs": [{"epoch": 1, "seconds": 3.5}]},
+    ]
+    assert first_difference(before, measured_again) is None
+    other_loss = [{**before[0], "loss": 0.5000001}, *measured_again[1:]]
+    assert first_difference(before, other_loss) == "line 1 (train): loss"
+    other_mrr = [measured_again[0], {**before[1], "both": {"mrr": 0.31, "queries": 10}}, before[2]]
+    assert first_difference(before, other_mrr) == "line 2 (eval): both"
+    assert first_difference(before, before[:2]) == "3 lines before, 2 after"
