@@ -18,6 +18,13 @@ ratios of throughput and of CPU time.
 
     python scripts/bench_throughput.py recipes/fb15k237-distmult.yaml --steps 200
     python scripts/bench_throughput.py recipes/cora-node2vec.yaml --steps 60 --repeats 5
+
+``--dsa-set`` overrides DiskSparseAdam's recipe only, after ``--set``: a table on disk, which
+torch's SparseAdam cannot train (it updates the weight in place), against SparseAdam's table in
+RAM::
+
+    python scripts/bench_throughput.py recipes/synthetic-10m-recsys.yaml --set model.embedding_storage=memory \
+        --dsa-set model.embedding_storage=disk --steps 200 --warmup 5
 """
 
 from __future__ import annotations
@@ -230,6 +237,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="rounds, each optimizer once a round (default 3)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="recipe override key=value")
     parser.add_argument(
+        "--dsa-set",
+        dest="dsa_overrides",
+        action="append",
+        default=[],
+        help="override for DiskSparseAdam's run only, after --set (e.g. model.embedding_storage=disk)",
+    )
+    parser.add_argument(
         "--dir", type=Path, default=None, help="where the children's temporary run folders go (default: the system's)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
@@ -275,7 +289,7 @@ def main() -> None:
             results[kind] = spawn_child(
                 kind,
                 args.recipe,
-                args.overrides,
+                args.overrides + (args.dsa_overrides if kind == "dsa" else []),
                 steps=args.steps,
                 warmup=args.warmup,
                 warm_epochs=args.warm_epochs,
@@ -321,6 +335,7 @@ def main() -> None:
                         **setting,
                         "repeats": args.repeats,
                         "overrides": args.overrides,
+                        "dsa_overrides": args.dsa_overrides,
                         "state": "cold (fresh run folder per process)",
                     },
                     "rounds": rounds,

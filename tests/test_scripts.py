@@ -563,3 +563,21 @@ def test_same_behaviour_compares_what_training_computed_not_what_it_measured():
     other_mrr = [measured_again[0], {**before[1], "both": {"mrr": 0.31, "queries": 10}}, before[2]]
     assert first_difference(before, other_mrr) == "line 2 (eval): both"
     assert first_difference(before, before[:2]) == "3 lines before, 2 after"
+
+
+@pytest.mark.slow
+def test_throughput_benchmark_overrides_one_optimizer_only(tmp_path):
+    """``--dsa-set`` reaches DiskSparseAdam's run alone: a disk table, which SparseAdam's run
+    would refuse, trains beside SparseAdam's table in RAM."""
+    result = run_script(
+        SCRIPTS / "bench_throughput.py",
+        SCRIPTS.parent / "recipes" / "quickstart.yaml",
+        *("--steps", "2", "--warmup", "1", "--repeats", "1", "--dir", tmp_path, "--json"),
+        *("--set", "model.embedding_storage=memory", "--dsa-set", "model.embedding_storage=disk"),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    setting = json.loads(result.stdout)["setting"]
+    assert setting["overrides"] == ["model.embedding_storage=memory"]
+    assert setting["dsa_overrides"] == ["model.embedding_storage=disk"]
+    assert not list(tmp_path.iterdir()), "a child left its run folder behind"
