@@ -26,6 +26,15 @@ class ScoringCase:
     def truth(self, model, h: int, r: int, t: int) -> float:
         raise NotImplementedError
 
+    def query_truth(self, model, side: str, anchor: int, r: int, e: int) -> float:
+        """The definition's score of entity ``e`` answering the ``side`` query of ``anchor``
+        and relation ``r``: a reciprocal model asks a head query (?, r, t) as (t, r^-1, ?)."""
+        if side == "tail":
+            return self.truth(model, anchor, r, e)
+        if model.reciprocal:
+            return self.truth(model, anchor, r + R, e)
+        return self.truth(model, e, r, anchor)
+
     def build(self, options: dict):
         torch.manual_seed(0)
         return SCORING_FUNCTIONS.get(self.kind)(N, R, D, init_std=0.5, **options).double()
@@ -51,12 +60,7 @@ class ScoringCase:
             batched = model.score_candidates(w[anchors], relations, w[candidates], side)
             for i, (a, r) in enumerate(zip(anchors.tolist(), relations.tolist())):
                 for e in candidates.tolist():
-                    if side == "tail":
-                        expected = self.truth(model, a, r, e)
-                    elif model.reciprocal:
-                        expected = self.truth(model, a, r + R, e)
-                    else:
-                        expected = self.truth(model, e, r, a)
+                    expected = self.query_truth(model, side, a, r, e)
                     assert batched[i, e].item() == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
     @pytest.mark.parametrize("side", ["tail", "head"])
@@ -101,12 +105,7 @@ class ScoringCase:
             positive, negative = model.scores_with_answers(w[anchors], rel, w[answers], w, scored)
             assert torch.equal(negative, model.score_sets(w[anchors], rel, w, scored))
             for i, (a, r, e) in enumerate(zip(anchors.tolist(), [1, 3, 0], answers.tolist())):
-                if side == "tail":
-                    expected = self.truth(model, a, r, e)
-                elif model.reciprocal:
-                    expected = self.truth(model, a, r + R, e)
-                else:
-                    expected = self.truth(model, e, r, a)
+                expected = self.query_truth(model, side, a, r, e)
                 assert positive[i].item() == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
     def test_gradients_are_sparse(self):

@@ -81,22 +81,26 @@ class ScoreBuffers:
 
     def __init__(self) -> None:
         self.dtype = torch.float32  # the scores' type: the score function's, once it has scored
-        self._scores = torch.empty(0)
-        self._flags = torch.empty(0)
+        self._scores, self._flags = _Reused(), _Reused()
 
     def scores(self, rows: int, cols: int) -> Tensor:
-        dtype = self.dtype
-        if self._scores.numel() < rows * cols or self._scores.dtype != dtype:
-            self._scores = torch.empty(0, dtype=dtype)  # the old one goes before the new one comes
-            self._scores = torch.empty(rows * cols, dtype=dtype)
-        return self._scores[: rows * cols].view(rows, cols)
+        return self._scores.matrix(rows, cols, self.dtype)
 
     def flags(self, rows: int, cols: int) -> Tensor:
-        dtype = torch.float32 if cols <= 2**24 else torch.float64
-        if self._flags.numel() < rows * cols or self._flags.dtype != dtype:
-            self._flags = torch.empty(0)
-            self._flags = torch.empty(rows * cols, dtype=dtype)
-        return self._flags[: rows * cols].view(rows, cols)
+        return self._flags.matrix(rows, cols, torch.float32 if cols <= 2**24 else torch.float64)
+
+
+class _Reused:
+    """One flat buffer, handed out as matrices of any shape that fits it."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0)
+
+    def matrix(self, rows: int, cols: int, dtype: torch.dtype) -> Tensor:
+        if self.buffer.numel() < rows * cols or self.buffer.dtype != dtype:
+            self.buffer = torch.empty(0)  # the old one goes before the new one comes
+            self.buffer = torch.empty(rows * cols, dtype=dtype)
+        return self.buffer[: rows * cols].view(rows, cols)
 
 
 @torch.no_grad()

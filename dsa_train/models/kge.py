@@ -138,15 +138,17 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         against the same chunks of entities: the last chunk's rows are kept and reused while
         the same ids come back (every batch, where the entities fit one chunk), instead of
         gathered again per batch. Valid while the model does not change."""
-        last: list[tuple[Tensor, Tensor]] = []
+        kept_ids, kept_rows = torch.empty(0, dtype=torch.long), None
 
         def score(anchor: Tensor, relation: Tensor, candidates: Tensor, side: str, *, out: Tensor | None = None):
+            nonlocal kept_ids, kept_rows
             device = self.rel_emb.weight.device
-            if not (last and last[0][0].shape == candidates.shape and torch.equal(last[0][0], candidates)):
-                last.clear()  # the old rows go before the new ones come
-                last.append((candidates, self.entities(candidates.to(device))))
-            rows = last[0][1]
-            return self.score_candidates(self.entities(anchor.to(device)), relation.to(device), rows, side, out=out)
+            if kept_ids.shape != candidates.shape or not torch.equal(kept_ids, candidates):
+                kept_rows = None  # the old rows go before the new ones come
+                kept_ids, kept_rows = candidates, self.entities(candidates.to(device))
+            return self.score_candidates(
+                self.entities(anchor.to(device)), relation.to(device), kept_rows, side, out=out
+            )
 
         return score
 
@@ -196,16 +198,13 @@ class KGEModel(torch_geometric.nn.kge.KGEModel):
         batch; see :func:`product`."""
         raise NotImplementedError
 
-    def ranking_keys(
-        self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out: Tensor | None = None
-    ) -> Tensor:
+    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
         """Without autograd: ``(B, K)`` keys that order candidates as :meth:`score_sets` does (a
         higher key never has a lower score), for a top-k that keeps only a few; a scoring function
         whose score is a monotone step away from a cheaper key (a distance from its square) gives
         the key and saves the passes of that step over the whole matrix. :meth:`scores_of_keys`
-        turns the kept keys into the scores bit for bit. The default key is the score.
-        ``out`` as for :meth:`score_sets`."""
-        return self.score_sets(anchor, rel, candidates, side, out=out)
+        turns the kept keys into the scores bit for bit. The default key is the score."""
+        return self.score_sets(anchor, rel, candidates, side)
 
     def scores_of_keys(self, keys: Tensor) -> Tensor:
         """The scores of :meth:`ranking_keys`' keys, element by element (in place)."""
@@ -280,11 +279,11 @@ def squared_distances(query: Tensor, candidates: Tensor, out: Tensor | None = No
     return squared.neg_().add_((query * query).sum(1, keepdim=True)).add_((candidates * candidates).sum(1))
 
 
-def negative_squared_distances(query: Tensor, candidates: Tensor, out: Tensor | None = None) -> Tensor:
+def negative_squared_distances(query: Tensor, candidates: Tensor) -> Tensor:
     r"""Minus :func:`squared_distances`, without autograd, in two passes fewer:
     :math:`(2q) \cdot e - \lVert q \rVert^2 - \lVert e \rVert^2` in the same order, which rounds
     to the negated value exactly (round-to-nearest is symmetric; a zero may change sign)."""
-    negative = product(2 * query, candidates, out)
+    negative = (2 * query) @ candidates.T
     return negative.sub_((query * query).sum(1, keepdim=True)).sub_((candidates * candidates).sum(1))
 
 

@@ -78,9 +78,9 @@ class RotatE(KGEModel):
         query = _rotate(anchor, rel if side == "tail" else -rel)
         return self.gamma - (query - answer).norm(dim=-1), subtracted_from(self.gamma, euclidean(query, candidates))
 
-    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out=None) -> Tensor:
+    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
         """Minus the squared distance: the score without its square root and its ``gamma``."""
-        return negative_squared_distances(_rotate(anchor, rel if side == "tail" else -rel), candidates, out)
+        return negative_squared_distances(_rotate(anchor, rel if side == "tail" else -rel), candidates)
 
     def scores_of_keys(self, keys: Tensor) -> Tensor:
         return subtracted_from(self.gamma, distances_of_squares(keys.neg_()))

@@ -48,11 +48,11 @@ class TransE(KGEModel):
             return subtracted_from(None, torch.cdist(query, candidates, p=1))
         return subtracted_from(None, euclidean(query, candidates, out))
 
-    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str, *, out=None) -> Tensor:
+    def ranking_keys(self, anchor: Tensor, rel: Tensor, candidates: Tensor, side: str) -> Tensor:
         """With :math:`p = 2`: minus the squared distance (the score without its square root)."""
         if self.p_norm == 1:
             return super().ranking_keys(anchor, rel, candidates, side)
-        return negative_squared_distances(_query(anchor, rel, side), candidates, out)
+        return negative_squared_distances(_query(anchor, rel, side), candidates)
 
     def scores_of_keys(self, keys: Tensor) -> Tensor:
         return keys if self.p_norm == 1 else subtracted_from(None, distances_of_squares(keys.neg_()))
